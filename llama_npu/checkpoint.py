@@ -1,0 +1,137 @@
+"""Checkpoints: atomic save, keep-last-K, find the newest complete one, load.
+
+Layout of `<run>/checkpoints/step_<N>/`:
+  model.ckpt       trained weights, loadable with mindspore.load_checkpoint
+  optimizer.ckpt   optimizer state (moments, step counter, learning rate)
+  state.json       the sidecar: step, samples consumed, RNG, loss scale, recipe hash and the
+                   byte size of each file above; written last, so its presence (with sizes that
+                   match) is what makes a checkpoint complete.
+A checkpoint is written under a temporary name and renamed into place, so a crash while
+saving leaves the previous checkpoints untouched.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Optional
+
+WEIGHTS = "model.ckpt"
+OPTIMIZER = "optimizer.ckpt"
+SIDECAR = "state.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _named(params) -> list:
+    return [{"name": p.name, "data": p} for p in params]
+
+
+def optimizer_state_params(optimizer, model_params) -> list:
+    """The optimizer's own Parameters (moments, step, lr), not the model weights it holds."""
+    model_ids = {id(p) for p in model_params}
+    return [p for p in optimizer.get_parameters() if id(p) not in model_ids]
+
+
+def save_checkpoint(run_dir: Path, step: int, model_params, optimizer_params, state: dict,
+                    keep_last: int) -> Path:
+    import mindspore as ms
+
+    root = checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step}"
+    partial = root / f".step_{step}.partial"
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir()
+    ms.save_checkpoint(_named(model_params), str(partial / WEIGHTS))
+    ms.save_checkpoint(_named(optimizer_params), str(partial / OPTIMIZER))
+    state = dict(state, step=step,
+                 files={name: (partial / name).stat().st_size for name in (WEIGHTS, OPTIMIZER)})
+    with open(partial / SIDECAR, "w", encoding="utf-8") as fh:
+        json.dump(state, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    for name in (WEIGHTS, OPTIMIZER):
+        with open(partial / name, "rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():  # re-saving a step after a resume: swap, never leave a gap
+        stale = root / f".step_{step}.stale"
+        shutil.rmtree(stale, ignore_errors=True)
+        os.rename(final, stale)
+        os.rename(partial, final)
+        shutil.rmtree(stale)
+    else:
+        os.rename(partial, final)
+    _fsync_dir(root)
+    _prune(root, keep_last)
+    return final
+
+
+def read_state(path: Path) -> Optional[dict]:
+    """The sidecar of a complete checkpoint, or None (with the reason as a warning)."""
+    sidecar = path / SIDECAR
+    try:
+        state = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        warnings.warn(f"skipping checkpoint {path}: sidecar {SIDECAR} unreadable ({exc})")
+        return None
+    for name, size in state.get("files", {}).items():
+        actual = (path / name).stat().st_size if (path / name).exists() else -1
+        if actual != size:
+            warnings.warn(f"skipping checkpoint {path}: {name} has {actual} bytes, expected {size}")
+            return None
+    return state
+
+
+def _step_dirs(root: Path):
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_complete(run_dir: Path) -> Optional[Path]:
+    for path in reversed(_step_dirs(checkpoint_root(run_dir))):
+        if read_state(path) is not None:
+            return path
+    return None
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    complete = [p for p in _step_dirs(root) if (p / SIDECAR).exists()]
+    for path in complete[:-keep_last]:
+        shutil.rmtree(path)
+
+
+def load_checkpoint(path: Path, net, optimizer) -> dict:
+    """Load weights into `net` and state into `optimizer`; return the sidecar."""
+    import mindspore as ms
+
+    state = read_state(path)
+    if state is None:
+        raise CheckpointError(f"{path} is not a complete checkpoint")
+    not_loaded, _ = ms.load_param_into_net(net, ms.load_checkpoint(str(path / WEIGHTS)), strict_load=True)
+    missing = [n for n in not_loaded if n in {p.name for p in net.trainable_params()}]
+    if missing:
+        raise CheckpointError(f"{path / WEIGHTS} lacks trained weights: {', '.join(missing[:5])}")
+    ms.load_param_into_net(optimizer, ms.load_checkpoint(str(path / OPTIMIZER)), strict_load=True)
+    return state

@@ -1,0 +1,59 @@
+"""Command-line parsing only: each sub-command calls one function elsewhere.
+
+Exit codes: 0 success, 2 bad input (recipe, arguments, data, output directory), 1 a
+failure during the run.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+BAD_INPUT = 2
+
+
+def _fail(message: str) -> int:
+    print(f"llama-npu: error: {message}", file=sys.stderr)
+    return BAD_INPUT
+
+
+def cmd_train(args) -> int:
+    from .checkpoint import CheckpointError
+    from .data.alpaca import RecordError
+    from .recipe import RecipeError, load_recipe
+    from .train import RunDirError, format_summary, run_training
+
+    try:
+        recipe = load_recipe(args.recipe, args.set)
+        run_dir = Path(args.output_dir or Path("runs") / Path(args.recipe).stem)
+        summary = run_training(recipe, run_dir, resume=args.resume, overwrite=args.overwrite)
+    except (RecipeError, RunDirError, RecordError, CheckpointError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    print(format_summary(summary))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="fine-tune from a YAML recipe")
+    train.add_argument("recipe", help="recipe YAML file")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a recipe key, e.g. --set train.max_steps=20 (repeatable)")
+    train.add_argument("--output-dir", help="run directory (default: runs/<recipe name>)")
+    train.add_argument("--resume", metavar="auto|PATH",
+                       help="continue from the newest complete checkpoint (auto) or a step directory")
+    train.add_argument("--overwrite", action="store_true",
+                       help="delete an existing, non-empty output directory first")
+    train.set_defaults(func=cmd_train)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

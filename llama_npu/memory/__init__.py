@@ -1,0 +1,1 @@
+"""Memory: measurement now; the planner lives beside it."""

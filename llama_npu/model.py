@@ -1,0 +1,103 @@
+"""Llama 3.2 presets -> MindFormers LlamaConfig -> LlamaForCausalLM.
+
+The architecture constants (llama3 RoPE scaling, theta 500000, tied embeddings, GQA,
+128,256-token vocabulary) are Llama 3.2's published config; FACTS.md records that this
+configuration reproduces the exact 1B and 3B parameter counts and matches the
+`transformers` reference to 7.5e-8 on the logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .recipe import ModelSection, RecipeError
+
+VOCAB_SIZE = 128256
+BOS_ID = 128000  # <|begin_of_text|>
+EOT_ID = 128009  # <|eot_id|>
+PAD_ID = 128004  # <|finetune_right_pad_id|>: never a target, masked out of the loss
+IGNORE_ID = -100
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int = VOCAB_SIZE
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+PRESETS = {
+    "llama3.2-1b": LlamaShape(2048, 16, 32, 8, 8192),
+    "llama3.2-3b": LlamaShape(3072, 28, 24, 8, 8192),
+    # Same architecture at a size that trains in seconds on 2 CPU cores; the real tokenizer
+    # keeps the full vocabulary, so the logits dominate its cost exactly as they do at 1B.
+    "tiny": LlamaShape(64, 2, 4, 2, 128),
+}
+
+ROPE_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+ROPE_THETA = 500000.0
+MAX_POSITIONS = 131072
+RMS_NORM_EPS = 1e-5
+
+
+def resolve_shape(section: ModelSection) -> LlamaShape:
+    """The preset with the recipe's size overrides applied, checked for GQA divisibility."""
+    shape = PRESETS[section.preset]
+    overrides = {name: getattr(section, name) for name in
+                 ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+                 if getattr(section, name) is not None}
+    shape = replace(shape, **overrides)
+    if shape.hidden_size % shape.num_heads:
+        raise RecipeError(f"model.hidden_size={shape.hidden_size} is not divisible by "
+                         f"model.num_heads={shape.num_heads}")
+    if shape.num_heads % shape.num_kv_heads:
+        raise RecipeError(f"model.num_heads={shape.num_heads} is not divisible by "
+                         f"model.num_kv_heads={shape.num_kv_heads} (grouped-query attention)")
+    return shape
+
+
+def llama_config(shape: LlamaShape, seq_len: int, on_ascend: bool, compute_dtype: str = "float32",
+                 param_dtype: str = "float32", **extra):
+    """A MindFormers LlamaConfig for `shape`.
+
+    Backend switches (FACTS.md): flash attention and the fused RmsNorm exist only on Ascend,
+    and the CPU backend rejects the broadcasting BatchMatMul of the default rotary path, so
+    CPU runs use the sliced rotary embedding instead.
+    """
+    from mindformers.models.llama import LlamaConfig
+
+    return LlamaConfig(
+        batch_size=1, seq_length=seq_len,
+        hidden_size=shape.hidden_size, num_layers=shape.num_layers, num_heads=shape.num_heads,
+        n_kv_heads=shape.num_kv_heads, intermediate_size=shape.intermediate_size,
+        vocab_size=shape.vocab_size, rms_norm_eps=RMS_NORM_EPS,
+        theta=ROPE_THETA, extend_method="LLAMA3", scaling_factor=dict(ROPE_SCALING),
+        max_position_embedding=MAX_POSITIONS, tie_word_embeddings=True,
+        bos_token_id=BOS_ID, eos_token_id=EOT_ID, pad_token_id=PAD_ID, ignore_token_id=IGNORE_ID,
+        compute_dtype=compute_dtype, param_init_type=param_dtype,
+        # MindFormers keeps norms, softmax and rotary in fp32 under mixed precision.
+        layernorm_compute_type="float32", softmax_compute_type="float32", rotary_dtype="float32",
+        use_flash_attention=on_ascend, fused_rms_norm=on_ascend, use_rope_slice=not on_ascend,
+        **extra)
+
+
+def build_model(config):
+    from mindformers.models.llama import LlamaForCausalLM
+
+    return LlamaForCausalLM(config)
+
+
+def count_parameters(shape: LlamaShape) -> int:
+    """Exact trainable parameter count, from the real model built without allocating weights."""
+    from mindspore.nn.utils import no_init_parameters
+
+    with no_init_parameters():
+        net = build_model(llama_config(shape, seq_len=128, on_ascend=False))
+    return sum(p.size for p in net.trainable_params())

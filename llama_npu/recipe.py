@@ -1,0 +1,356 @@
+"""Recipe schema, YAML loading, `--set` overrides and validation.
+
+Everything here is pure Python so that a bad recipe is refused in well under a second,
+before MindSpore (slow to import) is touched.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+import yaml
+
+
+class RecipeError(ValueError):
+    """A recipe problem the user must fix; the message names the key and what was expected."""
+
+
+@dataclass
+class ModelSection:
+    preset: str = "tiny"  # llama3.2-1b | llama3.2-3b | tiny
+    # Optional size overrides on top of the preset (tests shrink shipped recipes with these).
+    hidden_size: Optional[int] = None
+    num_layers: Optional[int] = None
+    num_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+
+
+@dataclass
+class DataSection:
+    format: str = "alpaca"
+    train_files: List[str] = field(default_factory=list)
+    eval_files: List[str] = field(default_factory=list)
+    tokenizer: str = "llama3.2"  # or a path to a Hugging Face tokenizer.json
+    max_seq_len: int = 64
+    train_on_prompt: bool = False
+
+
+@dataclass
+class OptimizerSection:
+    name: str = "adamw"  # adamw | sgd
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+
+
+@dataclass
+class TrainSection:
+    max_steps: int = 100
+    micro_batch_size: int = 4
+    # Samples per optimizer step over all data-parallel ranks; 0 means micro_batch_size x data.
+    global_batch_size: int = 0
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0  # 0 disables clipping
+    seed: int = 0
+    save_every: int = 50
+    keep_last: int = 2
+    eval_every: int = 0  # 0: evaluate only at the end (when eval files are given)
+    mode: str = "graph"  # graph | pynative
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+
+
+@dataclass
+class PrecisionSection:
+    amp_level: str = "O0"  # O0 | O1 | O2 | O3
+    dtype: str = "float16"  # compute dtype when amp_level != O0: float16 | bfloat16
+    loss_scale: str = "none"  # none | dynamic | static:VALUE
+    loss_scale_init: float = 65536.0
+    loss_scale_factor: float = 2.0
+    loss_scale_window: int = 1000
+
+
+@dataclass
+class StrategiesSection:
+    precision: PrecisionSection = field(default_factory=PrecisionSection)
+
+
+@dataclass
+class DeviceSection:
+    target: str = "cpu"  # cpu | ascend
+    name: str = "cpu"  # cpu | 910a | 910b | 910b4
+    max_device_memory: str = ""  # e.g. "29GB"; empty keeps MindSpore's default
+
+
+@dataclass
+class Recipe:
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    strategies: StrategiesSection = field(default_factory=StrategiesSection)
+    device: DeviceSection = field(default_factory=DeviceSection)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def digest(self) -> str:
+        text = json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+PRESETS = ("tiny", "llama3.2-1b", "llama3.2-3b")
+DEVICE_NAMES = {"cpu": "cpu", "910a": "ascend", "910b": "ascend", "910b4": "ascend"}
+
+
+# ---------------------------------------------------------------- loading and coercion
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return f"{_type_name(inner[0])} or null"
+    if origin in (list, List):
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp, key: str) -> Any:
+    """Turn `value` (from YAML or a --set string) into type `tp`, or raise naming `key`."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "")):
+            return None
+        return _coerce(value, inner, key)
+    if origin in (list, List):
+        item_type = typing.get_args(tp)[0]
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v] if value else []
+        if not isinstance(value, list):
+            raise RecipeError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        return [_coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            return value.lower() in ("true", "yes", "on", "1")
+        raise RecipeError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise RecipeError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise RecipeError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise RecipeError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise RecipeError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise RecipeError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    raise AssertionError(f"unhandled recipe type {tp} for {key}")
+
+
+def _unknown_key(key: str, candidates) -> RecipeError:
+    name = key.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    hint = f" (did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?)" if close else ""
+    return RecipeError(f"unknown key '{key}'{hint}")
+
+
+def _build(cls, data: Any, prefix: str):
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{prefix or 'recipe'}: expected a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            raise _unknown_key(full, fields)
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, full)
+        else:
+            kwargs[key] = _coerce(value, tp, full)
+    return cls(**kwargs)
+
+
+def _apply_override(tree: dict, assignment: str, cls=Recipe) -> None:
+    """Apply one `a.b.c=value` to the raw mapping `tree`, checking the key path exists."""
+    if "=" not in assignment:
+        raise RecipeError(f"--set {assignment!r}: expected KEY=VALUE, e.g. train.max_steps=20")
+    key, raw = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    node, node_cls = tree, cls
+    for depth, part in enumerate(parts):
+        hints = typing.get_type_hints(node_cls)
+        path = ".".join(parts[: depth + 1])
+        if part not in hints:
+            raise _unknown_key(path, hints)
+        tp = hints[part]
+        if depth == len(parts) - 1:
+            if dataclasses.is_dataclass(tp):
+                raise RecipeError(f"--set {key}: '{path}' is a section; set one of its keys")
+            # YAML parsing gives 1e-4 -> float, true -> bool, [a, b] -> list; _build coerces.
+            try:
+                node[part] = yaml.safe_load(raw) if raw.strip() else ""
+            except yaml.YAMLError:
+                node[part] = raw
+        else:
+            if not dataclasses.is_dataclass(tp):
+                raise RecipeError(f"--set {key}: '{path}' is not a section")
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node, node_cls = node[part], tp
+
+
+def load_recipe(path: str | Path, overrides: Optional[List[str]] = None) -> Recipe:
+    """Read, override, coerce and validate a recipe. Relative data paths resolve against
+    the current directory first, then the recipe's directory's parent (the repo root)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise RecipeError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(tree, dict):
+        raise RecipeError(f"{path}: expected a mapping with sections model, data, train, strategies, device")
+    for assignment in overrides or []:
+        _apply_override(tree, assignment)
+    recipe = _build(Recipe, tree, "")
+    validate(recipe)
+    return recipe
+
+
+def recipe_from_dict(tree: dict) -> Recipe:
+    recipe = _build(Recipe, tree, "")
+    validate(recipe)
+    return recipe
+
+
+# ---------------------------------------------------------------- validation
+
+def _choice(key: str, value: str, allowed) -> None:
+    if value not in allowed:
+        raise RecipeError(f"{key}: expected one of {', '.join(allowed)}, got {value!r}")
+
+
+def _positive(key: str, value, allow_zero=False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise RecipeError(f"{key}: expected a value {bound}, got {value}")
+
+
+def accumulation_steps(recipe: Recipe) -> int:
+    """Micro-batches per optimizer step: global / (micro x data parallel)."""
+    t = recipe.train
+    dp = 1  # single device until the parallel section exists
+    if t.global_batch_size == 0:
+        return 1
+    per_step = t.micro_batch_size * dp
+    if t.global_batch_size % per_step:
+        raise RecipeError(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by "
+            f"train.micro_batch_size={t.micro_batch_size} x data parallel {dp} = {per_step}")
+    return t.global_batch_size // per_step
+
+
+def validate(recipe: Recipe) -> None:
+    m, d, t, o = recipe.model, recipe.data, recipe.train, recipe.train.optimizer
+    p, dev = recipe.strategies.precision, recipe.device
+    _choice("model.preset", m.preset, PRESETS)
+    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+        value = getattr(m, name)
+        if value is not None:
+            _positive(f"model.{name}", value)
+    from .model import resolve_shape  # imported here: model.py imports this module
+
+    resolve_shape(m)
+    _choice("data.format", d.format, ("alpaca",))
+    if not d.train_files:
+        raise RecipeError("data.train_files: expected at least one file")
+    _positive("data.max_seq_len", d.max_seq_len)
+    _positive("train.max_steps", t.max_steps)
+    _positive("train.micro_batch_size", t.micro_batch_size)
+    _positive("train.global_batch_size", t.global_batch_size, allow_zero=True)
+    _positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise RecipeError(f"train.min_lr_ratio: expected a value in [0, 1], got {t.min_lr_ratio}")
+    _positive("train.grad_clip", t.grad_clip, allow_zero=True)
+    _positive("train.save_every", t.save_every)
+    _positive("train.keep_last", t.keep_last)
+    _positive("train.eval_every", t.eval_every, allow_zero=True)
+    _choice("train.mode", t.mode, ("graph", "pynative"))
+    _choice("train.optimizer.name", o.name, ("adamw", "sgd"))
+    _positive("train.optimizer.lr", o.lr)
+    _positive("train.optimizer.weight_decay", o.weight_decay, allow_zero=True)
+    for name in ("beta1", "beta2"):
+        value = getattr(o, name)
+        if not 0.0 <= value < 1.0:
+            raise RecipeError(f"train.optimizer.{name}: expected a value in [0, 1), got {value}")
+    _positive("train.optimizer.eps", o.eps)
+    accumulation_steps(recipe)
+
+    _choice("device.name", dev.name, tuple(DEVICE_NAMES))
+    _choice("device.target", dev.target, ("cpu", "ascend"))
+    if DEVICE_NAMES[dev.name] != dev.target:
+        raise RecipeError(f"device.name={dev.name} runs on target '{DEVICE_NAMES[dev.name]}', "
+                          f"but device.target={dev.target}")
+
+    _choice("strategies.precision.amp_level", p.amp_level, ("O0", "O1", "O2", "O3"))
+    _choice("strategies.precision.dtype", p.dtype, ("float16", "bfloat16"))
+    if p.amp_level != "O0" and p.dtype == "bfloat16" and dev.name == "910a":
+        raise RecipeError("strategies.precision.dtype=bfloat16 with device.name=910a: the Ascend 910A "
+                          "has no BF16 kernels; use dtype float16 with loss_scale dynamic")
+    parse_loss_scale(p.loss_scale)
+    _positive("strategies.precision.loss_scale_init", p.loss_scale_init)
+    if p.loss_scale_factor <= 1.0:
+        raise RecipeError(f"strategies.precision.loss_scale_factor: expected a value > 1, "
+                          f"got {p.loss_scale_factor}")
+    _positive("strategies.precision.loss_scale_window", p.loss_scale_window)
+
+
+def parse_loss_scale(text: str) -> tuple[str, float]:
+    """'none' | 'dynamic' | 'static:VALUE' -> (kind, static value or 0)."""
+    if text in ("none", "dynamic"):
+        return text, 0.0
+    if text.startswith("static:"):
+        try:
+            value = float(text.split(":", 1)[1])
+        except ValueError:
+            value = -1.0
+        if value > 0:
+            return "static", value
+    raise RecipeError(f"strategies.precision.loss_scale: expected none, dynamic or static:VALUE "
+                      f"(VALUE > 0), got {text!r}")

@@ -1,0 +1,1 @@
+"""Memory strategies, one module each, switched on from the recipe's `strategies:` section."""

@@ -1,0 +1,142 @@
+"""Our TrainOneStepCell, split so that k micro-batches make one optimizer step.
+
+MindFormers' GradAccumulationCell only acts in semi-auto/auto parallel mode (FACTS.md), so
+a single card or a plain data-parallel job gets no accumulation from it. Here:
+
+- `ForwardBackward` runs one micro-batch and adds its (loss-scaled) gradients of the
+  *summed* token loss into fp32 accumulators;
+- `NormalizeGradients` runs once per optimizer step: it all-reduces the accumulators when
+  data parallel (one all-reduce per step, not per micro-batch), divides them by
+  (loss scale x target tokens of the whole step) and returns the global norm;
+- `ApplyGradients` clips by the coefficient the loop computed from that norm, runs the
+  optimizer and zeroes the accumulators; `ZeroGradients` discards an overflowed step.
+
+The loop decides between the last two from the norm's finiteness, in Python, which keeps
+the graphs free of control flow. Checked against one large-batch step within 4e-9 in
+FACTS.md's experiment; tests/test_accumulation.py checks it here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+
+from ..model import IGNORE_ID
+
+
+def make_accumulators(params) -> ParameterTuple:
+    return ParameterTuple(
+        Parameter(ops.zeros(p.shape, ms.float32), name=f"grad_accum.{p.name}", requires_grad=False)
+        for p in params)
+
+
+class ForwardBackward(nn.Cell):
+    def __init__(self, loss_cell: nn.Cell, params, accumulators: ParameterTuple):
+        super().__init__(auto_prefix=False)
+        self.loss_cell = loss_cell
+        self.params = ParameterTuple(params)
+        self.accumulators = accumulators
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+
+    def construct(self, input_ids, labels, loss_scale):
+        loss = self.loss_cell(input_ids, labels)
+        # sens = loss_scale gives the gradients of loss x loss_scale in one backward pass.
+        grads = self.grad(self.loss_cell, self.params)(input_ids, labels, loss_scale.astype(loss.dtype))
+        for acc, grad in zip(self.accumulators, grads):
+            ops.assign_add(acc, grad.astype(ms.float32))
+        return loss
+
+
+class NormalizeGradients(nn.Cell):
+    def __init__(self, accumulators: ParameterTuple, reducer=None):
+        super().__init__(auto_prefix=False)
+        self.accumulators = accumulators
+        self.reducer = reducer
+
+    def construct(self, inverse_denominator):
+        grads = self.accumulators
+        if self.reducer is not None:
+            grads = self.reducer(grads)
+        total = ops.zeros((), ms.float32)
+        for acc, grad in zip(self.accumulators, grads):
+            scaled = grad * inverse_denominator
+            ops.assign(acc, scaled)
+            total = total + (scaled * scaled).sum()
+        return ops.sqrt(total)
+
+
+class ZeroGradients(nn.Cell):
+    def __init__(self, accumulators: ParameterTuple):
+        super().__init__(auto_prefix=False)
+        self.accumulators = accumulators
+
+    def construct(self):
+        for acc in self.accumulators:
+            ops.assign(acc, ops.zeros_like(acc))
+        return True
+
+
+class ApplyGradients(nn.Cell):
+    def __init__(self, optimizer: nn.Optimizer, accumulators: ParameterTuple, params):
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+        self.accumulators = accumulators
+        self.param_dtypes = tuple(p.dtype for p in params)
+        self.zero = ZeroGradients(accumulators)
+
+    def construct(self, clip_coefficient):
+        grads = ()
+        for acc, dtype in zip(self.accumulators, self.param_dtypes):
+            grads += ((acc * clip_coefficient).astype(dtype),)
+        # Auto-monad orders side effects as written: the update reads the accumulators
+        # before they are zeroed.
+        self.optimizer(grads)
+        return self.zero()
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean loss per target token over the whole optimizer step
+    target_tokens: int
+    grad_norm: float  # after unscaling and normalising, before clipping
+    overflow: bool  # non-finite gradients: the update was skipped
+    loss_scale: float  # the scale this step used
+
+
+class TrainStep:
+    """One optimizer step over a list of micro-batches (k = len(micro_batches))."""
+
+    def __init__(self, loss_cell, optimizer, scaler, grad_clip: float, reducer=None):
+        # The optimizer may have regrouped the parameters; gradients must follow its order.
+        params = optimizer.parameters
+        accumulators = make_accumulators(params)
+        self.forward_backward = ForwardBackward(loss_cell, params, accumulators)
+        self.normalize = NormalizeGradients(accumulators, reducer)
+        self.apply = ApplyGradients(optimizer, accumulators, params)
+        self.discard = ZeroGradients(accumulators)
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.grad_clip = grad_clip
+
+    def __call__(self, micro_batches, lr: float) -> StepResult:
+        scale = self.scaler.scale
+        scale_tensor = Tensor(scale, ms.float32)
+        loss_sum, tokens = 0.0, 0
+        for input_ids, labels in micro_batches:
+            tokens += int((labels[:, 1:] != IGNORE_ID).sum())
+            loss_sum += float(self.forward_backward(Tensor(input_ids), Tensor(labels), scale_tensor).asnumpy())
+        denominator = scale * max(tokens, 1)
+        grad_norm = float(self.normalize(Tensor(1.0 / denominator, ms.float32)).asnumpy())
+        overflow = not math.isfinite(grad_norm) or not math.isfinite(loss_sum)
+        if overflow:
+            self.discard()
+        else:
+            coefficient = 1.0
+            if self.grad_clip > 0 and grad_norm > self.grad_clip:
+                coefficient = self.grad_clip / (grad_norm + 1e-6)
+            self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
+            self.apply(Tensor(coefficient, ms.float32))
+        self.scaler.update(overflow)
+        return StepResult(loss_sum / max(tokens, 1), tokens, grad_norm, overflow, scale)

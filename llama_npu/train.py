@@ -1,0 +1,210 @@
+"""The training loop: build -> wrap -> step -> log -> checkpoint.
+
+Strategy logic lives in llama_npu/strategies; this file only wires the pieces together and
+runs them in order, so the whole loop reads in one sitting.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from .recipe import Recipe, accumulation_steps
+
+
+class RunDirError(RuntimeError):
+    """The output directory cannot be used as asked (exists, no checkpoint to resume...)."""
+
+
+def prepare_run_dir(run_dir: Path, resume: Optional[str], overwrite: bool) -> Optional[Path]:
+    """Check the output directory and return the checkpoint to resume from, if any.
+    Runs before anything is built, so a refused run costs nothing."""
+    from .checkpoint import latest_complete, read_state
+
+    if resume and overwrite:
+        raise RunDirError("--resume and --overwrite exclude each other")
+    if resume == "auto":
+        found = latest_complete(run_dir)
+        if found is None:
+            print(f"resume: no complete checkpoint under {run_dir}/checkpoints; starting at step 0")
+        return found
+    if resume:
+        path = Path(resume)
+        if not path.is_dir() or read_state(path) is None:
+            raise RunDirError(f"--resume {path}: not a complete checkpoint directory "
+                              f"(expected a step_<N> directory holding model.ckpt, optimizer.ckpt "
+                              f"and state.json)")
+        return path
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise RunDirError(f"output directory {run_dir} is not empty; pass --resume auto to "
+                              f"continue it or --overwrite to start again")
+        shutil.rmtree(run_dir)
+    return None
+
+
+def _load_samples(recipe: Recipe, tokenizer, files):
+    from .data.alpaca import read_alpaca
+    from .data.samples import tokenize_conversations
+
+    conversations = read_alpaca(files)
+    # A sample holds max_seq_len + 1 tokens: the model sees max_seq_len positions, each
+    # predicting the next token.
+    return tokenize_conversations(tokenizer, conversations, recipe.data.max_seq_len + 1,
+                                  recipe.data.train_on_prompt)
+
+
+def evaluate(loss_cell, samples, batch_size: int, length: int) -> tuple[float, int]:
+    """Mean loss per target token over `samples`, and the number of target tokens."""
+    from mindspore import Tensor
+
+    from .data.samples import pad_batch
+    from .model import IGNORE_ID, PAD_ID
+
+    loss_cell.set_train(False)
+    total, tokens = 0.0, 0
+    for start in range(0, len(samples), batch_size):
+        chunk = list(samples[start:start + batch_size])
+        chunk += [chunk[-1]] * (batch_size - len(chunk))  # keep one compiled shape
+        ids, labels = pad_batch(chunk, length, PAD_ID)
+        labels[len(samples) - start:] = IGNORE_ID  # the repeated filler rows carry no loss
+        tokens += int((labels[:, 1:] != IGNORE_ID).sum())
+        total += float(loss_cell(Tensor(ids), Tensor(labels)).asnumpy())
+    loss_cell.set_train(True)
+    return total / max(tokens, 1), tokens
+
+
+def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
+                 overwrite: bool = False) -> dict:
+    run_dir = Path(run_dir)
+    resume_from = prepare_run_dir(run_dir, resume, overwrite)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "recipe.yaml").write_text(
+        yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
+
+    from .runtime import init_runtime, quiet_frameworks
+
+    quiet_frameworks(run_dir / "logs")
+    on_ascend = init_runtime(recipe)
+
+    from tqdm import tqdm
+
+    from .checkpoint import load_checkpoint, optimizer_state_params, save_checkpoint
+    from .data.batches import BatchStream
+    from .data.tokenizer import load_tokenizer
+    from .loss import CausalLMLoss
+    from .memory.measure import peak_memory
+    from .metrics import MetricLogger
+    from .model import build_model, llama_config, resolve_shape
+    from .optim import build_optimizer, lr_at
+    from .strategies.accumulation import TrainStep
+    from .strategies.precision import LossScaler, model_dtypes
+
+    t = recipe.train
+    k = accumulation_steps(recipe)
+    length = recipe.data.max_seq_len + 1
+
+    print(f"[llama-npu] tokenizing {', '.join(recipe.data.train_files)}", flush=True)
+    tokenizer = load_tokenizer(recipe.data.tokenizer)
+    train_samples, report = _load_samples(recipe, tokenizer, recipe.data.train_files)
+    eval_samples = _load_samples(recipe, tokenizer, recipe.data.eval_files)[0] if recipe.data.eval_files else []
+    print(f"[llama-npu] {report.kept} training samples ({report.truncated} truncated, "
+          f"{report.dropped_no_answer} dropped: no answer token within {length} tokens)", flush=True)
+
+    shape = resolve_shape(recipe.model)
+    config = llama_config(shape, recipe.data.max_seq_len, on_ascend, **model_dtypes(recipe.strategies.precision))
+    net = build_model(config)
+    loss_cell = CausalLMLoss(net)
+    loss_cell.set_train(True)
+    params = net.trainable_params()
+    optimizer = build_optimizer(params, t)
+    scaler = LossScaler(recipe.strategies.precision)
+    step_fn = TrainStep(loss_cell, optimizer, scaler, t.grad_clip)
+
+    start_step, samples_consumed = 0, 0
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, net, optimizer)
+        if state.get("recipe_hash") != recipe.digest():
+            print(f"[llama-npu] warning: the recipe differs from the one {resume_from} was trained with")
+        start_step, samples_consumed = state["step"], state["samples_consumed"]
+        scaler.load_state(state["loss_scale"])
+        print(f"[llama-npu] resumed from {resume_from} at step {start_step}", flush=True)
+    stream = BatchStream(train_samples, t.micro_batch_size, length, t.seed, samples_consumed)
+    metrics = MetricLogger(run_dir, start_step)
+
+    def checkpoint(step: int) -> Path:
+        state = {"samples_consumed": stream.samples_consumed,
+                 "rng": {"seed": t.seed, "data_epoch": stream.epoch},
+                 "loss_scale": scaler.state(), "recipe_hash": recipe.digest()}
+        return save_checkpoint(run_dir, step, params, optimizer_state_params(optimizer, params),
+                               state, t.keep_last)
+
+    print(f"[llama-npu] training {shape} for {t.max_steps} steps, {k} micro-batch(es) of "
+          f"{t.micro_batch_size} x {length} tokens per step; the first step compiles the graph",
+          flush=True)
+    first_loss = last_loss = None
+    last_path = None
+    timed_tokens, timed_seconds = 0, 0.0
+    progress = tqdm(total=t.max_steps, initial=start_step, desc="train", unit="step",
+                    file=sys.stderr, dynamic_ncols=True)
+    for step in range(start_step + 1, t.max_steps + 1):
+        begin = time.perf_counter()
+        batches = [stream.next_batch() for _ in range(k)]
+        lr = lr_at(step, t)
+        result = step_fn(batches, lr)
+        seconds = time.perf_counter() - begin
+        input_tokens = sum(int((ids != net.config.pad_token_id).sum()) for ids, _ in batches)
+        if step > start_step + 1:  # the first step of a process includes graph compilation
+            timed_tokens, timed_seconds = timed_tokens + input_tokens, timed_seconds + seconds
+        peak, source = peak_memory(on_ascend)
+        record = {"step": step, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+                  "target_tokens": result.target_tokens, "tokens_per_s": input_tokens / seconds,
+                  "step_seconds": seconds, "loss_scale": result.loss_scale,
+                  "overflow": result.overflow, "samples_consumed": stream.samples_consumed,
+                  "peak_memory_bytes": peak, "memory_source": source}
+        if eval_samples and t.eval_every and step % t.eval_every == 0:
+            record["eval_loss"] = evaluate(loss_cell, eval_samples, t.micro_batch_size, length)[0]
+        metrics.log(record)
+        first_loss = result.loss if first_loss is None else first_loss
+        last_loss = result.loss
+        progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}")
+        progress.update(1)
+        if step % t.save_every == 0 or step == t.max_steps:
+            last_path = checkpoint(step)
+    progress.close()
+
+    summary = {"steps": t.max_steps, "steps_this_run": t.max_steps - start_step,
+               "first_loss": first_loss, "last_loss": last_loss,
+               "tokens_per_s": timed_tokens / timed_seconds if timed_seconds else None}
+    if eval_samples:
+        summary["eval_loss"], summary["eval_tokens"] = evaluate(
+            loss_cell, eval_samples, t.micro_batch_size, length)
+    peak, source = peak_memory(on_ascend)
+    summary.update({"peak_memory_bytes": peak, "memory_source": source,
+                    "checkpoint": str(last_path) if last_path else None, "output_dir": str(run_dir)})
+    metrics.close()
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return summary
+
+
+def format_summary(summary: dict) -> str:
+    where = {"device": "NPU device memory (mindspore.runtime)",
+             "host_rss": "host peak RSS; CPU memory is no proxy for NPU memory"}[summary["memory_source"]]
+    rate = summary["tokens_per_s"]
+    lines = [
+        f"steps          {summary['steps']} ({summary['steps_this_run']} in this run)",
+        f"loss           {summary['first_loss']:.4f} (first) -> {summary['last_loss']:.4f} (last)"
+        if summary["first_loss"] is not None else "loss           (no step ran)",
+        f"tokens/s       {rate:,.0f} (excluding the compiling first step)" if rate else
+        "tokens/s       n/a (too few steps to time)",
+        f"peak memory    {summary['peak_memory_bytes'] / 2**30:.2f} GiB, {where}",
+        f"checkpoint     {summary['checkpoint']}",
+    ]
+    if "eval_loss" in summary:
+        lines.insert(2, f"held-out loss  {summary['eval_loss']:.4f} over {summary['eval_tokens']} target tokens")
+    return "\n".join(lines)
