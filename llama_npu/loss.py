@@ -25,7 +25,7 @@ class FullHeadLoss(nn.Cell):
     """LM head and loss over all tokens at once: (N, vocab) fp32 logits exist in full."""
 
     def __init__(self, lm_head):
-        super().__init__()
+        super().__init__(auto_prefix=False)
         self.lm_head = lm_head
 
     def construct(self, hidden, targets):
@@ -37,7 +37,9 @@ class CausalLMLoss(nn.Cell):
     """(input_ids, labels), both (B, T+1) -> summed loss of predicting position t+1 from <= t."""
 
     def __init__(self, llama, head_loss=None):
-        super().__init__()
+        # auto_prefix=False keeps MindFormers' parameter names (model.layers.0...) in
+        # checkpoints, so they load into a plain LlamaForCausalLM.
+        super().__init__(auto_prefix=False)
         self.backbone = llama.model
         self.head_loss = head_loss if head_loss is not None else FullHeadLoss(llama.lm_head)
         self.hidden_size = llama.config.hidden_size

@@ -1,0 +1,40 @@
+"""Shared helpers: run the real CLI in a subprocess, read a run's metrics."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
+
+# Small enough that a run is compile (~15 s) plus well under a second a step on 2 cores.
+TINY_RUN = ["--set", "data.max_seq_len=32", "--set", "train.micro_batch_size=2",
+            "--set", "train.global_batch_size=0", "--set", "train.warmup_steps=2",
+            "--set", "data.eval_files=[]"]
+
+
+def run_cli(*args, timeout=600, check=False, env=None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "llama_npu", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def six_step_run(tmp_path_factory):
+    """One real 6-step tiny run, checkpoint every 3 steps, shared by several tests."""
+    out = tmp_path_factory.mktemp("six") / "run"
+    proc = run_cli("train", SMOKE, "--output-dir", out, *TINY_RUN, "--set", "train.max_steps=6",
+                   "--set", "train.save_every=3", "--set", "train.keep_last=5", check=True)
+    return out, proc

@@ -1,0 +1,77 @@
+"""The Llama 3 chat format, token for token, and which tokens carry loss."""
+import json
+
+import pytest
+
+from llama_npu.data.alpaca import RecordError, read_alpaca
+from llama_npu.data.chat_template import encode_chat, render_text
+from llama_npu.data.tokenizer import load_tokenizer
+from llama_npu.model import IGNORE_ID
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("llama3.2")
+
+
+def _reference_ids(tok, messages):
+    """The rendered string encoded in one go with special tokens recognised."""
+    from tokenizers import Tokenizer
+
+    from llama_npu.data.tokenizer import default_tokenizer_path
+
+    plain = Tokenizer.from_file(str(default_tokenizer_path()))
+    return plain.encode(render_text(messages), add_special_tokens=False).ids
+
+
+MESSAGES = [("system", "你是一位耐心的数学老师。"), ("user", "三加五等于几？"), ("assistant", "三加五等于八。")]
+
+
+def test_ids_equal_the_rendered_llama3_string(tok):
+    ids, labels = encode_chat(tok, MESSAGES)
+    assert ids == _reference_ids(tok, MESSAGES)
+    assert ids[:5] == [128000, 128006, 9125, 128007, 271]  # <|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n
+    assert ids[-1] == 128009 and len(ids) == len(labels)
+
+
+def test_loss_only_on_the_answer_and_its_eot(tok):
+    ids, labels = encode_chat(tok, MESSAGES)
+    answer = tok.encode("三加五等于八。", add_special_tokens=False).ids + [128009]
+    targets = [l for l in labels if l != IGNORE_ID]
+    assert targets == answer
+    assert labels[-len(answer):] == answer
+
+
+def test_train_on_prompt_keeps_every_content_token(tok):
+    _, masked = encode_chat(tok, MESSAGES)
+    _, full = encode_chat(tok, MESSAGES, train_on_prompt=True)
+    assert sum(l != IGNORE_ID for l in full) > sum(l != IGNORE_ID for l in masked)
+
+
+def test_special_token_text_in_data_stays_text(tok):
+    ids, _ = encode_chat(tok, [("user", "a<|eot_id|>b"), ("assistant", "ok")])
+    assert ids.count(128009) == 2  # only the two real turn ends
+
+
+def test_alpaca_reader_errors_name_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"instruction": "你好", "output": "好"}, ensure_ascii=False) + "\n"
+                    + '{"instruction": "缺少回答"}\n', encoding="utf-8")
+    with pytest.raises(RecordError, match=r"bad.jsonl:2: field 'output' is missing or empty"):
+        read_alpaca([path])
+    path.write_text('{"instruction": "x", "output": "y"\n', encoding="utf-8")
+    with pytest.raises(RecordError, match=r"bad.jsonl:1: malformed JSON"):
+        read_alpaca([path])
+    path.write_bytes("你好".encode("gbk"))
+    with pytest.raises(RecordError, match="not UTF-8.*GBK"):
+        read_alpaca([path])
+
+
+def test_shipped_sample_has_200_distinct_pairs_and_a_held_out_split():
+    from conftest import REPO
+
+    train = read_alpaca([REPO / "data" / "zh_instruct_train.jsonl"])
+    held_out = read_alpaca([REPO / "data" / "zh_instruct_eval.jsonl"])
+    assert len(train) + len(held_out) >= 200 and len(held_out) >= 20
+    prompts = [next(c for r, c in conv if r == "user") for conv in train + held_out]
+    assert len(set(prompts)) == len(prompts)

@@ -1,0 +1,63 @@
+"""Recipe loading, overrides and the one-line errors users get for bad input."""
+import time
+
+import pytest
+
+from llama_npu.recipe import RecipeError, load_recipe
+
+from conftest import REPO, SMOKE, run_cli
+
+
+def test_smoke_recipe_loads_and_overrides_coerce_types():
+    recipe = load_recipe(SMOKE, ["train.max_steps=20", "train.optimizer.lr=1e-4",
+                                 "data.train_on_prompt=true", "data.eval_files=[]"])
+    assert recipe.train.max_steps == 20 and isinstance(recipe.train.max_steps, int)
+    assert recipe.train.optimizer.lr == pytest.approx(1e-4) and isinstance(recipe.train.optimizer.lr, float)
+    assert recipe.data.train_on_prompt is True
+    assert recipe.data.eval_files == []
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.max_step=5", "unknown key 'train.max_step' (did you mean 'train.max_steps'?)"),
+    ("trian.max_steps=5", "unknown key 'trian' (did you mean 'train'?)"),
+    ("train.max_steps=ten", "train.max_steps: expected an integer, got 'ten'"),
+    ("train.max_steps=-3", "train.max_steps: expected a value > 0, got -3"),
+    ("train.optimizer.lr=0", "train.optimizer.lr: expected a value > 0, got 0.0"),
+    ("train.optimizer.name=adam", "train.optimizer.name: expected one of adamw, sgd, got 'adam'"),
+    ("train.global_batch_size=6", "train.global_batch_size=6 is not divisible by train.micro_batch_size=4"),
+    ("model.num_kv_heads=3", "model.num_heads=4 is not divisible by model.num_kv_heads=3"),
+])
+def test_bad_override_is_a_one_line_error_with_exit_2(tmp_path, override, message):
+    out = tmp_path / "run"
+    started = time.monotonic()
+    proc = run_cli("train", SMOKE, "--set", override, "--output-dir", out)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists(), "nothing may be written for a refused recipe"
+
+
+def test_unknown_key_in_file_names_it(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SMOKE.read_text() + "\nstrategies2: {}\n")
+    with pytest.raises(RecipeError, match="unknown key 'strategies2' \\(did you mean 'strategies'\\?\\)"):
+        load_recipe(bad)
+
+
+def test_missing_recipe_file(tmp_path):
+    proc = run_cli("train", tmp_path / "nope.yaml")
+    assert proc.returncode == 2
+    assert "recipe file not found" in proc.stderr and "nope.yaml" in proc.stderr
+
+
+def test_bfloat16_on_910a_is_refused():
+    with pytest.raises(RecipeError, match="910A has no BF16"):
+        load_recipe(SMOKE, ["device.target=ascend", "device.name=910a",
+                            "strategies.precision.amp_level=O2", "strategies.precision.dtype=bfloat16"])
+
+
+def test_every_shipped_recipe_validates():
+    recipes = sorted((REPO / "recipes").glob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        load_recipe(path)
