@@ -31,6 +31,10 @@ class LlamaShape:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def describe(self) -> str:
+        return (f"hidden {self.hidden_size}, {self.num_layers} layers, {self.num_heads} heads / "
+                f"{self.num_kv_heads} KV heads, MLP {self.intermediate_size}, vocab {self.vocab_size:,}")
+
 
 PRESETS = {
     "llama3.2-1b": LlamaShape(2048, 16, 32, 8, 8192),

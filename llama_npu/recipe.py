@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,8 +81,32 @@ class PrecisionSection:
 
 
 @dataclass
+class RecomputeSection:
+    mode: str = "none"  # none | full | selective
+    layers: int = 0  # full only: recompute the first N layers; 0 means all
+
+
+@dataclass
+class ChunkedCESection:
+    enabled: bool = False
+    chunk_size: int = 1024  # tokens per chunk of the LM head + loss
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = False
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: str = ".*wq|.*wk|.*wv|.*wo"  # regex over wq wk wv wo w1 w2 w3
+
+
+@dataclass
 class StrategiesSection:
     precision: PrecisionSection = field(default_factory=PrecisionSection)
+    recompute: RecomputeSection = field(default_factory=RecomputeSection)
+    chunked_ce: ChunkedCESection = field(default_factory=ChunkedCESection)
+    lora: LoraSection = field(default_factory=LoraSection)
 
 
 @dataclass
@@ -333,12 +358,48 @@ def validate(recipe: Recipe) -> None:
     if p.amp_level != "O0" and p.dtype == "bfloat16" and dev.name == "910a":
         raise RecipeError("strategies.precision.dtype=bfloat16 with device.name=910a: the Ascend 910A "
                           "has no BF16 kernels; use dtype float16 with loss_scale dynamic")
+    if p.amp_level != "O0" and p.dtype == "bfloat16" and dev.target == "cpu":
+        raise RecipeError("strategies.precision.dtype=bfloat16 with device.target=cpu: MindSpore's CPU "
+                          "backend has no BF16 kernels (Reshape fails); use float16 or amp_level O0 on CPU")
+    if p.amp_level == "O3" and o.name == "adamw" and not recipe.strategies.lora.enabled:
+        raise RecipeError("strategies.precision.amp_level=O3 with train.optimizer.name=adamw: O3 stores the "
+                          "weights and AdamW's moments in half precision, where the update diverges (eps "
+                          "underflows); use O2 (fp32 master weights), LoRA (fp32 adapters) or sgd")
     parse_loss_scale(p.loss_scale)
     _positive("strategies.precision.loss_scale_init", p.loss_scale_init)
     if p.loss_scale_factor <= 1.0:
         raise RecipeError(f"strategies.precision.loss_scale_factor: expected a value > 1, "
                           f"got {p.loss_scale_factor}")
     _positive("strategies.precision.loss_scale_window", p.loss_scale_window)
+    _validate_memory_strategies(recipe)
+
+
+def _validate_memory_strategies(recipe: Recipe) -> None:
+    from .model import resolve_shape
+    from .strategies.lora import LINEAR_LAYERS, matched_layers
+
+    s = recipe.strategies
+    _choice("strategies.recompute.mode", s.recompute.mode, ("none", "full", "selective"))
+    num_layers = resolve_shape(recipe.model).num_layers
+    if not 0 <= s.recompute.layers <= num_layers:
+        raise RecipeError(f"strategies.recompute.layers: expected 0 (all) to {num_layers} "
+                          f"(model layers), got {s.recompute.layers}")
+    if s.recompute.layers and s.recompute.mode != "full":
+        raise RecipeError(f"strategies.recompute.layers={s.recompute.layers} needs "
+                          f"strategies.recompute.mode=full, got {s.recompute.mode!r}")
+    _positive("strategies.chunked_ce.chunk_size", s.chunked_ce.chunk_size)
+    if s.lora.enabled:
+        _positive("strategies.lora.rank", s.lora.rank)
+        _positive("strategies.lora.alpha", s.lora.alpha)
+        if not 0.0 <= s.lora.dropout < 1.0:
+            raise RecipeError(f"strategies.lora.dropout: expected a value in [0, 1), got {s.lora.dropout}")
+        try:
+            matched = matched_layers(s.lora.target_modules)
+        except re.error as exc:
+            raise RecipeError(f"strategies.lora.target_modules: not a valid regex ({exc})") from None
+        if not matched:
+            raise RecipeError(f"strategies.lora.target_modules={s.lora.target_modules!r} matches no layer; "
+                              f"the linear layers are {', '.join(LINEAR_LAYERS)}")
 
 
 def parse_loss_scale(text: str) -> tuple[str, float]:

@@ -26,11 +26,15 @@ def init_runtime(recipe: Recipe) -> bool:
     if on_ascend and recipe.device.max_device_memory:
         ms.runtime.set_memory(max_size=recipe.device.max_device_memory)
     ms.set_seed(recipe.train.seed)
+    mute_mindformers_info()
+    return on_ascend
+
+
+def mute_mindformers_info() -> None:
+    """MindFormers logs every model build at INFO on stdout. Its logger's name embeds the
+    log path, so match on the prefix."""
     import mindformers  # noqa: F401  (creates its loggers)
 
-    # mindformers logs every model build at INFO on stdout; its logger's name embeds the
-    # log path, so match on the prefix.
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("mindformers"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    return on_ascend

@@ -97,13 +97,13 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     from .checkpoint import load_checkpoint, optimizer_state_params, save_checkpoint
     from .data.batches import BatchStream
     from .data.tokenizer import load_tokenizer
-    from .loss import CausalLMLoss
+    from .build import build_network
     from .memory.measure import peak_memory
     from .metrics import MetricLogger
-    from .model import build_model, llama_config, resolve_shape
+    from .model import resolve_shape
     from .optim import build_optimizer, lr_at
     from .strategies.accumulation import TrainStep
-    from .strategies.precision import LossScaler, model_dtypes
+    from .strategies.precision import LossScaler
 
     t = recipe.train
     k = accumulation_steps(recipe)
@@ -117,10 +117,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
           f"{report.dropped_no_answer} dropped: no answer token within {length} tokens)", flush=True)
 
     shape = resolve_shape(recipe.model)
-    config = llama_config(shape, recipe.data.max_seq_len, on_ascend, **model_dtypes(recipe.strategies.precision))
-    net = build_model(config)
-    loss_cell = CausalLMLoss(net)
-    loss_cell.set_train(True)
+    net, loss_cell = build_network(recipe, on_ascend)
     params = net.trainable_params()
     optimizer = build_optimizer(params, t)
     scaler = LossScaler(recipe.strategies.precision)
@@ -144,7 +141,10 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
         return save_checkpoint(run_dir, step, params, optimizer_state_params(optimizer, params),
                                state, t.keep_last)
 
-    print(f"[llama-npu] training {shape} for {t.max_steps} steps, {k} micro-batch(es) of "
+    trainable = sum(p.size for p in params)
+    print(f"[llama-npu] model {recipe.model.preset} ({shape.describe()}); {trainable:,} trainable "
+          f"parameters", flush=True)
+    print(f"[llama-npu] training for {t.max_steps} steps, {k} micro-batch(es) of "
           f"{t.micro_batch_size} x {length} tokens per step; the first step compiles the graph",
           flush=True)
     first_loss = last_loss = None

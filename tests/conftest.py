@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from llama_npu.runtime import mute_mindformers_info, quiet_frameworks
+
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 
@@ -16,6 +18,19 @@ SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 TINY_RUN = ["--set", "data.max_seq_len=32", "--set", "train.micro_batch_size=2",
             "--set", "train.global_batch_size=0", "--set", "train.warmup_steps=2",
             "--set", "data.eval_files=[]"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ms(tmp_path_factory):
+    """MindSpore for in-process tests: CPU and GRAPH_MODE, set before any test runs a kernel;
+    MindFormers' log files kept out of the repo and its INFO lines out of the output."""
+    quiet_frameworks(tmp_path_factory.mktemp("framework-logs"))
+    import mindspore
+
+    mindspore.set_context(mode=mindspore.GRAPH_MODE)
+    mindspore.set_device("CPU")
+    mute_mindformers_info()
+    return mindspore
 
 
 def run_cli(*args, timeout=600, check=False, env=None) -> subprocess.CompletedProcess:

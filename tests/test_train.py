@@ -33,9 +33,7 @@ def test_run_writes_metrics_tensorboard_recipe_and_summary(six_step_run):
     assert summary["checkpoint"].endswith("step_6")
 
 
-def test_checkpoints_load_with_mindspore_and_hold_the_sidecar(six_step_run):
-    import mindspore as ms
-
+def test_checkpoints_load_with_mindspore_and_hold_the_sidecar(six_step_run, ms):
     out, _ = six_step_run
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert ckpts == ["step_3", "step_6"]
@@ -89,3 +87,37 @@ def test_hard_kill_then_resume_continues_exactly(six_step_run, tmp_path):
         assert resumed[step]["loss"] == pytest.approx(reference[step]["loss"], abs=1e-6)
         assert resumed[step]["lr"] == pytest.approx(reference[step]["lr"], rel=1e-12)
         assert resumed[step]["samples_consumed"] == reference[step]["samples_consumed"]
+
+
+COMBOS = {
+    "fp16-O2-dynamic-scale": ["strategies.precision.amp_level=O2", "strategies.precision.loss_scale=dynamic"],
+    "accum2-recompute-full": ["train.global_batch_size=4", "strategies.recompute.mode=full"],
+    "chunked-ce-selective": ["strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=16",
+                             "strategies.recompute.mode=selective"],
+    "lora": ["strategies.lora.enabled=true"],
+    "lora-fp16-accum2": ["strategies.lora.enabled=true", "strategies.precision.amp_level=O1",
+                         "strategies.precision.loss_scale=static:1024", "train.global_batch_size=4"],
+    "fp16-O3-sgd-chunked-accum2": ["strategies.precision.amp_level=O3", "train.optimizer.name=sgd", "strategies.precision.loss_scale=dynamic",
+                               "strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=16",
+                               "train.global_batch_size=4"],
+    "all-fp32": ["train.global_batch_size=4", "strategies.recompute.mode=full", "strategies.recompute.layers=1",
+                 "strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=24",
+                 "strategies.lora.enabled=true", "strategies.lora.target_modules=.*w1|.*w2|.*w3"],
+    "all-fp16": ["strategies.precision.amp_level=O2", "strategies.precision.loss_scale=dynamic",
+                 "train.global_batch_size=4", "strategies.recompute.mode=selective",
+                 "strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=16",
+                 "strategies.lora.enabled=true"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMBOS))
+def test_strategy_combination_trains_three_steps(tmp_path, name):
+    out = tmp_path / name
+    overrides = [arg for o in COMBOS[name] for arg in ("--set", o)]
+    run_cli("train", SMOKE, "--output-dir", out, *TINY_RUN, *overrides, "--set", "train.max_steps=3",
+            "--set", "train.warmup_steps=0", "--set", "train.optimizer.lr=1e-2", check=True)
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    assert not rows[-1]["overflow"]
+    assert rows[-1]["loss"] < rows[0]["loss"]

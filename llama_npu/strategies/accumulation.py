@@ -3,11 +3,11 @@
 MindFormers' GradAccumulationCell only acts in semi-auto/auto parallel mode (FACTS.md), so
 a single card or a plain data-parallel job gets no accumulation from it. Here:
 
-- `ForwardBackward` runs one micro-batch and adds its (loss-scaled) gradients of the
-  *summed* token loss into fp32 accumulators;
+- `ForwardBackward` runs one micro-batch and adds the gradients of its *summed* token loss,
+  times loss scale / (target tokens of the whole step), into fp32 accumulators;
 - `NormalizeGradients` runs once per optimizer step: it all-reduces the accumulators when
-  data parallel (one all-reduce per step, not per micro-batch), divides them by
-  (loss scale x target tokens of the whole step) and returns the global norm;
+  data parallel (one all-reduce per step, not per micro-batch), removes the loss scale and
+  returns the global norm;
 - `ApplyGradients` clips by the coefficient the loop computed from that norm, runs the
   optimizer and zeroes the accumulators; `ZeroGradients` discards an overflowed step.
 
@@ -40,10 +40,10 @@ class ForwardBackward(nn.Cell):
         self.accumulators = accumulators
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
-    def construct(self, input_ids, labels, loss_scale):
+    def construct(self, input_ids, labels, sens):
         loss = self.loss_cell(input_ids, labels)
-        # sens = loss_scale gives the gradients of loss x loss_scale in one backward pass.
-        grads = self.grad(self.loss_cell, self.params)(input_ids, labels, loss_scale.astype(loss.dtype))
+        # Backpropagating `sens` gives the gradients of loss x sens in one pass.
+        grads = self.grad(self.loss_cell, self.params)(input_ids, labels, sens.astype(loss.dtype))
         for acc, grad in zip(self.accumulators, grads):
             ops.assign_add(acc, grad.astype(ms.float32))
         return loss
@@ -122,13 +122,15 @@ class TrainStep:
 
     def __call__(self, micro_batches, lr: float) -> StepResult:
         scale = self.scaler.scale
-        scale_tensor = Tensor(scale, ms.float32)
-        loss_sum, tokens = 0.0, 0
+        tokens = sum(int((labels[:, 1:] != IGNORE_ID).sum()) for _, labels in micro_batches)
+        # Dividing by the step's token count inside the backward pass keeps fp16 gradients
+        # at the magnitude of a mean loss (a sum over thousands of tokens would overflow);
+        # the loss scale is taken out once the window is complete.
+        sens = Tensor(scale / max(tokens, 1), ms.float32)
+        loss_sum = 0.0
         for input_ids, labels in micro_batches:
-            tokens += int((labels[:, 1:] != IGNORE_ID).sum())
-            loss_sum += float(self.forward_backward(Tensor(input_ids), Tensor(labels), scale_tensor).asnumpy())
-        denominator = scale * max(tokens, 1)
-        grad_norm = float(self.normalize(Tensor(1.0 / denominator, ms.float32)).asnumpy())
+            loss_sum += float(self.forward_backward(Tensor(input_ids), Tensor(labels), sens).asnumpy())
+        grad_norm = float(self.normalize(Tensor(1.0 / scale, ms.float32)).asnumpy())
         overflow = not math.isfinite(grad_norm) or not math.isfinite(loss_sum)
         if overflow:
             self.discard()

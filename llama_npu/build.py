@@ -1,0 +1,32 @@
+"""Recipe -> the network to train: the Llama model with each memory strategy applied.
+
+One entry point per strategy, called in the order the cells nest: dtypes and recompute
+shape the MindFormers config, LoRA rewrites the built model, chunked cross-entropy picks the
+head+loss cell. Precision's loss scaling and accumulation act on the step (train.py).
+"""
+from __future__ import annotations
+
+from .recipe import Recipe
+
+
+def build_network(recipe: Recipe, on_ascend: bool):
+    """(net, loss_cell): the LlamaForCausalLM and the summed-loss cell wrapping it."""
+    from .loss import CausalLMLoss
+    from .model import build_model, llama_config, resolve_shape
+    from .strategies.chunked_ce import head_loss
+    from .strategies.lora import apply_lora, frozen_base_dtypes
+    from .strategies.precision import model_dtypes
+    from .strategies.recompute import recompute_config
+
+    s = recipe.strategies
+    dtypes = model_dtypes(s.precision)
+    if s.lora.enabled:
+        dtypes = frozen_base_dtypes(dtypes)
+    config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, on_ascend,
+                          parallel_config={"recompute": recompute_config(s.recompute)}, **dtypes)
+    net = build_model(config)
+    if s.lora.enabled:
+        apply_lora(net, s.lora, dtypes["compute_dtype"])
+    loss_cell = CausalLMLoss(net, head_loss(s.chunked_ce, net.lm_head))
+    loss_cell.set_train(True)
+    return net, loss_cell

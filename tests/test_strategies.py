@@ -1,0 +1,159 @@
+"""Each memory strategy on a real tiny model (CPU, GRAPH_MODE, fp32 unless stated)."""
+import numpy as np
+import pytest
+
+from llama_npu.recipe import RecipeError, load_recipe
+
+from conftest import SMOKE
+
+SEQ = 32
+
+
+def recipe(*overrides):
+    return load_recipe(SMOKE, [f"data.max_seq_len={SEQ}", "data.eval_files=[]", "train.grad_clip=0",
+                               "train.global_batch_size=0", *overrides])
+
+
+def build(ms, *overrides):
+    from llama_npu.build import build_network
+
+    ms.set_seed(0)
+    return build_network(recipe(*overrides), on_ascend=False)
+
+
+def batch(rows, targets_from, seed):
+    """(rows, SEQ+1) random ids; labels only from position `targets_from` on."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 128000, (rows, SEQ + 1)).astype(np.int32)
+    labels = ids.copy()
+    labels[:, :targets_from] = -100
+    return ids, labels
+
+
+def loss_and_grads(ms, loss_cell, net, ids, labels):
+    fn = ms.value_and_grad(loss_cell, None, net.trainable_params())
+    loss, grads = fn(ms.Tensor(ids), ms.Tensor(labels))
+    return float(loss.asnumpy()), [g.asnumpy() for g in grads]
+
+
+def assert_grads_close(got, want, rtol):
+    for g, w in zip(got, want):
+        scale = np.abs(w).max() + 1e-30
+        assert np.abs(g - w).max() / scale < rtol
+
+
+def train_step(ms, net, loss_cell, *overrides):
+    from llama_npu.optim import build_optimizer
+    from llama_npu.strategies.accumulation import TrainStep
+    from llama_npu.strategies.precision import LossScaler
+
+    r = recipe(*overrides)
+    optimizer = build_optimizer(net.trainable_params(), r.train)
+    return TrainStep(loss_cell, optimizer, LossScaler(r.strategies.precision), r.train.grad_clip)
+
+
+def weights(net):
+    return {p.name: p.asnumpy().copy() for p in net.get_parameters()}
+
+
+def test_accumulated_micro_batches_equal_one_large_batch(ms):
+    """Two micro-batches with very different target-token counts, accumulated, give the same
+    SGD step as one batch holding both: the loss is normalised by the step's tokens."""
+    sgd = ("train.optimizer.name=sgd", "train.optimizer.lr=0.5", "train.warmup_steps=0")
+    many = batch(2, 1, seed=1)  # 64 target tokens
+    few = batch(2, SEQ - 3, seed=2)  # 8 target tokens
+    together = (np.concatenate([many[0], few[0]]), np.concatenate([many[1], few[1]]))
+
+    net_a, cell_a = build(ms)
+    before = weights(net_a)
+    result_a = train_step(ms, net_a, cell_a, *sgd)([many, few], lr=0.5)
+    net_b, cell_b = build(ms)
+    result_b = train_step(ms, net_b, cell_b, *sgd)([together], lr=0.5)
+
+    assert result_a.target_tokens == result_b.target_tokens == 72
+    assert result_a.loss == pytest.approx(result_b.loss, rel=1e-5)
+    after_a, after_b = weights(net_a), weights(net_b)
+    moved = 0
+    for name, w in after_b.items():
+        np.testing.assert_allclose(after_a[name], w, rtol=1e-5, atol=1e-7)
+        moved += not np.array_equal(w, before[name])
+    assert moved > 10  # the step did change the weights
+
+
+def test_recompute_keeps_loss_and_gradients(ms):
+    ids, labels = batch(2, 5, seed=3)
+    net, cell = build(ms)
+    loss, grads = loss_and_grads(ms, cell, net, ids, labels)
+    for mode in (["strategies.recompute.mode=full"], ["strategies.recompute.mode=selective"],
+                 ["strategies.recompute.mode=full", "strategies.recompute.layers=1"]):
+        net_r, cell_r = build(ms, *mode)
+        loss_r, grads_r = loss_and_grads(ms, cell_r, net_r, ids, labels)
+        assert loss_r == pytest.approx(loss, rel=1e-6), mode
+        assert_grads_close(grads_r, grads, 1e-6)
+
+
+@pytest.mark.parametrize("chunk", [16, 24])  # 64 tokens: even and uneven chunks
+def test_chunked_cross_entropy_matches_full_at_128256_vocab(ms, chunk):
+    ids, labels = batch(2, 7, seed=4)
+    net, cell = build(ms)
+    assert net.config.vocab_size == 128256
+    loss, grads = loss_and_grads(ms, cell, net, ids, labels)
+    net_c, cell_c = build(ms, "strategies.chunked_ce.enabled=true", f"strategies.chunked_ce.chunk_size={chunk}")
+    loss_c, grads_c = loss_and_grads(ms, cell_c, net_c, ids, labels)
+    assert loss_c == pytest.approx(loss, rel=1e-6)
+    assert_grads_close(grads_c, grads, 1e-5)
+
+
+def test_forced_overflow_skips_step_and_lowers_scale(ms):
+    net, cell = build(ms)
+    before = weights(net)
+    step = train_step(ms, net, cell, "strategies.precision.loss_scale=dynamic",
+                      "strategies.precision.loss_scale_init=3e38")
+    result = step([batch(2, 1, seed=5)], lr=1e-3)
+    assert result.overflow and result.loss_scale == 3e38
+    assert step.scaler.scale == pytest.approx(1.5e38)
+    for name, w in weights(net).items():
+        np.testing.assert_array_equal(w, before[name])
+    # the accumulators were discarded: the next, sane step trains normally
+    step.scaler.scale = 1024.0
+    assert not step([batch(2, 1, seed=5)], lr=1e-3).overflow
+
+
+def test_lora_trains_adapters_only_and_merges_exactly(ms):
+    from llama_npu.strategies.lora import merge_lora
+
+    net, cell = build(ms, "strategies.lora.enabled=true", "strategies.lora.target_modules=.*wq|.*wv|.*w2")
+    trainable = {p.name for p in net.trainable_params()}
+    assert trainable and all("mindpet_delta_lora" in n for n in trainable)
+    assert len(trainable) == 2 * 3 * net.config.num_layers
+    frozen_before = {n: w for n, w in weights(net).items() if n not in trainable}
+    step = train_step(ms, net, cell, "train.optimizer.lr=0.05", "train.warmup_steps=0")
+    for seed in range(3):
+        assert not step([batch(2, 1, seed=seed)], lr=0.05).overflow
+    after = weights(net)
+    for name, w in frozen_before.items():
+        np.testing.assert_array_equal(after[name], w)
+    assert any(np.abs(after[n]).max() > 0 for n in trainable if "lora_b" in n)  # adapters moved
+
+    ids, labels = batch(2, 1, seed=9)
+    with_adapters, _ = loss_and_grads(ms, cell, net, ids, labels)
+    assert merge_lora(net) == 3 * net.config.num_layers
+    merged, _ = loss_and_grads(ms, cell, net, ids, labels)
+    assert merged == pytest.approx(with_adapters, rel=1e-6)
+    changed = [n for n, w in weights(net).items() if n in frozen_before and not np.array_equal(w, frozen_before[n])]
+    assert sorted({n.split(".")[-2] for n in changed}) == ["w2", "wq", "wv"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["strategies.recompute.mode=some"], "strategies.recompute.mode: expected one of none, full, selective"),
+    (["strategies.recompute.mode=full", "strategies.recompute.layers=5"],
+     "strategies.recompute.layers: expected 0 (all) to 2"),
+    (["strategies.lora.enabled=true", "strategies.lora.target_modules=.*q_proj"], "matches no layer"),
+    (["strategies.precision.amp_level=O2", "strategies.precision.dtype=bfloat16"], "no BF16 kernels"),
+    (["strategies.precision.amp_level=O3"], "O3 stores the weights and AdamW's moments in half precision"),
+    (["strategies.precision.loss_scale=static:-1"], "expected none, dynamic or static:VALUE"),
+    (["strategies.chunked_ce.chunksize=8"], "did you mean 'strategies.chunked_ce.chunk_size'"),
+])
+def test_impossible_combinations_are_refused_before_building(overrides, message):
+    with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        recipe(*overrides)
