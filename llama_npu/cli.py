@@ -19,7 +19,7 @@ def _fail(message: str) -> int:
 
 def cmd_train(args) -> int:
     from .checkpoint import CheckpointError
-    from .data.alpaca import RecordError
+    from .data.readers import RecordError
     from .recipe import RecipeError, load_recipe
     from .train import RunDirError, format_summary, run_training
 
@@ -30,6 +30,22 @@ def cmd_train(args) -> int:
     except (RecipeError, RunDirError, RecordError, CheckpointError, FileNotFoundError) as exc:
         return _fail(str(exc))
     print(format_summary(summary))
+    return 0
+
+
+def cmd_prepare_data(args) -> int:
+    from .data.prepare import format_report, prepare_dataset
+    from .data.readers import RecordError
+
+    try:
+        meta = prepare_dataset(args.format, args.input, Path(args.output), tokenizer=args.tokenizer,
+                               max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
+                               overwrite=args.overwrite, train_on_prompt=args.train_on_prompt,
+                               progress=lambda msg: print(f"[llama-npu] {msg}", flush=True))
+    except (RecordError, FileExistsError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    print(format_report(meta))
+    print(f"wrote {args.output}")
     return 0
 
 
@@ -47,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--overwrite", action="store_true",
                        help="delete an existing, non-empty output directory first")
     train.set_defaults(func=cmd_train)
+
+    prep = sub.add_parser("prepare-data", help="tokenize raw data into a MindRecord directory")
+    prep.add_argument("--format", required=True, choices=("alpaca", "sharegpt", "text"))
+    prep.add_argument("--input", required=True, nargs="+", metavar="FILE")
+    prep.add_argument("--output", required=True, metavar="DIR")
+    prep.add_argument("--tokenizer", default="llama3.2", help="llama3.2 or a path to a tokenizer.json")
+    prep.add_argument("--max-seq-len", type=int, default=2048,
+                      help="sequence length the model will see (a recipe's data.max_seq_len)")
+    prep.add_argument("--pack", action="store_true", help="pack samples into full rows")
+    prep.add_argument("--on-bad-record", choices=("error", "skip"), default="error")
+    prep.add_argument("--train-on-prompt", action="store_true", help="take the loss on every turn")
+    prep.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    prep.set_defaults(func=cmd_prepare_data)
     return parser
 
 

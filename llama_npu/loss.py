@@ -34,7 +34,9 @@ class FullHeadLoss(nn.Cell):
 
 
 class CausalLMLoss(nn.Cell):
-    """(input_ids, labels), both (B, T+1) -> summed loss of predicting position t+1 from <= t."""
+    """(input_ids, labels[, segment_ids]), each (B, T+1) -> summed loss of predicting
+    position t+1 from positions <= t. With segment_ids (packed rows) a token attends only
+    to earlier tokens of its own segment."""
 
     def __init__(self, llama, head_loss=None):
         # auto_prefix=False keeps MindFormers' parameter names (model.layers.0...) in
@@ -43,9 +45,32 @@ class CausalLMLoss(nn.Cell):
         self.backbone = llama.model
         self.head_loss = head_loss if head_loss is not None else FullHeadLoss(llama.lm_head)
         self.hidden_size = llama.config.hidden_size
+        self.flash_attention = llama.config.use_flash_attention
 
-    def construct(self, input_ids, labels):
+    def construct(self, input_ids, labels, segment_ids=None):
         tokens = input_ids[:, :-1]  # (B, T)
         targets = labels[:, 1:].reshape(-1)  # (B*T,)
-        hidden = self.backbone(tokens).reshape(-1, self.hidden_size)  # (B*T, H)
-        return self.head_loss(hidden, targets)
+        if segment_ids is None:
+            hidden = self.backbone(tokens)
+        else:
+            hidden = self.packed_backbone(tokens, segment_ids[:, :-1])
+        return self.head_loss(hidden.reshape(-1, self.hidden_size), targets)  # hidden: (B*T, H)
+
+    def packed_backbone(self, tokens, segments):
+        bs, t = tokens.shape
+        same = segments.reshape(bs, t, 1) == segments.reshape(bs, 1, t)
+        causal = ops.tril(ops.ones((t, t), ms.int32)).astype(ms.bool_).reshape(1, t, t)
+        blocked = 1 - ops.logical_and(same, causal).astype(ms.float32)  # (B, T, T), 1 = masked
+        if self.flash_attention:
+            # Flash attention honours a passed uint8 mask (1 = masked), MindFormers >= 1.4.
+            return self.backbone(tokens, attention_mask=blocked.reshape(bs, 1, t, t).astype(ms.uint8))
+        # Without flash attention LlamaModel would cast a passed mask to uint8 and *add* it to
+        # the scores, masking nothing; run its layers with the additive mask its own causal
+        # mask uses instead (mindformers/models/llama/llama.py LlamaModel.construct).
+        llama = self.backbone
+        mask = (blocked * -10000.0).reshape(bs, 1, t, t).astype(llama.dtype)
+        h = llama.tok_embeddings(tokens).astype(llama.dtype)
+        freqs = llama.freqs_mgr(t)
+        for i in range(llama.num_layers):
+            h = llama.layers[i](h, freqs, mask)
+        return llama.norm_out(h)

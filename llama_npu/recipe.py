@@ -35,12 +35,14 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    format: str = "alpaca"
-    train_files: List[str] = field(default_factory=list)
+    format: str = "alpaca"  # alpaca | sharegpt | text (of train_files and eval_files)
+    train_files: List[str] = field(default_factory=list)  # raw files, prepared in memory at start
+    prepared: str = ""  # or a `llama-npu prepare-data` directory (MindRecord)
     eval_files: List[str] = field(default_factory=list)
     tokenizer: str = "llama3.2"  # or a path to a Hugging Face tokenizer.json
-    max_seq_len: int = 64
+    max_seq_len: int = 64  # positions the model sees; a sample holds up to max_seq_len + 1 tokens
     train_on_prompt: bool = False
+    pack: bool = False  # pack raw train_files into full rows (prepared data says it itself)
 
 
 @dataclass
@@ -322,9 +324,13 @@ def validate(recipe: Recipe) -> None:
     from .model import resolve_shape  # imported here: model.py imports this module
 
     resolve_shape(m)
-    _choice("data.format", d.format, ("alpaca",))
-    if not d.train_files:
-        raise RecipeError("data.train_files: expected at least one file")
+    _choice("data.format", d.format, ("alpaca", "sharegpt", "text"))
+    if bool(d.train_files) == bool(d.prepared):
+        raise RecipeError("data: expected either data.train_files (raw files) or data.prepared (a "
+                          "prepare-data directory), not both or neither")
+    if d.prepared and d.pack:
+        raise RecipeError("data.pack applies to raw data.train_files; a prepared directory is packed "
+                          "or not by llama-npu prepare-data --pack")
     _positive("data.max_seq_len", d.max_seq_len)
     _positive("train.max_steps", t.max_steps)
     _positive("train.micro_batch_size", t.micro_batch_size)

@@ -48,15 +48,44 @@ def prepare_run_dir(run_dir: Path, resume: Optional[str], overwrite: bool) -> Op
     return None
 
 
-def _load_samples(recipe: Recipe, tokenizer, files):
-    from .data.alpaca import read_alpaca
-    from .data.samples import tokenize_conversations
+def _raw_samples(recipe: Recipe, tokenizer, files):
+    from .data.readers import read_records
+    from .data.samples import tokenize_records
 
-    conversations = read_alpaca(files)
     # A sample holds max_seq_len + 1 tokens: the model sees max_seq_len positions, each
     # predicting the next token.
-    return tokenize_conversations(tokenizer, conversations, recipe.data.max_seq_len + 1,
-                                  recipe.data.train_on_prompt)
+    return tokenize_records(tokenizer, read_records(files, recipe.data.format), recipe.data.max_seq_len + 1,
+                            recipe.data.train_on_prompt)
+
+
+def training_source(recipe: Recipe, tokenizer):
+    """The sample source of the training set: a prepared MindRecord directory, or the raw
+    files tokenized (and packed) in memory."""
+    from .data.batches import ListSamples
+    from .data.mindrecord import MindRecordSamples
+    from .data.packing import pack
+    from .data.tokenizer import tokenizer_identity
+
+    d = recipe.data
+    if d.prepared:
+        source = MindRecordSamples(Path(d.prepared))
+        meta = source.meta
+        if meta["max_seq_len"] != d.max_seq_len:
+            raise RunDirError(f"data.prepared={d.prepared} was prepared with --max-seq-len "
+                              f"{meta['max_seq_len']}, but data.max_seq_len={d.max_seq_len}")
+        if meta["tokenizer"]["sha256"] != tokenizer_identity(d.tokenizer)["sha256"]:
+            raise RunDirError(f"data.prepared={d.prepared} was tokenized with {meta['tokenizer']['name']}, "
+                              f"not data.tokenizer={d.tokenizer}")
+        print(f"[llama-npu] {len(source)} {'packed rows' if source.packed else 'samples'} from {d.prepared}")
+        return source
+    print(f"[llama-npu] tokenizing {', '.join(d.train_files)}", flush=True)
+    samples, report = _raw_samples(recipe, tokenizer, d.train_files)
+    print(f"[llama-npu] {report.kept} training samples ({report.truncated} truncated, "
+          f"{report.dropped_no_answer} dropped: no answer token within {d.max_seq_len + 1} tokens)", flush=True)
+    if d.pack:
+        samples = pack(samples, d.max_seq_len + 1)
+        print(f"[llama-npu] packed into {len(samples)} rows of {d.max_seq_len + 1} tokens", flush=True)
+    return ListSamples(samples)
 
 
 def evaluate(loss_cell, samples, batch_size: int, length: int) -> tuple[float, int]:
@@ -81,6 +110,12 @@ def evaluate(loss_cell, samples, batch_size: int, length: int) -> tuple[float, i
 
 def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
                  overwrite: bool = False) -> dict:
+    from .data.tokenizer import load_tokenizer
+
+    # Data problems surface before anything is written, deleted (--overwrite) or built.
+    tokenizer = load_tokenizer(recipe.data.tokenizer)
+    train_source = training_source(recipe, tokenizer)
+    eval_samples = _raw_samples(recipe, tokenizer, recipe.data.eval_files)[0] if recipe.data.eval_files else []
     run_dir = Path(run_dir)
     resume_from = prepare_run_dir(run_dir, resume, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +131,6 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
 
     from .checkpoint import load_checkpoint, optimizer_state_params, save_checkpoint
     from .data.batches import BatchStream
-    from .data.tokenizer import load_tokenizer
     from .build import build_network
     from .memory.measure import peak_memory
     from .metrics import MetricLogger
@@ -108,13 +142,6 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     t = recipe.train
     k = accumulation_steps(recipe)
     length = recipe.data.max_seq_len + 1
-
-    print(f"[llama-npu] tokenizing {', '.join(recipe.data.train_files)}", flush=True)
-    tokenizer = load_tokenizer(recipe.data.tokenizer)
-    train_samples, report = _load_samples(recipe, tokenizer, recipe.data.train_files)
-    eval_samples = _load_samples(recipe, tokenizer, recipe.data.eval_files)[0] if recipe.data.eval_files else []
-    print(f"[llama-npu] {report.kept} training samples ({report.truncated} truncated, "
-          f"{report.dropped_no_answer} dropped: no answer token within {length} tokens)", flush=True)
 
     shape = resolve_shape(recipe.model)
     net, loss_cell = build_network(recipe, on_ascend)
@@ -131,7 +158,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
         start_step, samples_consumed = state["step"], state["samples_consumed"]
         scaler.load_state(state["loss_scale"])
         print(f"[llama-npu] resumed from {resume_from} at step {start_step}", flush=True)
-    stream = BatchStream(train_samples, t.micro_batch_size, length, t.seed, samples_consumed)
+    stream = BatchStream(train_source, t.micro_batch_size, length, t.seed, samples_consumed)
     metrics = MetricLogger(run_dir, start_step)
 
     def checkpoint(step: int) -> Path:
@@ -158,7 +185,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
         lr = lr_at(step, t)
         result = step_fn(batches, lr)
         seconds = time.perf_counter() - begin
-        input_tokens = sum(int((ids != net.config.pad_token_id).sum()) for ids, _ in batches)
+        input_tokens = sum(int((batch[0] != net.config.pad_token_id).sum()) for batch in batches)
         if step > start_step + 1:  # the first step of a process includes graph compilation
             timed_tokens, timed_seconds = timed_tokens + input_tokens, timed_seconds + seconds
         peak, source = peak_memory(on_ascend)

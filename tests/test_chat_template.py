@@ -1,9 +1,7 @@
 """The Llama 3 chat format, token for token, and which tokens carry loss."""
-import json
-
 import pytest
 
-from llama_npu.data.alpaca import RecordError, read_alpaca
+from llama_npu.data.readers import read_records
 from llama_npu.data.chat_template import encode_chat, render_text
 from llama_npu.data.tokenizer import load_tokenizer
 from llama_npu.model import IGNORE_ID
@@ -53,25 +51,11 @@ def test_special_token_text_in_data_stays_text(tok):
     assert ids.count(128009) == 2  # only the two real turn ends
 
 
-def test_alpaca_reader_errors_name_file_and_line(tmp_path):
-    path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps({"instruction": "你好", "output": "好"}, ensure_ascii=False) + "\n"
-                    + '{"instruction": "缺少回答"}\n', encoding="utf-8")
-    with pytest.raises(RecordError, match=r"bad.jsonl:2: field 'output' is missing or empty"):
-        read_alpaca([path])
-    path.write_text('{"instruction": "x", "output": "y"\n', encoding="utf-8")
-    with pytest.raises(RecordError, match=r"bad.jsonl:1: malformed JSON"):
-        read_alpaca([path])
-    path.write_bytes("你好".encode("gbk"))
-    with pytest.raises(RecordError, match="not UTF-8.*GBK"):
-        read_alpaca([path])
-
-
 def test_shipped_sample_has_200_distinct_pairs_and_a_held_out_split():
     from conftest import REPO
 
-    train = read_alpaca([REPO / "data" / "zh_instruct_train.jsonl"])
-    held_out = read_alpaca([REPO / "data" / "zh_instruct_eval.jsonl"])
+    train = read_records([REPO / "data" / "zh_instruct_train.jsonl"], "alpaca")
+    held_out = read_records([REPO / "data" / "zh_instruct_eval.jsonl"], "alpaca")
     assert len(train) + len(held_out) >= 200 and len(held_out) >= 20
-    prompts = [next(c for r, c in conv if r == "user") for conv in train + held_out]
+    prompts = [next(c for r, c in rec.messages if r == "user") for rec in train + held_out]
     assert len(set(prompts)) == len(prompts)

@@ -2,10 +2,12 @@
 
 The order of epoch e is a permutation drawn from (seed, e), so the stream is a pure
 function of (seed, samples consumed): resuming only needs the count the checkpoint stored.
+Samples come from a source with len() and iterate(indices): a list in memory
+(ListSamples) or a prepared MindRecord directory (mindrecord.MindRecordSamples).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -13,35 +15,40 @@ from ..model import PAD_ID
 from .samples import Sample, pad_batch
 
 
-class BatchStream:
-    def __init__(self, samples: Sequence[Sample], batch_size: int, length: int, seed: int,
-                 samples_consumed: int = 0):
-        if not samples:
-            raise ValueError("no training samples")
+class ListSamples:
+    def __init__(self, samples: Sequence[Sample]):
         self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def iterate(self, indices) -> Iterator[Sample]:
+        return (self.samples[i] for i in indices)
+
+
+class BatchStream:
+    def __init__(self, source, batch_size: int, length: int, seed: int, samples_consumed: int = 0):
+        if len(source) == 0:
+            raise ValueError("no training samples")
+        self.source = source
         self.batch_size = batch_size
         self.length = length
         self.seed = seed
         self.samples_consumed = samples_consumed
-        self._epoch = -1
-        self._order = None
-
-    def _order_of(self, epoch: int) -> np.ndarray:
-        if epoch != self._epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._order, self._epoch = rng.permutation(len(self.samples)), epoch
-        return self._order
+        self._iterator = None
 
     @property
     def epoch(self) -> int:
-        return self.samples_consumed // len(self.samples)
+        return self.samples_consumed // len(self.source)
+
+    def _next_sample(self) -> Sample:
+        epoch, position = divmod(self.samples_consumed, len(self.source))
+        if position == 0 or self._iterator is None:
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.source))
+            self._iterator = self.source.iterate(order[position:])
+        self.samples_consumed += 1
+        return next(self._iterator)
 
     def next_batch(self):
-        """(ids, labels), each (batch_size, length) int32."""
-        n = len(self.samples)
-        picked = []
-        for _ in range(self.batch_size):
-            epoch, position = divmod(self.samples_consumed, n)
-            picked.append(self.samples[self._order_of(epoch)[position]])
-            self.samples_consumed += 1
-        return pad_batch(picked, self.length, PAD_ID)
+        """(ids, labels[, segment_ids]), each (batch_size, length) int32."""
+        return pad_batch([self._next_sample() for _ in range(self.batch_size)], self.length, PAD_ID)

@@ -6,12 +6,12 @@ confused with text:
     <|start_header_id|>assistant<|end_header_id|>\n\n{answer}<|eot_id|>
 
 The loss covers each assistant answer and the <|eot_id|> that closes it (so the model
-learns to stop); headers, system and user turns are masked with IGNORE_ID unless
-`train_on_prompt` is set.
+learns to stop), in every turn; headers, system and user turns are masked with IGNORE_ID
+unless `train_on_prompt` is set.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from ..model import BOS_ID, EOT_ID, IGNORE_ID
 
@@ -30,19 +30,30 @@ def render_text(messages: Sequence[Message]) -> str:
     return "".join(parts)
 
 
+def role_headers(tokenizer) -> Dict[str, List[int]]:
+    """<|start_header_id|>role<|end_header_id|>\\n\\n as ids, for each role."""
+    newlines = tokenizer.encode("\n\n", add_special_tokens=False).ids
+    return {role: [START_HEADER_ID] + tokenizer.encode(role, add_special_tokens=False).ids
+            + [END_HEADER_ID] + newlines for role in ROLES}
+
+
+def assemble_chat(roles: Sequence[str], contents: Sequence[Sequence[int]], headers: Dict[str, List[int]],
+                  train_on_prompt: bool = False) -> Tuple[List[int], List[int]]:
+    """Token ids and labels (IGNORE_ID where no loss is taken) from already tokenized turns."""
+    ids, labels = [BOS_ID], [IGNORE_ID]
+    for role, content in zip(roles, contents):
+        if role not in headers:
+            raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+        body = list(content) + [EOT_ID]
+        learn = role == "assistant" or train_on_prompt
+        ids += headers[role] + body
+        labels += [IGNORE_ID] * len(headers[role]) + (body if learn else [IGNORE_ID] * len(body))
+    return ids, labels
+
+
 def encode_chat(tokenizer, messages: Sequence[Message], train_on_prompt: bool = False
                 ) -> Tuple[List[int], List[int]]:
-    """Token ids and labels (IGNORE_ID where no loss is taken) for one conversation."""
-    newlines = tokenizer.encode("\n\n", add_special_tokens=False).ids
+    """One conversation, tokenized and assembled."""
     contents = tokenizer.encode_batch([c for _, c in messages], add_special_tokens=False)
-    ids, labels = [BOS_ID], [IGNORE_ID]
-    for (role, _), encoded in zip(messages, contents):
-        if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
-        header = [START_HEADER_ID] + tokenizer.encode(role, add_special_tokens=False).ids \
-            + [END_HEADER_ID] + newlines
-        body = list(encoded.ids) + [EOT_ID]
-        learn = role == "assistant" or train_on_prompt
-        ids += header + body
-        labels += [IGNORE_ID] * len(header) + (body if learn else [IGNORE_ID] * len(body))
-    return ids, labels
+    return assemble_chat([r for r, _ in messages], [c.ids for c in contents], role_headers(tokenizer),
+                         train_on_prompt)

@@ -40,10 +40,10 @@ class ForwardBackward(nn.Cell):
         self.accumulators = accumulators
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
-    def construct(self, input_ids, labels, sens):
-        loss = self.loss_cell(input_ids, labels)
+    def construct(self, sens, *batch):
+        loss = self.loss_cell(*batch)
         # Backpropagating `sens` gives the gradients of loss x sens in one pass.
-        grads = self.grad(self.loss_cell, self.params)(input_ids, labels, sens.astype(loss.dtype))
+        grads = self.grad(self.loss_cell, self.params)(*batch, sens.astype(loss.dtype))
         for acc, grad in zip(self.accumulators, grads):
             ops.assign_add(acc, grad.astype(ms.float32))
         return loss
@@ -122,14 +122,14 @@ class TrainStep:
 
     def __call__(self, micro_batches, lr: float) -> StepResult:
         scale = self.scaler.scale
-        tokens = sum(int((labels[:, 1:] != IGNORE_ID).sum()) for _, labels in micro_batches)
+        tokens = sum(int((batch[1][:, 1:] != IGNORE_ID).sum()) for batch in micro_batches)
         # Dividing by the step's token count inside the backward pass keeps fp16 gradients
         # at the magnitude of a mean loss (a sum over thousands of tokens would overflow);
         # the loss scale is taken out once the window is complete.
         sens = Tensor(scale / max(tokens, 1), ms.float32)
         loss_sum = 0.0
-        for input_ids, labels in micro_batches:
-            loss_sum += float(self.forward_backward(Tensor(input_ids), Tensor(labels), sens).asnumpy())
+        for batch in micro_batches:  # (input_ids, labels[, segment_ids]) numpy arrays
+            loss_sum += float(self.forward_backward(sens, *map(Tensor, batch)).asnumpy())
         grad_norm = float(self.normalize(Tensor(1.0 / scale, ms.float32)).asnumpy())
         overflow = not math.isfinite(grad_norm) or not math.isfinite(loss_sum)
         if overflow:

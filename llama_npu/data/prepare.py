@@ -1,0 +1,137 @@
+"""`llama-npu prepare-data`: raw alpaca / ShareGPT / text files -> a MindRecord directory
+with meta.json.
+
+The directory appears only when complete: everything is written into a temporary sibling
+and renamed into place, so a failed run never leaves half a dataset, and --overwrite swaps
+the old one out only after the new one is whole.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+
+from .mindrecord import META_FILE, write_samples
+from .packing import pack
+from .readers import RecordError, iter_records
+from .samples import tokenize_records
+from .tokenizer import load_tokenizer, tokenizer_identity
+
+FIRST_LINES_KEPT = 5
+
+
+@dataclass
+class SkipReport:
+    by_reason: Dict[str, dict] = field(default_factory=dict)
+
+    def add(self, error: RecordError) -> None:
+        entry = self.by_reason.setdefault(error.reason, {"count": 0, "first": []})
+        entry["count"] += 1
+        if len(entry["first"]) < FIRST_LINES_KEPT:
+            entry["first"].append(str(error).split(": ", 1)[0])
+
+    @property
+    def total(self) -> int:
+        return sum(e["count"] for e in self.by_reason.values())
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _padding_ratio(real_tokens: int, rows: int, length: int) -> float:
+    return 1.0 - real_tokens / (rows * length) if rows else 0.0
+
+
+def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = "llama3.2",
+                    max_seq_len: int = 2048, packed: bool = False, on_bad_record: str = "error",
+                    overwrite: bool = False, train_on_prompt: bool = False, progress=None) -> dict:
+    """Write the prepared dataset and return its meta.json content.
+
+    `max_seq_len` is the sequence length the model sees, as in a recipe's data.max_seq_len;
+    each stored sample (or packed row) holds up to max_seq_len + 1 tokens.
+    """
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise FileExistsError(f"output directory {output} exists; pass --overwrite to replace it")
+    if not inputs:
+        raise RecordError("no input files given")
+    tok = load_tokenizer(tokenizer)
+    length = max_seq_len + 1
+
+    skipped = SkipReport()
+    records = []
+    for item in iter_records(inputs, fmt):
+        if isinstance(item, RecordError):
+            if on_bad_record == "error":
+                raise item
+            skipped.add(item)
+            continue
+        records.append(item)
+    if progress:
+        progress(f"tokenizing {len(records)} records")
+    samples, fit = tokenize_records(tok, records, length, train_on_prompt)
+    real_tokens = sum(len(s.input_ids) for s in samples)
+    rows = pack(samples, length) if packed else samples
+    if not rows:
+        raise RecordError(f"no sample left to write from {', '.join(map(str, inputs))} "
+                          f"(read {fit.read + skipped.total}, skipped {skipped.total}, "
+                          f"dropped {fit.dropped_no_answer})")
+
+    lengths = np.asarray(fit.lengths or [0])
+    meta = {
+        "format": fmt, "max_seq_len": max_seq_len, "packed": packed, "train_on_prompt": train_on_prompt,
+        "counts": {"read": fit.read + skipped.total, "written": fit.kept, "skipped": skipped.total,
+                   "dropped_no_answer": fit.dropped_no_answer, "truncated": fit.truncated, "rows": len(rows)},
+        "skipped_by_reason": skipped.by_reason,
+        "token_lengths": {"p50": int(np.percentile(lengths, 50)), "p95": int(np.percentile(lengths, 95)),
+                          "max": int(lengths.max()), "note": "tokens per sample before truncation"},
+        "padding_ratio": {"unpacked": _padding_ratio(real_tokens, len(samples), length),
+                          "packed": _padding_ratio(real_tokens, len(rows if packed else pack(samples, length)),
+                                                   length)},
+        "tokenizer": tokenizer_identity(tokenizer),
+        "sources": [{"path": str(p), "sha256": _sha256(Path(p))} for p in inputs],
+    }
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = output.parent / f".{output.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        if progress:
+            progress(f"writing {len(rows)} {'packed rows' if packed else 'samples'} to MindRecord")
+        write_samples(staging, rows)
+        (staging / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
+        if output.exists():
+            retired = output.parent / f".{output.name}.old-{os.getpid()}"
+            os.rename(output, retired)
+            os.rename(staging, output)
+            shutil.rmtree(retired)
+        else:
+            os.rename(staging, output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return meta
+
+
+def format_report(meta: dict) -> str:
+    c = meta["counts"]
+    lines = [f"read {c['read']}: written {c['written']}, skipped {c['skipped']}, "
+             f"dropped {c['dropped_no_answer']} (no answer token within {meta['max_seq_len'] + 1} tokens); "
+             f"{c['truncated']} truncated",
+             f"{c['rows']} {'packed rows' if meta['packed'] else 'samples'}; tokens per sample p50 "
+             f"{meta['token_lengths']['p50']}, p95 {meta['token_lengths']['p95']}, max {meta['token_lengths']['max']}",
+             f"padding: {meta['padding_ratio']['unpacked']:.1%} unpacked, {meta['padding_ratio']['packed']:.1%} packed"]
+    for reason, entry in meta["skipped_by_reason"].items():
+        lines.append(f"skipped {entry['count']} x {reason} (first at {', '.join(entry['first'])})")
+    return "\n".join(lines)
