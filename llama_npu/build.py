@@ -15,6 +15,7 @@ def build_network(recipe: Recipe, on_ascend: bool):
     from .model import build_model, llama_config, resolve_shape
     from .strategies.chunked_ce import head_loss
     from .strategies.lora import apply_lora, frozen_base_dtypes
+    from .strategies.parallel import mindformers_parallel_config
     from .strategies.precision import model_dtypes
     from .strategies.recompute import recompute_config
 
@@ -22,8 +23,9 @@ def build_network(recipe: Recipe, on_ascend: bool):
     dtypes = model_dtypes(s.precision)
     if s.lora.enabled:
         dtypes = frozen_base_dtypes(dtypes)
+    parallel_config = dict(mindformers_parallel_config(s.parallel), recompute=recompute_config(s.recompute))
     config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, on_ascend,
-                          parallel_config={"recompute": recompute_config(s.recompute)}, **dtypes)
+                          parallel_config=parallel_config, **dtypes)
     net = build_model(config)
     if s.lora.enabled:
         apply_lora(net, s.lora, dtypes["compute_dtype"])

@@ -29,8 +29,11 @@ class CheckpointError(RuntimeError):
     pass
 
 
-def checkpoint_root(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+def checkpoint_root(run_dir: Path, world=None) -> Path:
+    """Where step_<N> directories live: <run>/checkpoints, or <run>/checkpoints/rank_<R>
+    when parameters are sharded across ranks (semi-auto parallel), one shard per rank."""
+    root = Path(run_dir) / "checkpoints"
+    return root / f"rank_{world.rank}" if world is not None and world.sharded else root
 
 
 def _fsync_dir(path: Path) -> None:
@@ -51,11 +54,12 @@ def optimizer_state_params(optimizer, model_params) -> list:
     return [p for p in optimizer.get_parameters() if id(p) not in model_ids]
 
 
-def save_checkpoint(run_dir: Path, step: int, model_params, optimizer_params, state: dict,
+def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state: dict,
                     keep_last: int) -> Path:
+    """Write <root>/step_<step> atomically and keep the newest `keep_last`."""
     import mindspore as ms
 
-    root = checkpoint_root(run_dir)
+    root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
     partial = root / f".step_{step}.partial"
@@ -109,8 +113,8 @@ def _step_dirs(root: Path):
     return [p for _, p in sorted(found)]
 
 
-def latest_complete(run_dir: Path) -> Optional[Path]:
-    for path in reversed(_step_dirs(checkpoint_root(run_dir))):
+def latest_complete(root: Path) -> Optional[Path]:
+    for path in reversed(_step_dirs(Path(root))):
         if read_state(path) is not None:
             return path
     return None

@@ -21,8 +21,12 @@ def cmd_train(args) -> int:
     from .checkpoint import CheckpointError
     from .data.readers import RecordError
     from .recipe import RecipeError, load_recipe
+    from .strategies.parallel import is_scheduler, run_scheduler
     from .train import RunDirError, format_summary, run_training
 
+    if is_scheduler():
+        run_scheduler()
+        return 0
     try:
         recipe = load_recipe(args.recipe, args.set)
         run_dir = Path(args.output_dir or Path("runs") / Path(args.recipe).stem)
@@ -49,6 +53,20 @@ def cmd_prepare_data(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    from .recipe import RecipeError, load_recipe
+    from .strategies.parallel import check_workers, describe_layout
+
+    try:
+        recipe = load_recipe(args.recipe, args.set)
+        if args.workers is not None:
+            check_workers(recipe.strategies.parallel, args.workers)
+    except RecipeError as exc:
+        return _fail(str(exc))
+    print(f"{args.recipe}: valid; {describe_layout(recipe)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--overwrite", action="store_true",
                        help="delete an existing, non-empty output directory first")
     train.set_defaults(func=cmd_train)
+
+    check = sub.add_parser("validate", help="check a recipe (and a worker count) without running it")
+    check.add_argument("recipe", help="recipe YAML file")
+    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    check.add_argument("--workers", type=int, help="processes it will be launched on")
+    check.set_defaults(func=cmd_validate)
 
     prep = sub.add_parser("prepare-data", help="tokenize raw data into a MindRecord directory")
     prep.add_argument("--format", required=True, choices=("alpaca", "sharegpt", "text"))

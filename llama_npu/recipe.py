@@ -104,11 +104,23 @@ class LoraSection:
 
 
 @dataclass
+class ParallelSection:
+    data: int = 1
+    model: int = 1  # tensor (operator) parallel; Ascend only
+    pipeline: int = 1  # pipeline stages; Ascend only
+    micro_batches: int = 1  # pipeline micro-batches per step
+    optimizer_shard: bool = False  # shard optimizer states across data parallel; Ascend only
+    sequence_parallel: bool = False  # with model > 1
+    vocab_emb_dp: bool = True  # keep the embedding/LM head data-parallel rather than split by model
+
+
+@dataclass
 class StrategiesSection:
     precision: PrecisionSection = field(default_factory=PrecisionSection)
     recompute: RecomputeSection = field(default_factory=RecomputeSection)
     chunked_ce: ChunkedCESection = field(default_factory=ChunkedCESection)
     lora: LoraSection = field(default_factory=LoraSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
 
 
 @dataclass
@@ -301,15 +313,22 @@ def _positive(key: str, value, allow_zero=False) -> None:
 
 def accumulation_steps(recipe: Recipe) -> int:
     """Micro-batches per optimizer step: global / (micro x data parallel)."""
-    t = recipe.train
-    dp = 1  # single device until the parallel section exists
+    t, par = recipe.train, recipe.strategies.parallel
     if t.global_batch_size == 0:
         return 1
-    per_step = t.micro_batch_size * dp
+    per_step = t.micro_batch_size * par.data
+    if par.pipeline > 1:
+        # The pipeline's micro-batches are its accumulation.
+        if t.global_batch_size != per_step * par.micro_batches:
+            raise RecipeError(
+                f"train.global_batch_size={t.global_batch_size}: with pipeline stages it must equal "
+                f"train.micro_batch_size={t.micro_batch_size} x strategies.parallel.data={par.data} x "
+                f"strategies.parallel.micro_batches={par.micro_batches} = {per_step * par.micro_batches}")
+        return 1
     if t.global_batch_size % per_step:
         raise RecipeError(
             f"train.global_batch_size={t.global_batch_size} is not divisible by "
-            f"train.micro_batch_size={t.micro_batch_size} x data parallel {dp} = {per_step}")
+            f"train.micro_batch_size={t.micro_batch_size} x data parallel {par.data} = {per_step}")
     return t.global_batch_size // per_step
 
 
@@ -351,7 +370,6 @@ def validate(recipe: Recipe) -> None:
         if not 0.0 <= value < 1.0:
             raise RecipeError(f"train.optimizer.{name}: expected a value in [0, 1), got {value}")
     _positive("train.optimizer.eps", o.eps)
-    accumulation_steps(recipe)
 
     _choice("device.name", dev.name, tuple(DEVICE_NAMES))
     _choice("device.target", dev.target, ("cpu", "ascend"))
@@ -378,6 +396,8 @@ def validate(recipe: Recipe) -> None:
                           f"got {p.loss_scale_factor}")
     _positive("strategies.precision.loss_scale_window", p.loss_scale_window)
     _validate_memory_strategies(recipe)
+    _validate_parallel(recipe)
+    accumulation_steps(recipe)
 
 
 def _validate_memory_strategies(recipe: Recipe) -> None:
@@ -406,6 +426,33 @@ def _validate_memory_strategies(recipe: Recipe) -> None:
         if not matched:
             raise RecipeError(f"strategies.lora.target_modules={s.lora.target_modules!r} matches no layer; "
                               f"the linear layers are {', '.join(LINEAR_LAYERS)}")
+
+
+def _validate_parallel(recipe: Recipe) -> None:
+    from .model import resolve_shape
+
+    par, shape = recipe.strategies.parallel, resolve_shape(recipe.model)
+    for name in ("data", "model", "pipeline", "micro_batches"):
+        _positive(f"strategies.parallel.{name}", getattr(par, name))
+    if shape.num_heads % par.model or shape.num_kv_heads % par.model:
+        raise RecipeError(f"strategies.parallel.model={par.model} must divide the attention heads "
+                          f"({shape.num_heads}) and KV heads ({shape.num_kv_heads})")
+    if shape.intermediate_size % par.model:
+        raise RecipeError(f"strategies.parallel.model={par.model} must divide the MLP size "
+                          f"({shape.intermediate_size})")
+    if shape.num_layers % par.pipeline:
+        raise RecipeError(f"strategies.parallel.pipeline={par.pipeline} must divide the layers "
+                          f"({shape.num_layers})")
+    if par.pipeline > 1 and par.micro_batches < par.pipeline:
+        raise RecipeError(f"strategies.parallel.micro_batches={par.micro_batches} must be at least "
+                          f"strategies.parallel.pipeline={par.pipeline}, or stages sit idle")
+    if par.sequence_parallel and par.model == 1:
+        raise RecipeError("strategies.parallel.sequence_parallel needs strategies.parallel.model > 1")
+    sharded = [f"{k}={v}" for k, v in (("model", par.model), ("pipeline", par.pipeline)) if v > 1]
+    sharded += ["optimizer_shard=true"] if par.optimizer_shard else []
+    if sharded and recipe.device.target != "ascend":
+        raise RecipeError(f"strategies.parallel.{sharded[0]} needs device.target=ascend: operator-sharded "
+                          f"(semi_auto_parallel) training is not supported by MindSpore's CPU backend")
 
 
 def parse_loss_scale(text: str) -> tuple[str, float]:

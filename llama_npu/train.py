@@ -5,9 +5,11 @@ runs them in order, so the whole loop reads in one sitting.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,15 +23,19 @@ class RunDirError(RuntimeError):
     """The output directory cannot be used as asked (exists, no checkpoint to resume...)."""
 
 
-def prepare_run_dir(run_dir: Path, resume: Optional[str], overwrite: bool) -> Optional[Path]:
+def prepare_run_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
+                    check_empty: bool = True) -> Optional[Path]:
     """Check the output directory and return the checkpoint to resume from, if any.
     Runs before anything is built, so a refused run costs nothing."""
-    from .checkpoint import latest_complete, read_state
+    from .checkpoint import checkpoint_root, latest_complete, read_state
 
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other")
     if resume == "auto":
-        found = latest_complete(run_dir)
+        root = checkpoint_root(run_dir)
+        if (root / "rank_0").is_dir():  # sharded run: every rank holds the same steps
+            root = root / "rank_0"
+        found = latest_complete(root)
         if found is None:
             print(f"resume: no complete checkpoint under {run_dir}/checkpoints; starting at step 0")
         return found
@@ -40,7 +46,7 @@ def prepare_run_dir(run_dir: Path, resume: Optional[str], overwrite: bool) -> Op
                               f"(expected a step_<N> directory holding model.ckpt, optimizer.ckpt "
                               f"and state.json)")
         return path
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if check_empty and run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
             raise RunDirError(f"output directory {run_dir} is not empty; pass --resume auto to "
                               f"continue it or --overwrite to start again")
@@ -108,77 +114,97 @@ def evaluate(loss_cell, samples, batch_size: int, length: int) -> tuple[float, i
     return total / max(tokens, 1), tokens
 
 
+def weights_digest(params) -> str:
+    """SHA-256 of the trained weights' bytes: equal digests mean bit-identical weights."""
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.asnumpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
                  overwrite: bool = False) -> dict:
     from .data.tokenizer import load_tokenizer
+    from .strategies.parallel import launched_rank
 
     # Data problems surface before anything is written, deleted (--overwrite) or built.
     tokenizer = load_tokenizer(recipe.data.tokenizer)
     train_source = training_source(recipe, tokenizer)
     eval_samples = _raw_samples(recipe, tokenizer, recipe.data.eval_files)[0] if recipe.data.eval_files else []
     run_dir = Path(run_dir)
-    resume_from = prepare_run_dir(run_dir, resume, overwrite)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "recipe.yaml").write_text(
-        yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    main_rank = launched_rank() == 0
+    # Under msrun only rank 0 checks, clears and writes the run directory; the others read.
+    resume_from = prepare_run_dir(run_dir, resume, overwrite and main_rank, check_empty=main_rank)
+    if main_rank:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "recipe.yaml").write_text(
+            yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
 
     from .runtime import init_runtime, quiet_frameworks
 
-    quiet_frameworks(run_dir / "logs")
+    quiet_frameworks(run_dir / "logs" if main_rank else
+                     Path(tempfile.gettempdir()) / "llama-npu-logs" / run_dir.name / f"rank_{launched_rank()}")
     on_ascend = init_runtime(recipe)
 
     from tqdm import tqdm
 
-    from .checkpoint import load_checkpoint, optimizer_state_params, save_checkpoint
-    from .data.batches import BatchStream
     from .build import build_network
+    from .checkpoint import checkpoint_root, load_checkpoint, optimizer_state_params, save_checkpoint
+    from .data.batches import BatchStream
     from .memory.measure import peak_memory
     from .metrics import MetricLogger
     from .model import resolve_shape
     from .optim import build_optimizer, lr_at
     from .strategies.accumulation import TrainStep
+    from .strategies.parallel import gradient_reducer, init_parallel, stream_layout
     from .strategies.precision import LossScaler
 
     t = recipe.train
     k = accumulation_steps(recipe)
     length = recipe.data.max_seq_len + 1
+    world = init_parallel(recipe.strategies.parallel, run_dir)
 
     shape = resolve_shape(recipe.model)
     net, loss_cell = build_network(recipe, on_ascend)
     params = net.trainable_params()
     optimizer = build_optimizer(params, t)
     scaler = LossScaler(recipe.strategies.precision)
-    step_fn = TrainStep(loss_cell, optimizer, scaler, t.grad_clip)
+    step_fn = TrainStep(loss_cell, optimizer, scaler, t.grad_clip, gradient_reducer(optimizer.parameters, world))
+    ckpt_root = checkpoint_root(run_dir, world)
 
     start_step, samples_consumed = 0, 0
     if resume_from is not None:
+        if world.sharded:  # each rank resumes its own shard of the same step
+            resume_from = ckpt_root / resume_from.name
         state = load_checkpoint(resume_from, net, optimizer)
         if state.get("recipe_hash") != recipe.digest():
             print(f"[llama-npu] warning: the recipe differs from the one {resume_from} was trained with")
         start_step, samples_consumed = state["step"], state["samples_consumed"]
         scaler.load_state(state["loss_scale"])
         print(f"[llama-npu] resumed from {resume_from} at step {start_step}", flush=True)
-    stream = BatchStream(train_source, t.micro_batch_size, length, t.seed, samples_consumed)
-    metrics = MetricLogger(run_dir, start_step)
+    batch_size, rank, ranks = stream_layout(recipe.strategies.parallel, world, t.micro_batch_size)
+    stream = BatchStream(train_source, batch_size, length, t.seed, samples_consumed, rank, ranks)
+    metrics = MetricLogger(run_dir, start_step) if world.is_main else None
+    saves_checkpoints = world.is_main or world.sharded
 
     def checkpoint(step: int) -> Path:
         state = {"samples_consumed": stream.samples_consumed,
                  "rng": {"seed": t.seed, "data_epoch": stream.epoch},
                  "loss_scale": scaler.state(), "recipe_hash": recipe.digest()}
-        return save_checkpoint(run_dir, step, params, optimizer_state_params(optimizer, params),
+        return save_checkpoint(ckpt_root, step, params, optimizer_state_params(optimizer, params),
                                state, t.keep_last)
 
     trainable = sum(p.size for p in params)
     print(f"[llama-npu] model {recipe.model.preset} ({shape.describe()}); {trainable:,} trainable "
-          f"parameters", flush=True)
+          f"parameters{'' if world.size == 1 else f' (rank {world.rank} of {world.size})'}", flush=True)
     print(f"[llama-npu] training for {t.max_steps} steps, {k} micro-batch(es) of "
-          f"{t.micro_batch_size} x {length} tokens per step; the first step compiles the graph",
+          f"{t.micro_batch_size} x {length} tokens per step and rank; the first step compiles the graph",
           flush=True)
     first_loss = last_loss = None
     last_path = None
     timed_tokens, timed_seconds = 0, 0.0
     progress = tqdm(total=t.max_steps, initial=start_step, desc="train", unit="step",
-                    file=sys.stderr, dynamic_ncols=True)
+                    file=sys.stderr, dynamic_ncols=True, disable=not world.is_main)
     for step in range(start_step + 1, t.max_steps + 1):
         begin = time.perf_counter()
         batches = [stream.next_batch() for _ in range(k)]
@@ -190,32 +216,37 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
             timed_tokens, timed_seconds = timed_tokens + input_tokens, timed_seconds + seconds
         peak, source = peak_memory(on_ascend)
         record = {"step": step, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
-                  "target_tokens": result.target_tokens, "tokens_per_s": input_tokens / seconds,
+                  "target_tokens": result.target_tokens, "tokens_per_s": input_tokens * world.size / seconds,
                   "step_seconds": seconds, "loss_scale": result.loss_scale,
                   "overflow": result.overflow, "samples_consumed": stream.samples_consumed,
                   "peak_memory_bytes": peak, "memory_source": source}
         if eval_samples and t.eval_every and step % t.eval_every == 0:
             record["eval_loss"] = evaluate(loss_cell, eval_samples, t.micro_batch_size, length)[0]
-        metrics.log(record)
+        if metrics:
+            metrics.log(record)
         first_loss = result.loss if first_loss is None else first_loss
         last_loss = result.loss
         progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}")
         progress.update(1)
-        if step % t.save_every == 0 or step == t.max_steps:
+        if saves_checkpoints and (step % t.save_every == 0 or step == t.max_steps):
             last_path = checkpoint(step)
     progress.close()
 
     summary = {"steps": t.max_steps, "steps_this_run": t.max_steps - start_step,
                "first_loss": first_loss, "last_loss": last_loss,
-               "tokens_per_s": timed_tokens / timed_seconds if timed_seconds else None}
+               "tokens_per_s": timed_tokens * world.size / timed_seconds if timed_seconds else None}
     if eval_samples:
         summary["eval_loss"], summary["eval_tokens"] = evaluate(
             loss_cell, eval_samples, t.micro_batch_size, length)
     peak, source = peak_memory(on_ascend)
     summary.update({"peak_memory_bytes": peak, "memory_source": source,
                     "checkpoint": str(last_path) if last_path else None, "output_dir": str(run_dir)})
-    metrics.close()
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    if world.size > 1:
+        summary.update({"rank": world.rank, "workers": world.size, "weights_sha256": weights_digest(params)})
+        print(f"[llama-npu] rank {world.rank} weights sha256 {summary['weights_sha256']}", flush=True)
+    if metrics:
+        metrics.close()
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
 
 

@@ -27,7 +27,15 @@ class ListSamples:
 
 
 class BatchStream:
-    def __init__(self, source, batch_size: int, length: int, seed: int, samples_consumed: int = 0):
+    """Micro-batches of `batch_size` samples for this rank.
+
+    `samples_consumed` counts the samples of all data-parallel ranks: every micro-batch
+    step takes batch_size x world consecutive positions of the epoch's order, and rank r
+    reads the r-th block of batch_size of them.
+    """
+
+    def __init__(self, source, batch_size: int, length: int, seed: int, samples_consumed: int = 0,
+                 rank: int = 0, world: int = 1):
         if len(source) == 0:
             raise ValueError("no training samples")
         self.source = source
@@ -35,20 +43,32 @@ class BatchStream:
         self.length = length
         self.seed = seed
         self.samples_consumed = samples_consumed
+        self.rank, self.world = rank, world
+        self._epoch = None
         self._iterator = None
 
     @property
     def epoch(self) -> int:
         return self.samples_consumed // len(self.source)
 
-    def _next_sample(self) -> Sample:
-        epoch, position = divmod(self.samples_consumed, len(self.source))
-        if position == 0 or self._iterator is None:
-            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.source))
-            self._iterator = self.source.iterate(order[position:])
-        self.samples_consumed += 1
-        return next(self._iterator)
+    def _owns(self, position):
+        return (position // self.batch_size) % self.world == self.rank
+
+    def _start_epoch(self, epoch: int, position: int) -> None:
+        n = len(self.source)
+        order = np.random.default_rng([self.seed, epoch]).permutation(n)
+        positions = np.arange(position, n)
+        mine = positions[self._owns(epoch * n + positions)]
+        self._epoch, self._iterator = epoch, self.source.iterate(order[mine])
 
     def next_batch(self):
         """(ids, labels[, segment_ids]), each (batch_size, length) int32."""
-        return pad_batch([self._next_sample() for _ in range(self.batch_size)], self.length, PAD_ID)
+        picked = []
+        for position in range(self.samples_consumed, self.samples_consumed + self.batch_size * self.world):
+            epoch, offset = divmod(position, len(self.source))
+            if epoch != self._epoch:
+                self._start_epoch(epoch, offset)
+            if self._owns(position):
+                picked.append(next(self._iterator))
+        self.samples_consumed += self.batch_size * self.world
+        return pad_batch(picked, self.length, PAD_ID)

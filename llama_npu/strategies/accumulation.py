@@ -55,16 +55,30 @@ class NormalizeGradients(nn.Cell):
         self.accumulators = accumulators
         self.reducer = reducer
 
-    def construct(self, inverse_denominator):
+    def construct(self, token_share, inverse_scale):
+        """token_share: this rank's target tokens / all ranks' (1 on one device)."""
         grads = self.accumulators
         if self.reducer is not None:
-            grads = self.reducer(grads)
+            # Each rank's accumulator is its own token mean; weighting by the token share and
+            # summing gives the mean over every target token of the step.
+            grads = self.reducer(tuple(g * token_share for g in grads))
         total = ops.zeros((), ms.float32)
         for acc, grad in zip(self.accumulators, grads):
-            scaled = grad * inverse_denominator
+            scaled = grad * inverse_scale
             ops.assign(acc, scaled)
             total = total + (scaled * scaled).sum()
         return ops.sqrt(total)
+
+
+class SumAcrossRanks(nn.Cell):
+    """All-reduce (sum) of a small vector: the step's loss sum and token count."""
+
+    def __init__(self):
+        super().__init__()
+        self.all_reduce = ops.AllReduce()
+
+    def construct(self, values):
+        return self.all_reduce(values)
 
 
 class ZeroGradients(nn.Cell):
@@ -116,6 +130,7 @@ class TrainStep:
         self.normalize = NormalizeGradients(accumulators, reducer)
         self.apply = ApplyGradients(optimizer, accumulators, params)
         self.discard = ZeroGradients(accumulators)
+        self.sum_across_ranks = SumAcrossRanks() if reducer is not None else None
         self.optimizer = optimizer
         self.scaler = scaler
         self.grad_clip = grad_clip
@@ -130,7 +145,13 @@ class TrainStep:
         loss_sum = 0.0
         for batch in micro_batches:  # (input_ids, labels[, segment_ids]) numpy arrays
             loss_sum += float(self.forward_backward(sens, *map(Tensor, batch)).asnumpy())
-        grad_norm = float(self.normalize(Tensor(1.0 / scale, ms.float32)).asnumpy())
+        local_tokens = tokens
+        if self.sum_across_ranks is not None:
+            loss_sum, tokens = (float(v) for v in self.sum_across_ranks(
+                Tensor([loss_sum, tokens], ms.float32)).asnumpy())
+            tokens = int(round(tokens))
+        share = Tensor(local_tokens / max(tokens, 1), ms.float32)
+        grad_norm = float(self.normalize(share, Tensor(1.0 / scale, ms.float32)).asnumpy())
         overflow = not math.isfinite(grad_norm) or not math.isfinite(loss_sum)
         if overflow:
             self.discard()
