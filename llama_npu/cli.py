@@ -67,6 +67,17 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_merge(args) -> int:
+    from .merge import MergeError, merge_shards
+
+    try:
+        path = merge_shards(Path(args.run_dir), Path(args.dst), args.step)
+    except MergeError as exc:
+        return _fail(str(exc))
+    print(f"merged weights written to {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     check.add_argument("--workers", type=int, help="processes it will be launched on")
     check.set_defaults(func=cmd_validate)
+
+    merge = sub.add_parser("merge-checkpoints", help="merge the per-rank shards of a sharded run")
+    merge.add_argument("run_dir", help="the run's output directory")
+    merge.add_argument("--step", type=int, help="step to merge (default: newest complete on every rank)")
+    merge.add_argument("--dst", required=True, help="merged .ckpt file to write")
+    merge.set_defaults(func=cmd_merge)
 
     prep = sub.add_parser("prepare-data", help="tokenize raw data into a MindRecord directory")
     prep.add_argument("--format", required=True, choices=("alpaca", "sharegpt", "text"))

@@ -131,3 +131,12 @@ def test_operator_sharding_is_refused_on_cpu():
 def test_validate_command_reports_the_layout():
     proc = run_cli("validate", SMOKE, "--set", "strategies.parallel.data=2", "--workers", "2")
     assert proc.returncode == 0 and "2 worker(s), data parallel" in proc.stdout
+
+
+def test_merge_checkpoints_explains_what_it_needs(tmp_path):
+    proc = run_cli("merge-checkpoints", tmp_path, "--dst", tmp_path / "m.ckpt")
+    assert proc.returncode == 2 and "no checkpoints/rank_<R> directories" in proc.stderr
+    for rank in (0, 1):
+        (tmp_path / "checkpoints" / f"rank_{rank}" / "step_2").mkdir(parents=True)
+    proc = run_cli("merge-checkpoints", tmp_path, "--dst", tmp_path / "m.ckpt")
+    assert proc.returncode == 2 and "no step is complete on every rank" in proc.stderr
