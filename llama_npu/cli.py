@@ -78,6 +78,24 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    import tempfile
+
+    from .memory.plan_command import run_plan
+    from .recipe import RecipeError
+    from .runtime import mute_mindformers_info, quiet_frameworks
+
+    quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "plan")
+    mute_mindformers_info()
+
+    try:
+        output, code = run_plan(args)
+    except (RecipeError, ValueError) as exc:
+        return _fail(str(exc))
+    print(output)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,6 +116,21 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     check.add_argument("--workers", type=int, help="processes it will be launched on")
     check.set_defaults(func=cmd_validate)
+
+    plan = sub.add_parser("plan", help="estimate device memory before a run, and find a plan that fits")
+    plan.add_argument("recipe", nargs="?", help="recipe YAML file (or use --model)")
+    plan.add_argument("--model", help="llama3.2-1b or llama3.2-3b with default settings")
+    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_argument("--device", required=True, choices=("910a", "910b", "910b4", "cpu"))
+    plan.add_argument("--devices", type=int, default=1)
+    plan.add_argument("--seq-len", type=int)
+    plan.add_argument("--micro-batch", type=int)
+    plan.add_argument("--device-memory", help="usable memory per device, e.g. 28GB (MindSpore's max_device_memory)")
+    plan.add_argument("--fit", action="store_true", help="search for the fastest plan that fits")
+    plan.add_argument("--no-lora", action="store_true", help="with --fit: never switch to LoRA")
+    plan.add_argument("--write-recipe", metavar="OUT.yaml", help="with --fit: write the recommended recipe")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.set_defaults(func=cmd_plan)
 
     merge = sub.add_parser("merge-checkpoints", help="merge the per-rank shards of a sharded run")
     merge.add_argument("run_dir", help="the run's output directory")

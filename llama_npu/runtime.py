@@ -31,9 +31,18 @@ def init_runtime(recipe: Recipe) -> bool:
 
 
 def mute_mindformers_info() -> None:
-    """MindFormers logs every model build at INFO on stdout. Its logger's name embeds the
-    log path, so match on the prefix."""
-    import mindformers  # noqa: F401  (creates its loggers)
+    """MindFormers logs every model build at INFO, and import-time warnings about optional
+    packages, on stdout, where they would break `--json` output and bury our own lines. Its
+    stdout handler is bound while the package is imported, so import it with stdout
+    captured (its log files under LOG_MF_PATH keep everything); then raise the level of
+    its loggers, whose names embed the log path."""
+    import contextlib
+    import io
+    import sys
+
+    if "mindformers" not in sys.modules:
+        with contextlib.redirect_stdout(io.StringIO()):
+            import mindformers  # noqa: F401  (creates its loggers)
 
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("mindformers"):

@@ -1,0 +1,56 @@
+"""Device profiles for the planner.
+
+`usable_bytes` is what MindSpore may allocate (its max_device_memory): MindFormers' own
+configs use 58 GB on 64 GB parts and about 29 GB is the usual ceiling on 32 GB parts; the
+rest goes to the runtime and HCCL (FACTS.md). `--device-memory` overrides it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    hbm_bytes: int
+    usable_bytes: int
+    bf16: bool
+    note: str
+
+
+DEVICES = {
+    "910a": Device("910a", 32 * GB, 29 * GB, False, "Ascend 910A, 32 GB HBM, FP16 only"),
+    "910b": Device("910b", 64 * GB, 58 * GB, True, "Ascend 910B (B2/B3), 64 GB HBM, BF16"),
+    "910b4": Device("910b4", 32 * GB, 29 * GB, True, "Ascend 910B4, 32 GB HBM, BF16"),
+}
+
+
+def cpu_device() -> Device:
+    import psutil
+
+    total = psutil.virtual_memory().total
+    return Device("cpu", total, total, False, "host memory of this machine (CPU backend)")
+
+
+def get_device(name: str, memory_override: str = "") -> Device:
+    if name == "cpu":
+        device = cpu_device()
+    elif name in DEVICES:
+        device = DEVICES[name]
+    else:
+        raise ValueError(f"unknown device {name!r}; expected one of {', '.join([*DEVICES, 'cpu'])}")
+    if memory_override:
+        device = Device(device.name, device.hbm_bytes, parse_bytes(memory_override), device.bf16,
+                        device.note + f", usable memory set to {memory_override}")
+    return device
+
+
+def parse_bytes(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(GB|G|MB|M)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"device memory {text!r}: expected a size such as 28GB or 512MB")
+    value, unit = float(match.group(1)), (match.group(2) or "GB").upper()
+    return int(value * (GB if unit.startswith("G") else 10**6))

@@ -1,0 +1,242 @@
+"""The memory planner: what a recipe needs per device, component by component, and a search
+for the plan that fits with the highest estimated throughput.
+
+Every number is a formula over the exact parameter counts and the recipe; the formulas
+follow this harness's implementation, not an idealised trainer:
+- weights: parameters in their stored dtype (fp32 under O0-O2, the half dtype under O3; a
+  LoRA base in the compute dtype) plus, under O1/O2, the half-precision copies the matmuls
+  use, which autodiff keeps for the backward pass;
+- gradients: the fp32 accumulation buffer of TrainStep, one float per trainable parameter
+  (a micro-batch's gradients are added into it as they are produced);
+- optimizer states: AdamW's two fp32 moments; MindSpore's SGD keeps `accum` and `stat`
+  buffers even without momentum, also 8 bytes a parameter; divided by data parallel with
+  optimizer sharding;
+- activations: what the backward pass keeps per decoder layer (below), times the layers on
+  the device, times the micro-batches a pipeline stage holds in flight;
+- logits and loss: the LM head output and the cross-entropy's fp32 buffers over the whole
+  micro-batch, or over one chunk with chunked cross-entropy;
+- communication buffers: HCCL keeps 2 x 200 MB per communicator;
+- margin: 10% of the usable memory, kept free for the runtime and fragmentation.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Dict, Optional
+
+from ..model import LlamaShape
+from .devices import GB, Device
+
+MARGIN_FRACTION = 0.10
+HCCL_BUFFER = 2 * 200 * 10**6
+LORA_SHAPES = {"wq": ("h", "h"), "wk": ("h", "kv"), "wv": ("h", "kv"), "wo": ("h", "h"),
+               "w1": ("h", "f"), "w2": ("f", "h"), "w3": ("h", "f")}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The settings an estimate assumes (a flat view of the recipe's relevant keys)."""
+    seq_len: int
+    micro_batch: int
+    global_batch: int
+    amp_level: str = "O2"
+    dtype: str = "float16"
+    optimizer: str = "adamw"
+    lora: bool = False
+    lora_rank: int = 8
+    lora_targets: tuple = ("wq", "wk", "wv", "wo")
+    recompute: str = "none"  # none | selective | full
+    recompute_layers: int = 0  # full: first N layers (0 = all)
+    chunked_ce: bool = False
+    chunk_size: int = 1024
+    flash_attention: bool = True
+    data: int = 1
+    model: int = 1
+    pipeline: int = 1
+    optimizer_shard: bool = False
+    sequence_parallel: bool = False
+    vocab_emb_dp: bool = True
+
+    @property
+    def devices(self) -> int:
+        return self.data * self.model * self.pipeline
+
+    @property
+    def accumulation(self) -> int:
+        return max(self.global_batch // (self.micro_batch * self.data), 1)
+
+
+@dataclass
+class Plan:
+    params: int
+    device: Device
+    strategy: Strategy
+    components: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.components.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.device.usable_bytes
+
+
+def split_params(shape: LlamaShape) -> dict:
+    """Parameters by where they live; their sum is the model's exact count (tested)."""
+    h, f, kv = shape.hidden_size, shape.intermediate_size, shape.num_kv_heads * shape.head_dim
+    return {"embedding": shape.vocab_size * h,
+            "layer_matrices": 2 * h * h + 2 * h * kv + 3 * h * f,
+            "layer_norms": 2 * h, "final_norm": h}
+
+
+def lora_params_per_layer(shape: LlamaShape, rank: int, targets) -> int:
+    dims = {"h": shape.hidden_size, "f": shape.intermediate_size, "kv": shape.num_kv_heads * shape.head_dim}
+    return sum(rank * (dims[i] + dims[o]) for name, (i, o) in LORA_SHAPES.items() if name in targets)
+
+
+def model_states(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
+    split = split_params(shape)
+    layers = shape.num_layers // s.pipeline
+    emb = split["embedding"] // (1 if s.vocab_emb_dp else s.model)
+    on_device = layers * (split["layer_matrices"] // s.model + split["layer_norms"]) + emb + split["final_norm"]
+    half = 2 if s.amp_level != "O0" else 4
+    if s.lora:
+        trainable = layers * lora_params_per_layer(shape, s.lora_rank, s.lora_targets) // s.model
+        weights = on_device * half + trainable * 4  # frozen base in the compute dtype, fp32 adapters
+        copies = 0
+    else:
+        trainable = on_device
+        weights = on_device * (2 if s.amp_level == "O3" else 4)
+        copies = on_device * 2 if s.amp_level in ("O1", "O2") else 0
+    shard = s.data if s.optimizer_shard else 1
+    return {"weights": weights, "weight_compute_copies": copies, "gradients": trainable * 4,
+            "optimizer_states": trainable * 8 // shard}
+
+
+def layer_activations(shape: LlamaShape, s: Strategy) -> int:
+    """Bytes one decoder layer keeps for the backward pass for one micro-batch."""
+    c = 2 if s.amp_level != "O0" else 4
+    b, t = s.micro_batch, s.seq_len
+    tokens = b * t
+    h, f, a = shape.hidden_size, shape.intermediate_size, shape.num_heads
+    kv = shape.num_kv_heads * shape.head_dim
+    mp = s.model
+    norms = 4 * tokens * h * c // (mp if s.sequence_parallel else 1)  # both norms' inputs and outputs
+    qkv = tokens * (h + 2 * kv) * c + tokens * (h + kv) * c  # projections and their rotated q, k
+    attention_out = tokens * h * c
+    if s.flash_attention:
+        scores = b * a * t * 8  # flash attention keeps only softmax statistics
+    else:
+        scores = b * a * t * t * (4 + c) + tokens * 2 * h * c  # fp32 probabilities, their cast, repeated k/v
+    mlp = 4 * tokens * f * c  # gate, up, silu(gate), product
+    if s.recompute == "selective":
+        mlp -= 2 * tokens * f * c
+        if not s.flash_attention:
+            scores = tokens * 2 * h * c
+    return norms + (qkv + attention_out + scores + mlp) // mp
+
+
+def activations(shape: LlamaShape, s: Strategy) -> int:
+    layers = shape.num_layers // s.pipeline
+    c = 2 if s.amp_level != "O0" else 4
+    per_layer = layer_activations(shape, s)
+    layer_input = s.micro_batch * s.seq_len * shape.hidden_size * c
+    if s.recompute == "full":
+        recomputed = layers if not s.recompute_layers else min(s.recompute_layers, layers)
+        # recomputed layers keep their input; one layer's activations exist while it is recomputed
+        kept = recomputed * layer_input + (layers - recomputed) * per_layer + per_layer
+    else:
+        kept = layers * per_layer
+    in_flight = min(s.pipeline, s.accumulation) if s.pipeline > 1 else 1  # 1F1B: stage 0 holds pp
+    return kept * in_flight + 2 * layer_input  # + embedding output and final norm
+
+
+def logits_loss(shape: LlamaShape, s: Strategy) -> int:
+    c = 2 if s.amp_level != "O0" else 4
+    tokens = s.micro_batch * s.seq_len
+    rows = min(s.chunk_size, tokens) if s.chunked_ce else tokens
+    vocab = shape.vocab_size // (1 if s.vocab_emb_dp else s.model)
+    # head output in the compute dtype, its fp32 cast, exp/softmax and the gradient of the logits
+    buffers = rows * vocab * (c + 12)
+    return buffers + (tokens * shape.hidden_size * 4 if s.chunked_ce else 0)
+
+
+def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Plan:
+    plan = Plan(params, device, s)
+    plan.components.update(model_states(shape, s))
+    plan.components["activations"] = activations(shape, s)
+    plan.components["logits_loss"] = logits_loss(shape, s)
+    communicators = (s.data > 1) + (s.model > 1) + (s.pipeline > 1)
+    plan.components["communication_buffers"] = communicators * HCCL_BUFFER
+    plan.components["margin"] = int(device.usable_bytes * MARGIN_FRACTION)
+    return plan
+
+
+def tokens_per_second(shape: LlamaShape, params: int, s: Strategy) -> float:
+    """Relative throughput for ranking plans (not a prediction of seconds): 6 FLOPs per
+    parameter and token (4 with LoRA: no weight gradients of the base), +2 for full
+    recompute's extra forward, a pipeline bubble, model-parallel communication, and small
+    micro-batches using the matmul units less well."""
+    flops = (4 if s.lora else 6) * params
+    if s.recompute == "full":
+        share = (s.recompute_layers or shape.num_layers) / shape.num_layers
+        flops += 2 * params * share
+    elif s.recompute == "selective":
+        flops += 0.1 * params
+    if s.chunked_ce:
+        flops += 2 * shape.vocab_size * shape.hidden_size  # recomputed head matmul
+    bubble = (s.pipeline - 1) / (s.accumulation + s.pipeline - 1) if s.pipeline > 1 else 0.0
+    efficiency = (1 - bubble) * (0.9 ** (s.model.bit_length() - 1)) * min(1.0, (s.micro_batch * s.seq_len / 4096) ** 0.15)
+    return s.devices * efficiency / flops
+
+
+def layouts(shape: LlamaShape, devices: int):
+    for model in range(1, devices + 1):
+        for pipeline in range(1, devices // model + 1):
+            if devices % (model * pipeline):
+                continue
+            if shape.num_heads % model or shape.num_kv_heads % model or shape.intermediate_size % model:
+                continue
+            if shape.num_layers % pipeline:
+                continue
+            yield devices // (model * pipeline), model, pipeline
+
+
+def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int,
+        allow_lora: bool = True) -> tuple[Optional[Plan], Plan]:
+    """(best plan that fits or None, closest plan overall) over micro-batch, accumulation
+    (the global batch kept), recompute, chunked cross-entropy, precision, LoRA and layouts."""
+    half = "bfloat16" if device.bf16 else "float16"
+    precisions = [("O2", half)] if device.name != "cpu" else [("O0", "float16"), ("O2", "float16")]
+    best, closest = None, None
+    for (data, model, pipeline), shard, micro, recompute, chunked, (amp, dtype), lora in itertools.product(
+            layouts(shape, devices), (False, True), (1, 2, 4, 8, 16), ("none", "selective", "full"),
+            (False, True), precisions, (False, True) if allow_lora else (base.lora,)):
+        if shard and data == 1:
+            continue
+        if base.global_batch % (micro * data):
+            continue
+        accumulation = base.global_batch // (micro * data)
+        if pipeline > 1 and accumulation < pipeline:
+            continue
+        s = replace(base, data=data, model=model, pipeline=pipeline, optimizer_shard=shard, micro_batch=micro,
+                    recompute=recompute, recompute_layers=0, chunked_ce=chunked, amp_level=amp, dtype=dtype,
+                    lora=lora, sequence_parallel=base.sequence_parallel and model > 1,
+                    flash_attention=device.name != "cpu")
+        plan = estimate(shape, params, device, s)
+        if closest is None or plan.total_bytes < closest.total_bytes:
+            closest = plan
+        if plan.fits and (best is None or _rank(shape, params, plan, base) > _rank(shape, params, best, base)):
+            best = plan
+    return best, closest
+
+
+def _rank(shape: LlamaShape, params: int, plan: Plan, base: Strategy):
+    """Keep the recipe's choice of full fine-tuning or LoRA when possible, then speed."""
+    s = plan.strategy
+    return (s.lora == base.lora, tokens_per_second(shape, params, s), -plan.total_bytes)
+
+
+def gb(n: int) -> str:
+    return f"{n / GB:.2f}"
