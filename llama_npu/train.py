@@ -114,6 +114,18 @@ def evaluate(loss_cell, samples, batch_size: int, length: int) -> tuple[float, i
     return total / max(tokens, 1), tokens
 
 
+def planned_peak_bytes(recipe: Recipe, shape, params: int) -> int:
+    """The planner's per-device peak for this recipe (its total less the free margin),
+    logged beside the measured peak."""
+    from .memory.devices import get_device
+    from .memory.plan_command import strategy_from_recipe
+    from .memory.planner import estimate
+
+    device = get_device(recipe.device.name, recipe.device.max_device_memory)
+    plan = estimate(shape, params, device, strategy_from_recipe(recipe, recipe.device.name))
+    return plan.total_bytes - plan.components["margin"]
+
+
 def weights_digest(params) -> str:
     """SHA-256 of the trained weights' bytes: equal digests mean bit-identical weights."""
     digest = hashlib.sha256()
@@ -171,6 +183,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     scaler = LossScaler(recipe.strategies.precision)
     step_fn = TrainStep(loss_cell, optimizer, scaler, t.grad_clip, gradient_reducer(optimizer.parameters, world))
     ckpt_root = checkpoint_root(run_dir, world)
+    planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
 
     start_step, samples_consumed = 0, 0
     if resume_from is not None:
@@ -219,7 +232,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
                   "target_tokens": result.target_tokens, "tokens_per_s": input_tokens * world.size / seconds,
                   "step_seconds": seconds, "loss_scale": result.loss_scale,
                   "overflow": result.overflow, "samples_consumed": stream.samples_consumed,
-                  "peak_memory_bytes": peak, "memory_source": source}
+                  "peak_memory_bytes": peak, "memory_source": source, "planned_peak_bytes": planned_peak}
         if eval_samples and t.eval_every and step % t.eval_every == 0:
             record["eval_loss"] = evaluate(loss_cell, eval_samples, t.micro_batch_size, length)[0]
         if metrics:

@@ -11,7 +11,8 @@ import pytest
 
 from conftest import REPO, SMOKE, TINY_RUN, read_metrics, run_cli
 
-REQUIRED = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes", "memory_source"}
+REQUIRED = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes", "memory_source",
+            "planned_peak_bytes"}
 
 
 def test_run_writes_metrics_tensorboard_recipe_and_summary(six_step_run):

@@ -101,6 +101,8 @@ def run_plan(args) -> tuple[str, int]:
     if args.micro_batch:
         base = replace(base, micro_batch=args.micro_batch,
                        global_batch=max(base.global_batch, args.micro_batch * base.data))
+    if args.model:  # the default global batch: one micro-batch per device
+        base = replace(base, global_batch=base.micro_batch * args.devices)
     if args.devices != base.devices and not args.fit:
         raise RecipeError(f"--devices {args.devices}: the layout is data {base.data} x model {base.model} x pipeline "
                           f"{base.pipeline} = {base.devices}; set strategies.parallel or use --fit")
