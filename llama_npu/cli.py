@@ -96,6 +96,16 @@ def cmd_plan(args) -> int:
     return code
 
 
+def cmd_doctor(args) -> int:
+    from .doctor import diagnose
+
+    lines, code = diagnose(Path(args.recipes))
+    print("\n".join(lines))
+    if code:
+        print("llama-npu: error: this environment cannot train (see above)", file=sys.stderr)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--write-recipe", metavar="OUT.yaml", help="with --fit: write the recommended recipe")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)
+
+    doctor = sub.add_parser("doctor", help="what this machine can train")
+    doctor.add_argument("--recipes", default=str(Path(__file__).resolve().parent.parent / "recipes"),
+                        help="directory of recipes to judge (default: the shipped ones)")
+    doctor.set_defaults(func=cmd_doctor)
 
     merge = sub.add_parser("merge-checkpoints", help="merge the per-rank shards of a sharded run")
     merge.add_argument("run_dir", help="the run's output directory")
