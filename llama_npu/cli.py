@@ -79,14 +79,8 @@ def cmd_merge(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    import tempfile
-
     from .memory.plan_command import run_plan
     from .recipe import RecipeError
-    from .runtime import mute_mindformers_info, quiet_frameworks
-
-    quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "plan")
-    mute_mindformers_info()
 
     try:
         output, code = run_plan(args)
@@ -136,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--seq-len", type=int)
     plan.add_argument("--micro-batch", type=int)
     plan.add_argument("--device-memory", help="usable memory per device, e.g. 28GB (MindSpore's max_device_memory)")
+    plan.add_argument("--task", choices=("train", "inference"), default="train")
+    plan.add_argument("--precision", choices=("fp32", "fp16", "bf16", "int8"), default="fp16",
+                      help="weights for --task inference")
     plan.add_argument("--fit", action="store_true", help="search for the fastest plan that fits")
     plan.add_argument("--no-lora", action="store_true", help="with --fit: never switch to LoRA")
     plan.add_argument("--write-recipe", metavar="OUT.yaml", help="with --fit: write the recommended recipe")

@@ -8,7 +8,7 @@ from llama_npu.memory.planner import Strategy, estimate, lora_params_per_layer, 
 from llama_npu.model import PRESETS, count_parameters
 from llama_npu.recipe import load_recipe
 
-from conftest import SMOKE, run_cli
+from conftest import REPO, SMOKE, run_cli
 
 P = {"llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824}
 
@@ -113,3 +113,26 @@ def test_fit_prefers_sharding_to_lora_when_devices_allow():
 def test_bad_plan_input_is_one_line_with_exit_2(args, message):
     proc = run_cli("plan", *args)
     assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_inference_plan_counts_weights_by_precision_and_the_kv_cache():
+    import subprocess
+    import sys
+
+    results = {}
+    for precision in ("fp32", "fp16", "int8"):
+        proc = run_cli("plan", "--model", "llama3.2-1b", "--device", "910a", "--task", "inference",
+                       "--precision", precision, "--seq-len", "512", "--json", check=True)
+        results[precision] = json.loads(proc.stdout)["components"]
+    assert results["fp32"]["weights"] == 4 * P["llama3.2-1b"] and results["fp16"]["weights"] == 2 * P["llama3.2-1b"]
+    shape = PRESETS["llama3.2-1b"]
+    # int8 linear weights + one fp32 scale per output channel; embedding and norms in fp16
+    split = split_params(shape)
+    out_channels = 3 * 2048 + 2 * 512 + 2 * 8192
+    assert results["int8"]["weights"] == 16 * (split["layer_matrices"] + 4 * out_channels) + \
+        2 * (split["embedding"] + 16 * split["layer_norms"] + split["final_norm"])
+    assert results["fp16"]["kv_cache"] == 2 * 16 * 512 * 512 * 2  # K and V, 16 layers, 512 tokens, 8 x 64, fp16
+    # docs/memory.md and its Chinese version are generated from these formulas and current
+    check = subprocess.run([sys.executable, "scripts/memory_tables.py", "--check"], cwd=REPO,
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr

@@ -9,11 +9,11 @@ from typing import Optional
 
 import yaml
 
-from ..model import MAX_POSITIONS, PRESETS, count_parameters, resolve_shape
+from ..model import MAX_POSITIONS, count_parameters, resolve_shape
 from ..recipe import ModelSection, Recipe, RecipeError, load_recipe, recipe_from_dict
 from ..strategies.lora import matched_layers
 from .devices import GB, get_device
-from .planner import Plan, Strategy, estimate, fit, gb
+from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb
 
 
 def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
@@ -81,6 +81,51 @@ def format_plan(plan: Plan, preset: str, title: str = "") -> str:
     return "\n".join(lines)
 
 
+def cached_parameter_count(shape) -> int:
+    """The real model's parameter count (model.count_parameters builds it without weights,
+    which needs MindSpore: ~3 s), remembered per shape and MindFormers version in the user's
+    cache directory so later plans answer in well under 2 s."""
+    import hashlib
+    import os
+    from importlib import metadata
+
+    key = hashlib.sha256(repr((shape, metadata.version("mindformers"))).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llama-npu" / "param_counts.json"
+    try:
+        counts = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        counts = {}
+    if key not in counts:
+        import tempfile
+
+        from ..runtime import mute_mindformers_info, quiet_frameworks
+
+        quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "plan")
+        mute_mindformers_info()
+        counts[key] = count_parameters(shape)
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(counts))
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # a read-only home only costs the next plan the rebuild
+    return counts[key]
+
+
+def format_inference(plan: Plan, preset: str, precision: str) -> str:
+    s, d = plan.strategy, plan.device
+    lines = [f"{preset} ({plan.params:,} parameters) inference in {precision} on {d.name} "
+             f"(usable {gb(d.usable_bytes)} GB): batch {s.micro_batch} x {s.seq_len} tokens",
+             f"  {'component':<24}{'bytes':>18}{'GB':>10}"]
+    for name, value in plan.components.items():
+        if value:
+            lines.append(f"  {name:<24}{value:>18,}{gb(value):>10}")
+    lines.append(f"  {'total':<24}{plan.total_bytes:>18,}{gb(plan.total_bytes):>10}")
+    lines.append(f"  fits: {'yes' if plan.fits else 'no'}")
+    return "\n".join(lines)
+
+
 def run_plan(args) -> tuple[str, int]:
     """(output, exit code) for the parsed `plan` arguments."""
     if bool(args.model) == bool(args.recipe):
@@ -107,7 +152,12 @@ def run_plan(args) -> tuple[str, int]:
         raise RecipeError(f"--devices {args.devices}: the layout is data {base.data} x model {base.model} x pipeline "
                           f"{base.pipeline} = {base.devices}; set strategies.parallel or use --fit")
     shape = resolve_shape(ModelSection(preset=preset) if args.model else recipe.model)
-    params = count_parameters(shape) if preset in PRESETS and not args.model else count_parameters(PRESETS[preset])
+    params = cached_parameter_count(shape)
+    if args.task == "inference":
+        plan = estimate_inference(shape, params, device, args.precision, args.micro_batch or 1,
+                                  args.seq_len or base.seq_len)
+        result = dict(plan_json(plan, preset), task="inference", precision=args.precision)
+        return (json.dumps(result) if args.json else format_inference(plan, preset, args.precision)), 0
     plan = estimate(shape, params, device, base) if base.devices == args.devices else None
     result = plan_json(plan, preset) if plan else {"model": preset, "params": params, "device": device.name,
                                                    "devices": args.devices, "device_bytes": device.usable_bytes}

@@ -232,6 +232,39 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
     return best, closest
 
 
+INFERENCE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+
+
+def estimate_inference(shape: LlamaShape, params: int, device: Device, precision: str, batch: int,
+                       seq_len: int) -> Plan:
+    """Serving one forward pass over batch x seq_len tokens with a KV cache of that length.
+    INT8: per-output-channel symmetric weights for the decoder's linear layers, one fp32
+    scale per output channel; embeddings and norms stay in fp16."""
+    split = split_params(shape)
+    w = INFERENCE_BYTES[precision]
+    c = 4 if precision == "fp32" else 2  # activations and KV cache: fp32, else the half dtype
+    layers = shape.num_layers
+    kv = shape.num_kv_heads * shape.head_dim
+    if precision == "int8":
+        out_channels = 2 * shape.hidden_size + 2 * kv + 2 * shape.intermediate_size + shape.hidden_size
+        weights = layers * (split["layer_matrices"] + out_channels * 4) \
+            + (split["embedding"] + layers * split["layer_norms"] + split["final_norm"]) * 2
+    else:
+        weights = params * w
+    tokens = batch * seq_len
+    one_layer = tokens * (4 * shape.hidden_size + 2 * kv + 3 * shape.intermediate_size) * c \
+        + batch * shape.num_heads * seq_len * seq_len * 4  # working set of one layer, scores in fp32
+    s = Strategy(seq_len=seq_len, micro_batch=batch, global_batch=batch, amp_level="O0" if c == 4 else "O2",
+                 optimizer="none", flash_attention=False)
+    plan = Plan(params, device, s)
+    plan.components.update({
+        "weights": weights, "weight_compute_copies": 0, "gradients": 0, "optimizer_states": 0,
+        "kv_cache": 2 * layers * tokens * kv * c, "activations": one_layer,
+        "logits_loss": tokens * shape.vocab_size * 4, "communication_buffers": 0,
+        "margin": int(device.usable_bytes * MARGIN_FRACTION)})
+    return plan
+
+
 def _rank(shape: LlamaShape, params: int, plan: Plan, base: Strategy):
     """Keep the recipe's choice of full fine-tuning or LoRA when possible, then speed."""
     s = plan.strategy
