@@ -6,6 +6,8 @@ head+loss cell. Precision's loss scaling and accumulation act on the step (train
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from .recipe import Recipe
 
 
@@ -27,8 +29,31 @@ def build_network(recipe: Recipe, on_ascend: bool):
     config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, on_ascend,
                           parallel_config=parallel_config, **dtypes)
     net = build_model(config)
+    if recipe.model.checkpoint:
+        load_pretrained(net, recipe)
     if s.lora.enabled:
         apply_lora(net, s.lora, dtypes["compute_dtype"])
     loss_cell = CausalLMLoss(net, head_loss(s.chunked_ce, net.lm_head))
     loss_cell.set_train(True)
     return net, loss_cell
+
+
+def load_pretrained(net, recipe: Recipe) -> None:
+    """Load a converted checkpoint (model.checkpoint) into the freshly built model."""
+    import mindspore as ms
+
+    from .convert import WEIGHTS, read_checkpoint_dir
+    from .model import resolve_shape
+    from .recipe import RecipeError
+
+    directory = Path(recipe.model.checkpoint)
+    shape, _ = read_checkpoint_dir(directory)
+    if shape != resolve_shape(recipe.model):
+        raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
+                          f"{recipe.model.preset} is {resolve_shape(recipe.model).describe()}")
+    weights = ms.load_checkpoint(str(directory / WEIGHTS))
+    names = {p.name for p in net.get_parameters()}
+    missing = sorted(n for n in names if n not in weights and n.startswith("model."))
+    if missing:
+        raise RecipeError(f"{directory / WEIGHTS}: lacks {missing[0]} ({len(missing)} tensors missing)")
+    ms.load_param_into_net(net, weights, strict_load=True)

@@ -100,6 +100,20 @@ def cmd_doctor(args) -> int:
     return code
 
 
+def cmd_convert(args) -> int:
+    from .convert import ConvertError, hf_to_ms, ms_to_hf
+
+    try:
+        if args.direction == "hf-to-ms":
+            out = hf_to_ms(Path(args.src), Path(args.dst), args.dtype or "float32")
+        else:
+            out = ms_to_hf(Path(args.src), Path(args.dst), Path(args.weights) if args.weights else None, args.dtype)
+    except (ConvertError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    print(f"wrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--write-recipe", metavar="OUT.yaml", help="with --fit: write the recommended recipe")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)
+
+    convert = sub.add_parser("convert", help="Hugging Face weights to MindSpore and back")
+    convert.add_argument("direction", choices=("hf-to-ms", "ms-to-hf"))
+    convert.add_argument("--src", required=True, help="HF directory (hf-to-ms) or converted directory (ms-to-hf)")
+    convert.add_argument("--dst", required=True, help="directory to create")
+    convert.add_argument("--weights", help="ms-to-hf: a model.ckpt to export instead of --src's own "
+                                           "(e.g. runs/x/checkpoints/step_N/model.ckpt)")
+    convert.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+    convert.set_defaults(func=cmd_convert)
 
     doctor = sub.add_parser("doctor", help="what this machine can train")
     doctor.add_argument("--recipes", default=str(Path(__file__).resolve().parent.parent / "recipes"),

@@ -25,6 +25,7 @@ class RecipeError(ValueError):
 @dataclass
 class ModelSection:
     preset: str = "tiny"  # llama3.2-1b | llama3.2-3b | tiny
+    checkpoint: str = ""  # a `llama-npu convert hf-to-ms` directory to start from (else random init)
     # Optional size overrides on top of the preset (tests shrink shipped recipes with these).
     hidden_size: Optional[int] = None
     num_layers: Optional[int] = None

@@ -1,0 +1,112 @@
+"""Hugging Face weights in and out, checked against the reference implementation
+(`transformers` on a CPU build of torch)."""
+import json
+
+import numpy as np
+import pytest
+
+from llama_npu.convert import read_safetensors
+
+from conftest import SMOKE, TINY_RUN, read_metrics, run_cli
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A tiny random Llama 3.2 (llama3 RoPE scaling, GQA 4/2, tied embeddings) saved by transformers."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192}, tie_word_embeddings=True,
+        bos_token_id=128000, eos_token_id=128009)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # make the norms non-trivial so a misplaced norm weight shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("hf") / "tiny-llama3.2"
+    model.save_pretrained(path, safe_serialization=True)
+    return path, model
+
+
+def test_converted_logits_equal_transformers(ms, hf_dir, tmp_path):
+    from mindspore import nn
+
+    from llama_npu.build import build_network
+    from llama_npu.recipe import load_recipe
+
+    src, reference = hf_dir
+    out = tmp_path / "ms"
+    run_cli("convert", "hf-to-ms", "--src", src, "--dst", out, check=True)
+    recipe = load_recipe(SMOKE, ["data.max_seq_len=24", f"model.checkpoint={out}"])
+    net, _ = build_network(recipe, on_ascend=False)
+
+    class Logits(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.backbone, self.head = net.model, net.lm_head
+
+        def construct(self, tokens):
+            return self.head(self.backbone(tokens))
+
+    tokens = np.random.default_rng(0).integers(0, 128000, (2, 24)).astype(np.int32)
+    ours = Logits()(ms.Tensor(tokens)).asnumpy().reshape(2, 24, -1)
+    with torch.no_grad():
+        theirs = reference(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
+    assert np.abs(ours - theirs).max() < 1e-4
+
+
+def test_round_trip_is_bit_exact_and_transformers_loads_it(hf_dir, tmp_path):
+    src, reference = hf_dir
+    run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
+    run_cli("convert", "ms-to-hf", "--src", tmp_path / "ms", "--dst", tmp_path / "back", check=True)
+    original = read_safetensors(src / "model.safetensors")
+    back = read_safetensors(tmp_path / "back" / "model.safetensors")
+    assert original.keys() - {"lm_head.weight"} == back.keys()
+    for name in back:
+        assert original[name][0] == back[name][0]
+        assert original[name][1].tobytes() == back[name][1].tobytes(), name
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
+    tokens = torch.tensor([[128000, 57668, 53901, 3922]])
+    with torch.no_grad():
+        assert torch.equal(reloaded(tokens).logits, reference(tokens).logits)
+
+
+def test_fine_tune_from_converted_weights(hf_dir, tmp_path):
+    src, _ = hf_dir
+    run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
+    run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", f"model.checkpoint={tmp_path / 'ms'}",
+            "--set", "train.max_steps=2", check=True)
+    assert len(read_metrics(tmp_path / "run")) == 2
+    # and back to Hugging Face format from the fine-tuned step
+    run_cli("convert", "ms-to-hf", "--src", tmp_path / "ms", "--weights",
+            tmp_path / "run" / "checkpoints" / "step_2" / "model.ckpt", "--dst", tmp_path / "tuned", check=True)
+    assert json.loads((tmp_path / "tuned" / "config.json").read_text())["tie_word_embeddings"] is True
+
+
+@pytest.mark.parametrize("breakage, message", [
+    ("config", "no config.json"),
+    ("shape", "tensor model.layers.0.self_attn.k_proj.weight has shape (32, 64), but config.json implies (16, 64)"),
+    ("rope", "rope_scaling must be of rope_type 'llama3'"),
+])
+def test_bad_sources_name_file_and_tensor_and_write_nothing(hf_dir, tmp_path, breakage, message):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(hf_dir[0], src)
+    config = json.loads((src / "config.json").read_text())
+    if breakage == "config":
+        (src / "config.json").unlink()
+    elif breakage == "shape":
+        config["num_key_value_heads"] = 1
+        (src / "config.json").write_text(json.dumps(config))
+    else:
+        config["rope_scaling"] = None
+        (src / "config.json").write_text(json.dumps(config))
+    proc = run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "out")
+    assert proc.returncode == 2 and message in proc.stderr
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
