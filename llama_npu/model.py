@@ -60,10 +60,10 @@ def resolve_shape(section: ModelSection) -> LlamaShape:
     shape = replace(shape, **overrides)
     if shape.hidden_size % shape.num_heads:
         raise RecipeError(f"model.hidden_size={shape.hidden_size} is not divisible by "
-                         f"model.num_heads={shape.num_heads}")
+                          f"model.num_heads={shape.num_heads}")
     if shape.num_heads % shape.num_kv_heads:
         raise RecipeError(f"model.num_heads={shape.num_heads} is not divisible by "
-                         f"model.num_kv_heads={shape.num_kv_heads} (grouped-query attention)")
+                          f"model.num_kv_heads={shape.num_kv_heads} (grouped-query attention)")
     return shape
 
 
