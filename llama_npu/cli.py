@@ -114,6 +114,30 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    import json
+    import tempfile
+
+    from .convert import ConvertError
+    from .data.readers import RecordError
+    from .evaluate import evaluate_checkpoint
+    from .recipe import RecipeError
+    from .runtime import quiet_frameworks
+
+    quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "eval")
+    try:
+        result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size)
+    except (ConvertError, RecordError, RecipeError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"loss {result['loss']:.4f} per target token, perplexity {result['perplexity']:.2f}, over "
+              f"{result['target_tokens']} target tokens of {result['evaluated']} records "
+              f"({result['truncated']} truncated, {result['dropped']} dropped)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -161,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
                                            "(e.g. runs/x/checkpoints/step_N/model.ckpt)")
     convert.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
     convert.set_defaults(func=cmd_convert)
+
+    ev = sub.add_parser("eval", help="loss and perplexity of a converted checkpoint over JSONL records")
+    ev.add_argument("--checkpoint", required=True, help="a directory written by convert hf-to-ms")
+    ev.add_argument("--data", required=True, nargs="+", metavar="FILE.jsonl")
+    ev.add_argument("--max-seq-len", type=int, default=2048)
+    ev.add_argument("--batch-size", type=int, default=4)
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(func=cmd_eval)
 
     doctor = sub.add_parser("doctor", help="what this machine can train")
     doctor.add_argument("--recipes", default=str(Path(__file__).resolve().parent.parent / "recipes"),

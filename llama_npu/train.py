@@ -94,26 +94,6 @@ def training_source(recipe: Recipe, tokenizer):
     return ListSamples(samples)
 
 
-def evaluate(loss_cell, samples, batch_size: int, length: int) -> tuple[float, int]:
-    """Mean loss per target token over `samples`, and the number of target tokens."""
-    from mindspore import Tensor
-
-    from .data.samples import pad_batch
-    from .model import IGNORE_ID, PAD_ID
-
-    loss_cell.set_train(False)
-    total, tokens = 0.0, 0
-    for start in range(0, len(samples), batch_size):
-        chunk = list(samples[start:start + batch_size])
-        chunk += [chunk[-1]] * (batch_size - len(chunk))  # keep one compiled shape
-        ids, labels = pad_batch(chunk, length, PAD_ID)
-        labels[len(samples) - start:] = IGNORE_ID  # the repeated filler rows carry no loss
-        tokens += int((labels[:, 1:] != IGNORE_ID).sum())
-        total += float(loss_cell(Tensor(ids), Tensor(labels)).asnumpy())
-    loss_cell.set_train(True)
-    return total / max(tokens, 1), tokens
-
-
 def planned_peak_bytes(recipe: Recipe, shape, params: int) -> int:
     """The planner's per-device peak for this recipe (its total less the free margin),
     logged beside the measured peak."""
@@ -161,6 +141,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     from tqdm import tqdm
 
     from .build import build_network
+    from .evaluate import evaluate
     from .checkpoint import checkpoint_root, load_checkpoint, optimizer_state_params, save_checkpoint
     from .data.batches import BatchStream
     from .memory.measure import peak_memory

@@ -110,3 +110,28 @@ def test_bad_sources_name_file_and_tensor_and_write_nothing(hf_dir, tmp_path, br
     proc = run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "out")
     assert proc.returncode == 2 and message in proc.stderr
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_eval_loss_equals_the_reference_loss(hf_dir, tmp_path):
+    from llama_npu.data.tokenizer import load_tokenizer
+
+    src, reference = hf_dir
+    run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
+    texts = ["长江是中国最长的河流。", "Llama 3.2 有 1B 和 3B 两个版本。", "今天天气很好，我们去公园散步吧。"]
+    data = tmp_path / "texts.jsonl"
+    data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    proc = run_cli("eval", "--checkpoint", tmp_path / "ms", "--data", data, "--max-seq-len", "32",
+                   "--batch-size", "2", "--json", check=True)
+    ours = json.loads(proc.stdout)
+
+    tok = load_tokenizer("llama3.2")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for text in texts:
+            ids = [128000] + tok.encode(text, add_special_tokens=False).ids + [128001]
+            batch = torch.tensor([ids])
+            loss = reference(batch, labels=batch).loss.item()  # mean over len(ids) - 1 predictions
+            total, count = total + loss * (len(ids) - 1), count + len(ids) - 1
+    assert ours["target_tokens"] == count and ours["evaluated"] == 3
+    assert ours["loss"] == pytest.approx(total / count, rel=1e-5)
+    assert ours["perplexity"] == pytest.approx(np.exp(total / count), rel=1e-4)
