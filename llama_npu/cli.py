@@ -138,6 +138,24 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    import tempfile
+
+    from .convert import ConvertError
+    from .generate import generate
+    from .runtime import quiet_frameworks
+
+    quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "generate")
+    try:
+        generate(Path(args.checkpoint), args.prompt, args.system, args.max_new_tokens, greedy=not args.temperature,
+                 temperature=args.temperature or 1.0, top_p=args.top_p, seed=args.seed,
+                 on_text=lambda text: print(text, end="", flush=True))
+    except (ConvertError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    print()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -193,6 +211,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=4)
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval)
+
+    gen = sub.add_parser("generate", help="a chat reply from a converted checkpoint, streamed")
+    gen.add_argument("--checkpoint", required=True, help="a directory written by convert hf-to-ms")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--system")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    mode = gen.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
+    mode.add_argument("--temperature", type=float, help="sample at this temperature instead")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=cmd_generate)
 
     doctor = sub.add_parser("doctor", help="what this machine can train")
     doctor.add_argument("--recipes", default=str(Path(__file__).resolve().parent.parent / "recipes"),

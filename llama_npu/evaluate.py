@@ -46,31 +46,37 @@ def detect_format(path: Path) -> str:
     raise RecordError(f"{path}: no records (empty input)")
 
 
-def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: int = 2048, batch_size: int = 4,
-                        tokenizer: str = "llama3.2") -> dict:
+def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 1):
+    """(net, loss_cell) on the CPU backend with a converted checkpoint's weights loaded."""
     import mindspore as ms
 
     from .build import build_network
     from .convert import read_checkpoint_dir
-    from .data.readers import read_records
-    from .data.samples import tokenize_records
-    from .data.tokenizer import load_tokenizer
     from .recipe import recipe_from_dict
     from .runtime import mute_mindformers_info
 
-    shape, _ = read_checkpoint_dir(Path(checkpoint))
+    shape, _ = read_checkpoint_dir(checkpoint)
     # The tiny preset with every size overridden is exactly the checkpoint's shape.
     sizes = {"hidden_size": shape.hidden_size, "num_layers": shape.num_layers, "num_heads": shape.num_heads,
              "num_kv_heads": shape.num_kv_heads, "intermediate_size": shape.intermediate_size}
     recipe = recipe_from_dict({"model": {"preset": "tiny", "checkpoint": str(checkpoint), **sizes},
-                               "data": {"train_files": [str(f) for f in data_files], "max_seq_len": max_seq_len},
+                               "data": {"train_files": ["-"], "max_seq_len": max_seq_len},
                                "train": {"micro_batch_size": batch_size}})
-    records = [r for f in data_files for r in read_records([f], detect_format(Path(f)))]
-    samples, report = tokenize_records(load_tokenizer(tokenizer), records, max_seq_len + 1)
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     mute_mindformers_info()
-    _, loss_cell = build_network(recipe, on_ascend=False)
+    return build_network(recipe, on_ascend=False)
+
+
+def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: int = 2048, batch_size: int = 4,
+                        tokenizer: str = "llama3.2") -> dict:
+    from .data.readers import read_records
+    from .data.samples import tokenize_records
+    from .data.tokenizer import load_tokenizer
+
+    records = [r for f in data_files for r in read_records([f], detect_format(Path(f)))]
+    samples, report = tokenize_records(load_tokenizer(tokenizer), records, max_seq_len + 1)
+    _, loss_cell = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size)
     loss, tokens = evaluate(loss_cell, samples, batch_size, max_seq_len + 1)
     return {"checkpoint": str(checkpoint), "records": report.read, "evaluated": report.kept,
             "truncated": report.truncated, "dropped": report.dropped_no_answer, "target_tokens": tokens,

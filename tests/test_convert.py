@@ -135,3 +135,21 @@ def test_eval_loss_equals_the_reference_loss(hf_dir, tmp_path):
     assert ours["target_tokens"] == count and ours["evaluated"] == 3
     assert ours["loss"] == pytest.approx(total / count, rel=1e-5)
     assert ours["perplexity"] == pytest.approx(np.exp(total / count), rel=1e-4)
+
+
+def test_greedy_generate_matches_transformers(hf_dir, tmp_path, ms):
+    from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.generate import STOP_IDS, generate, prompt_ids
+
+    src, reference = hf_dir
+    run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
+    streamed = []
+    ours = generate(tmp_path / "ms", "你好，请介绍一下长城。", system="你是一位导游。", max_new_tokens=8,
+                    on_text=streamed.append)
+    ids = prompt_ids(load_tokenizer("llama3.2"), "你好，请介绍一下长城。", "你是一位导游。")
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
+                                 eos_token_id=list(STOP_IDS), pad_token_id=128004)
+    theirs = [t for t in out[0, len(ids):].tolist() if t not in STOP_IDS]
+    assert ours == theirs and len(ours) > 0
+    assert "".join(streamed) == load_tokenizer("llama3.2").decode(ours).rstrip("\ufffd")
