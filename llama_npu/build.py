@@ -47,11 +47,16 @@ def load_pretrained(net, recipe: Recipe) -> None:
     from .recipe import RecipeError
 
     directory = Path(recipe.model.checkpoint)
-    shape, _ = read_checkpoint_dir(directory)
+    shape, meta = read_checkpoint_dir(directory)
     if shape != resolve_shape(recipe.model):
         raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
                           f"{recipe.model.preset} is {resolve_shape(recipe.model).describe()}")
     weights = ms.load_checkpoint(str(directory / WEIGHTS))
+    if meta.get("quantization"):  # int8 + scales -> the float weights they stand for
+        from .quantize import dequantize
+
+        weights = {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in
+                   dequantize({k: p.asnumpy() for k, p in weights.items()}).items()}
     names = {p.name for p in net.get_parameters()}
     missing = sorted(n for n in names if n not in weights and n.startswith("model."))
     if missing:

@@ -156,6 +156,19 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_quantize(args) -> int:
+    from .convert import ConvertError
+    from .quantize import quantize_checkpoint
+
+    try:
+        report = quantize_checkpoint(Path(args.checkpoint), Path(args.dst))
+    except (ConvertError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    print(f"quantized {report['linear_layers']} linear layers: {report['bytes_before']:,} bytes -> "
+          f"{report['bytes_after']:,} bytes ({report['bytes_after'] / report['bytes_before']:.1%}); wrote {args.dst}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -223,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate)
+
+    quant = sub.add_parser("quantize", help="INT8 weight-only quantization of a converted checkpoint")
+    quant.add_argument("--checkpoint", required=True, help="a directory written by convert hf-to-ms")
+    quant.add_argument("--dst", required=True, help="directory to create")
+    quant.set_defaults(func=cmd_quantize)
 
     doctor = sub.add_parser("doctor", help="what this machine can train")
     doctor.add_argument("--recipes", default=str(Path(__file__).resolve().parent.parent / "recipes"),

@@ -7,7 +7,7 @@ import pytest
 
 from llama_npu.convert import read_safetensors
 
-from conftest import SMOKE, TINY_RUN, read_metrics, run_cli
+from conftest import REPO, SMOKE, TINY_RUN, read_metrics, run_cli
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -153,3 +153,25 @@ def test_greedy_generate_matches_transformers(hf_dir, tmp_path, ms):
     theirs = [t for t in out[0, len(ids):].tolist() if t not in STOP_IDS]
     assert ours == theirs and len(ours) > 0
     assert "".join(streamed) == load_tokenizer("llama3.2").decode(ours).rstrip("\ufffd")
+
+
+def test_int8_quantization_size_and_loss(hf_dir, tmp_path):
+    from llama_npu.memory.planner import split_params
+    from llama_npu.model import PRESETS
+
+    src, _ = hf_dir
+    run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
+    proc = run_cli("quantize", "--checkpoint", tmp_path / "ms", "--dst", tmp_path / "int8", check=True)
+    split = split_params(PRESETS["tiny"])  # the test model has the tiny preset's shape
+    linear = 2 * split["layer_matrices"]
+    out_channels = 2 * (3 * 64 + 2 * 32 + 2 * 128)
+    everything = split["embedding"] + 2 * (split["layer_matrices"] + split["layer_norms"]) + split["final_norm"]
+    after = linear + 4 * out_channels + 4 * (everything - linear)
+    assert f"{4 * everything:,} bytes -> {after:,} bytes" in proc.stdout
+    held_out = str(REPO / "data" / "zh_instruct_eval.jsonl")
+    losses = {}
+    for name in ("ms", "int8"):
+        out = run_cli("eval", "--checkpoint", tmp_path / name, "--data", held_out, "--max-seq-len", "64", "--json",
+                      check=True)
+        losses[name] = json.loads(out.stdout)["loss"]
+    assert losses["int8"] != losses["ms"] and abs(losses["int8"] - losses["ms"]) < 0.01 * losses["ms"]

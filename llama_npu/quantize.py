@@ -1,0 +1,79 @@
+"""`llama-npu quantize`: INT8 weight-only quantization of a converted checkpoint.
+
+Per-output-channel symmetric: each row of a decoder linear weight (wq wk wv wo w1 w2 w3)
+becomes int8 values q = round(w / s) with s = max|row| / 127, stored with its fp32 scale s;
+the embedding (tied to the LM head) and the norms are untouched. `eval` and `generate`
+load a quantized directory by dequantizing (q x s) into the model: that measures the
+accuracy cost exactly, while the memory saving is the stored size the command reports
+(a runtime with int8 matmuls would keep it in device memory too).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+
+from .convert import CONFIG, WEIGHTS, ConvertError, read_checkpoint_dir
+
+LINEAR = re.compile(r"^model\.layers\.\d+\.(attention\.w[qkvo]|feed_forward\.w[123])\.weight$")
+SCALE = ".int8_scale"
+
+
+def quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    scale = np.abs(weight).max(axis=1) / 127.0
+    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+    q = np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def dequantize(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Float weights from a quantized checkpoint's arrays (scales folded back in)."""
+    out = {}
+    for name, value in weights.items():
+        if name.endswith(SCALE):
+            continue
+        scale = weights.get(name + SCALE)
+        out[name] = value.astype(np.float32) * scale[:, None] if scale is not None else value
+    return out
+
+
+def quantize_checkpoint(src: Path, dst: Path) -> dict:
+    import mindspore as ms
+
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        raise ConvertError(f"{dst} exists; remove it or choose another --dst")
+    _, meta = read_checkpoint_dir(src)
+    if meta.get("quantization"):
+        raise ConvertError(f"{src} is already quantized")
+    loaded = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(src / WEIGHTS)).items()}
+    before = sum(v.nbytes for v in loaded.values())
+    params, after, layers = [], 0, 0
+    for name, value in loaded.items():
+        if LINEAR.match(name):
+            q, scale = quantize_rows(value.astype(np.float32))
+            params += [{"name": name, "data": ms.Tensor(q)}, {"name": name + SCALE, "data": ms.Tensor(scale)}]
+            after += q.nbytes + scale.nbytes
+            layers += 1
+        else:
+            params.append({"name": name, "data": ms.Tensor(value)})
+            after += value.nbytes
+    if not layers:
+        raise ConvertError(f"{src / WEIGHTS}: no decoder linear weights to quantize")
+    staging = dst.parent / f".{dst.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        ms.save_checkpoint(params, str(staging / WEIGHTS))
+        meta = dict(meta, quantization={"scheme": "int8 weight-only, per-output-channel symmetric, fp32 scales",
+                                        "linear_layers": layers, "bytes_before": before, "bytes_after": after})
+        (staging / CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        os.rename(staging, dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return meta["quantization"]
