@@ -107,7 +107,8 @@ def cmd_convert(args) -> int:
         if args.direction == "hf-to-ms":
             out = hf_to_ms(Path(args.src), Path(args.dst), args.dtype or "float32")
         else:
-            out = ms_to_hf(Path(args.src), Path(args.dst), Path(args.weights) if args.weights else None, args.dtype)
+            out = ms_to_hf(Path(args.src), Path(args.dst), Path(args.weights) if args.weights else None, args.dtype,
+                           merge_lora=args.merge_lora)
     except (ConvertError, FileNotFoundError) as exc:
         return _fail(str(exc))
     print(f"wrote {out}")
@@ -215,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--weights", help="ms-to-hf: a model.ckpt to export instead of --src's own "
                                            "(e.g. runs/x/checkpoints/step_N/model.ckpt)")
     convert.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+    convert.add_argument("--merge-lora", action="store_true",
+                         help="ms-to-hf: --weights holds LoRA adapters; fold them into --src's base weights")
     convert.set_defaults(func=cmd_convert)
 
     ev = sub.add_parser("eval", help="loss and perplexity of a converted checkpoint over JSONL records")

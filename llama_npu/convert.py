@@ -238,9 +238,38 @@ def read_checkpoint_dir(src: Path) -> tuple[LlamaShape, dict]:
     return LlamaShape(**meta["shape"]), meta
 
 
-def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | None = None) -> Path:
+LORA_A, LORA_B = "mindpet_delta_lora_a", "mindpet_delta_lora_b"
+
+
+def lora_alpha_of(weights: Path) -> float:
+    """strategies.lora.alpha of the run a step checkpoint belongs to (<run>/recipe.yaml)."""
+    import yaml
+
+    recipe = weights.resolve().parent.parent.parent / "recipe.yaml"
+    if not recipe.is_file():
+        raise ConvertError(f"{weights}: cannot find the run's recipe.yaml ({recipe}) for the LoRA alpha")
+    return float(yaml.safe_load(recipe.read_text(encoding="utf-8"))["strategies"]["lora"]["alpha"])
+
+
+def merge_adapters(base: dict, adapters: dict, alpha: float) -> int:
+    """W <- W + (alpha / rank) B A for every adapter pair, in place on `base` (float32 numpy)."""
+    merged = 0
+    for name in [n for n in adapters if n.endswith(LORA_A)]:
+        prefix = name[: -len(LORA_A)]
+        a, b = adapters[name], adapters[prefix + LORA_B]  # (r, in), (out, r)
+        target = prefix + "weight"
+        if target not in base:
+            raise ConvertError(f"adapter {name} has no base weight {target}")
+        base[target] = base[target] + (alpha / a.shape[0]) * (b @ a)
+        merged += 1
+    return merged
+
+
+def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | None = None,
+             merge_lora: bool = False) -> Path:
     """`src`: a converted directory (its config.json); `weights`: a model.ckpt to export
-    instead of src's own (for example a fine-tuned step's)."""
+    instead of src's own (for example a fine-tuned step's). With `merge_lora`, `weights`
+    holds a LoRA run's adapters, folded into src's base weights."""
     import mindspore as ms
 
     src, dst = Path(src), Path(dst)
@@ -248,7 +277,16 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
     shape, meta = read_checkpoint_dir(src)
     dtype = dtype or {"BF16": "bfloat16", "F16": "float16"}.get((meta.get("source_dtypes") or ["F32"])[0], "float32")
-    loaded = ms.load_checkpoint(str(weights or src / WEIGHTS))
+    if merge_lora:
+        if weights is None:
+            raise ConvertError("--merge-lora needs --weights: the LoRA run's step_<N>/model.ckpt")
+        base = {k: v.astype(ms.float32).asnumpy() for k, v in ms.load_checkpoint(str(src / WEIGHTS)).items()}
+        adapters = {k: v.astype(ms.float32).asnumpy() for k, v in ms.load_checkpoint(str(weights)).items()}
+        if not merge_adapters(base, adapters, lora_alpha_of(weights)):
+            raise ConvertError(f"{weights}: no LoRA adapters ({LORA_A}) to merge")
+        loaded = {k: ms.Tensor(v) for k, v in base.items()}
+    else:
+        loaded = ms.load_checkpoint(str(weights or src / WEIGHTS))
     expected = expected_shapes(shape)
     tensors = {}
     for hf_name, hf_shape in expected.items():

@@ -175,3 +175,47 @@ def test_int8_quantization_size_and_loss(hf_dir, tmp_path):
                       check=True)
         losses[name] = json.loads(out.stdout)["loss"]
     assert losses["int8"] != losses["ms"] and abs(losses["int8"] - losses["ms"]) < 0.01 * losses["ms"]
+
+
+def test_lora_adapters_merge_into_hugging_face_weights(hf_dir, tmp_path, ms):
+    """Fine-tune LoRA adapters on converted weights, export merged: transformers' logits of
+    the merged model equal ours with the adapters applied."""
+    from mindspore import nn
+
+    from llama_npu.build import build_network
+    from llama_npu.recipe import load_recipe
+
+    src, _ = hf_dir
+    base = tmp_path / "ms"
+    run_cli("convert", "hf-to-ms", "--src", src, "--dst", base, check=True)
+    lora = ["--set", "strategies.lora.enabled=true", "--set", "strategies.lora.alpha=32",
+            "--set", "strategies.lora.target_modules=.*wq|.*wv|.*w2", "--set", "train.optimizer.lr=0.05",
+            "--set", "train.warmup_steps=0"]
+    run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", f"model.checkpoint={base}",
+            "--set", "train.max_steps=3", *lora, check=True)
+    step = tmp_path / "run" / "checkpoints" / "step_3" / "model.ckpt"
+    run_cli("convert", "ms-to-hf", "--src", base, "--weights", step, "--merge-lora", "--dst", tmp_path / "merged",
+            check=True)
+
+    recipe = load_recipe(SMOKE, ["data.max_seq_len=16", f"model.checkpoint={base}", "strategies.lora.enabled=true",
+                                 "strategies.lora.alpha=32", "strategies.lora.target_modules=.*wq|.*wv|.*w2"])
+    net, _ = build_network(recipe, on_ascend=False)
+    ms.load_param_into_net(net, ms.load_checkpoint(str(step)))
+
+    class Logits(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.backbone, self.head = net.model, net.lm_head
+
+        def construct(self, tokens):
+            return self.head(self.backbone(tokens))
+
+    tokens = np.random.default_rng(1).integers(0, 128000, (1, 16)).astype(np.int32)
+    ours = Logits()(ms.Tensor(tokens)).asnumpy().reshape(1, 16, -1)
+    merged = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        theirs = merged(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
+        base_logits = transformers.LlamaForCausalLM.from_pretrained(src).eval()(
+            torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
+    assert np.abs(ours - theirs).max() < 1e-4
+    assert np.abs(theirs - base_logits).max() > 1e-3  # the adapters did change the model
