@@ -152,6 +152,23 @@ def read_hf_config(src: Path) -> tuple[LlamaShape, dict]:
     return shape, config
 
 
+def check_tokenizer(src: Path) -> None:
+    """A tokenizer.json shipped with the weights must map tokens to ids as Llama 3.2's does:
+    the harness tokenizes with that one (data.tokenizer)."""
+    path = src / "tokenizer.json"
+    if not path.is_file():
+        return
+    from .data.tokenizer import default_tokenizer_path
+
+    theirs = json.loads(path.read_text(encoding="utf-8"))
+    ours = json.loads(default_tokenizer_path().read_text(encoding="utf-8"))
+    vocab_theirs, vocab_ours = theirs.get("model", {}).get("vocab", {}), ours["model"]["vocab"]
+    if vocab_theirs != vocab_ours:
+        differing = next((t for t in vocab_ours if vocab_theirs.get(t) != vocab_ours[t]), None)
+        raise ConvertError(f"{path}: not the Llama 3.2 tokenizer (token {differing!r} maps to "
+                           f"{vocab_theirs.get(differing)}, Llama 3.2 has {vocab_ours.get(differing)})")
+
+
 def read_hf_weights(src: Path) -> Dict[str, tuple]:
     index = src / "model.safetensors.index.json"
     if index.is_file():
@@ -200,6 +217,7 @@ def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
     if dst.exists():
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
     shape, config = read_hf_config(src)
+    check_tokenizer(src)
     tensors = read_hf_weights(src)
     expected = expected_shapes(shape)
     missing = sorted(set(expected) - set(tensors))
