@@ -55,8 +55,10 @@ def optimizer_state_params(optimizer, model_params) -> list:
 
 
 def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state: dict,
-                    keep_last: int) -> Path:
-    """Write <root>/step_<step> atomically and keep the newest `keep_last`."""
+                    keep_last: int, model_description: Optional[dict] = None) -> Path:
+    """Write <root>/step_<step> atomically and keep the newest `keep_last`. With a
+    `model_description` (full fine-tunes) the step directory also gets the config.json of a
+    converted checkpoint, so eval, generate, quantize and ms-to-hf take it directly."""
     import mindspore as ms
 
     root = Path(root)
@@ -68,6 +70,8 @@ def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state
     partial.mkdir()
     ms.save_checkpoint(_named(model_params), str(partial / WEIGHTS))
     ms.save_checkpoint(_named(optimizer_params), str(partial / OPTIMIZER))
+    if model_description is not None:
+        (partial / "config.json").write_text(json.dumps(model_description, indent=2), encoding="utf-8")
     state = dict(state, step=step,
                  files={name: (partial / name).stat().st_size for name in (WEIGHTS, OPTIMIZER)})
     with open(partial / SIDECAR, "w", encoding="utf-8") as fh:

@@ -94,6 +94,15 @@ def training_source(recipe: Recipe, tokenizer):
     return ListSamples(samples)
 
 
+def pretrained_hf_config(recipe: Recipe) -> Optional[dict]:
+    """The Hugging Face config the run started from, carried into its checkpoints."""
+    if not recipe.model.checkpoint:
+        return None
+    from .convert import read_checkpoint_dir
+
+    return read_checkpoint_dir(Path(recipe.model.checkpoint))[1].get("hf_config")
+
+
 def planned_peak_bytes(recipe: Recipe, shape, params: int) -> int:
     """The planner's per-device peak for this recipe (its total less the free margin),
     logged beside the measured peak."""
@@ -165,6 +174,10 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     step_fn = TrainStep(loss_cell, optimizer, scaler, t.grad_clip, gradient_reducer(optimizer.parameters, world))
     ckpt_root = checkpoint_root(run_dir, world)
     planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
+    # LoRA checkpoints hold adapters only: they are not a whole model to describe.
+    model_description = None if recipe.strategies.lora.enabled or world.sharded else {
+        "format": "llama-npu", "shape": shape.__dict__, "dtype": str(params[0].dtype).lower(),
+        "source": str(run_dir), "hf_config": pretrained_hf_config(recipe)}
 
     start_step, samples_consumed = 0, 0
     if resume_from is not None:
@@ -186,7 +199,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
                  "rng": {"seed": t.seed, "data_epoch": stream.epoch},
                  "loss_scale": scaler.state(), "recipe_hash": recipe.digest()}
         return save_checkpoint(ckpt_root, step, params, optimizer_state_params(optimizer, params),
-                               state, t.keep_last)
+                               state, t.keep_last, model_description)
 
     trainable = sum(p.size for p in params)
     print(f"[llama-npu] model {recipe.model.preset} ({shape.describe()}); {trainable:,} trainable "
