@@ -13,6 +13,21 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
+def logits_of(ms, net, tokens):
+    """(B, T, V) logits of our MindFormers model for int32 `tokens` (B, T)."""
+    from mindspore import nn
+
+    class Logits(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.backbone, self.head = net.model, net.lm_head
+
+        def construct(self, ids):
+            return self.head(self.backbone(ids))
+
+    return Logits()(ms.Tensor(tokens)).asnumpy().reshape(*tokens.shape, -1)
+
+
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     """A tiny random Llama 3.2 (llama3 RoPE scaling, GQA 4/2, tied embeddings) saved by transformers."""
@@ -37,8 +52,6 @@ def hf_dir(tmp_path_factory):
 
 
 def test_converted_logits_equal_transformers(ms, hf_dir, tmp_path):
-    from mindspore import nn
-
     from llama_npu.build import build_network
     from llama_npu.recipe import load_recipe
 
@@ -48,16 +61,8 @@ def test_converted_logits_equal_transformers(ms, hf_dir, tmp_path):
     recipe = load_recipe(SMOKE, ["data.max_seq_len=24", f"model.checkpoint={out}"])
     net, _ = build_network(recipe, on_ascend=False)
 
-    class Logits(nn.Cell):
-        def __init__(self):
-            super().__init__(auto_prefix=False)
-            self.backbone, self.head = net.model, net.lm_head
-
-        def construct(self, tokens):
-            return self.head(self.backbone(tokens))
-
     tokens = np.random.default_rng(0).integers(0, 128000, (2, 24)).astype(np.int32)
-    ours = Logits()(ms.Tensor(tokens)).asnumpy().reshape(2, 24, -1)
+    ours = logits_of(ms, net, tokens)
     with torch.no_grad():
         theirs = reference(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
     assert np.abs(ours - theirs).max() < 1e-4
@@ -197,8 +202,6 @@ def test_int8_quantization_size_and_loss(hf_dir, tmp_path):
 def test_lora_adapters_merge_into_hugging_face_weights(hf_dir, tmp_path, ms):
     """Fine-tune LoRA adapters on converted weights, export merged: transformers' logits of
     the merged model equal ours with the adapters applied."""
-    from mindspore import nn
-
     from llama_npu.build import build_network
     from llama_npu.recipe import load_recipe
 
@@ -219,16 +222,8 @@ def test_lora_adapters_merge_into_hugging_face_weights(hf_dir, tmp_path, ms):
     net, _ = build_network(recipe, on_ascend=False)
     ms.load_param_into_net(net, ms.load_checkpoint(str(step)))
 
-    class Logits(nn.Cell):
-        def __init__(self):
-            super().__init__(auto_prefix=False)
-            self.backbone, self.head = net.model, net.lm_head
-
-        def construct(self, tokens):
-            return self.head(self.backbone(tokens))
-
     tokens = np.random.default_rng(1).integers(0, 128000, (1, 16)).astype(np.int32)
-    ours = Logits()(ms.Tensor(tokens)).asnumpy().reshape(1, 16, -1)
+    ours = logits_of(ms, net, tokens)
     merged = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "merged").eval()
     with torch.no_grad():
         theirs = merged(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
