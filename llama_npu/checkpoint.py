@@ -19,6 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+from .atomic import staged_directory
+
 WEIGHTS = "model.ckpt"
 OPTIMIZER = "optimizer.ckpt"
 SIDECAR = "state.json"
@@ -64,31 +66,21 @@ def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
-    partial = root / f".step_{step}.partial"
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir()
-    ms.save_checkpoint(_named(model_params), str(partial / WEIGHTS))
-    ms.save_checkpoint(_named(optimizer_params), str(partial / OPTIMIZER))
-    if model_description is not None:
-        (partial / "config.json").write_text(json.dumps(model_description, indent=2), encoding="utf-8")
-    state = dict(state, step=step,
-                 files={name: (partial / name).stat().st_size for name in (WEIGHTS, OPTIMIZER)})
-    with open(partial / SIDECAR, "w", encoding="utf-8") as fh:
-        json.dump(state, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    for name in (WEIGHTS, OPTIMIZER):
-        with open(partial / name, "rb") as fh:
+    # replace=True: re-saving a step after a resume swaps it, never leaving a gap.
+    with staged_directory(final, replace=True) as partial:
+        ms.save_checkpoint(_named(model_params), str(partial / WEIGHTS))
+        ms.save_checkpoint(_named(optimizer_params), str(partial / OPTIMIZER))
+        if model_description is not None:
+            (partial / "config.json").write_text(json.dumps(model_description, indent=2), encoding="utf-8")
+        state = dict(state, step=step,
+                     files={name: (partial / name).stat().st_size for name in (WEIGHTS, OPTIMIZER)})
+        with open(partial / SIDECAR, "w", encoding="utf-8") as fh:
+            json.dump(state, fh, indent=2)
+            fh.flush()
             os.fsync(fh.fileno())
-    if final.exists():  # re-saving a step after a resume: swap, never leave a gap
-        stale = root / f".step_{step}.stale"
-        shutil.rmtree(stale, ignore_errors=True)
-        os.rename(final, stale)
-        os.rename(partial, final)
-        shutil.rmtree(stale)
-    else:
-        os.rename(partial, final)
+        for name in (WEIGHTS, OPTIMIZER):
+            with open(partial / name, "rb") as fh:
+                os.fsync(fh.fileno())
     _fsync_dir(root)
     _prune(root, keep_last)
     return final

@@ -10,15 +10,14 @@ bfloat16 needs no torch and a round trip is bit-exact.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import struct
 from pathlib import Path
 from typing import Dict
 
 import numpy as np
 
+from .atomic import staged_directory
 from .model import (MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA, VOCAB_SIZE, LlamaShape)
 
 CONFIG = "config.json"
@@ -203,13 +202,6 @@ def hf_config(shape: LlamaShape, dtype: str, original: dict | None = None) -> di
 
 # ---------------------------------------------------------------- conversions
 
-def _publish(staging: Path, dst: Path) -> None:
-    """Move a complete staging directory into place; never leave half a result."""
-    if dst.exists():
-        raise ConvertError(f"{dst} exists; remove it or choose another --dst")
-    os.rename(staging, dst)
-
-
 def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
     import mindspore as ms
 
@@ -232,17 +224,11 @@ def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
                                f"{expected[name]}")
         values = bf16_to_f32(array) if st_dtype == "BF16" else array.astype(np.float32)
         params.append({"name": rename(name, to_ms=True), "data": ms.Tensor(values, dtype=getattr(ms, dtype))})
-    staging = dst.parent / f".{dst.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with staged_directory(dst) as staging:
         ms.save_checkpoint(params, str(staging / WEIGHTS))
         meta = {"format": "llama-npu", "shape": shape.__dict__, "dtype": dtype, "source": str(src),
                 "source_dtypes": sorted({d for d, _ in tensors.values()}), "hf_config": config}
         (staging / CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        _publish(staging, dst)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return dst
 
 
@@ -319,14 +305,8 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
             tensors[hf_name] = ("BF16", f32_to_bf16(values))
         else:
             tensors[hf_name] = ("F16", values.astype(np.float16)) if dtype == "float16" else ("F32", values)
-    staging = dst.parent / f".{dst.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with staged_directory(dst) as staging:
         write_safetensors(staging / "model.safetensors", tensors)
         (staging / CONFIG).write_text(json.dumps(hf_config(shape, dtype, meta.get("hf_config")), indent=2),
                                       encoding="utf-8")
-        _publish(staging, dst)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return dst

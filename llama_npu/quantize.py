@@ -10,14 +10,13 @@ accuracy cost exactly, while the memory saving is the stored size the command re
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Dict
 
 import numpy as np
 
+from .atomic import staged_directory
 from .convert import CONFIG, WEIGHTS, ConvertError, read_checkpoint_dir
 
 LINEAR = re.compile(r"^model\.layers\.\d+\.(attention\.w[qkvo]|feed_forward\.w[123])\.weight$")
@@ -65,15 +64,9 @@ def quantize_checkpoint(src: Path, dst: Path) -> dict:
             after += value.nbytes
     if not layers:
         raise ConvertError(f"{src / WEIGHTS}: no decoder linear weights to quantize")
-    staging = dst.parent / f".{dst.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with staged_directory(dst) as staging:
         ms.save_checkpoint(params, str(staging / WEIGHTS))
         meta = dict(meta, quantization={"scheme": "int8 weight-only, per-output-channel symmetric, fp32 scales",
                                         "linear_layers": layers, "bytes_before": before, "bytes_after": after})
         (staging / CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        os.rename(staging, dst)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return meta["quantization"]

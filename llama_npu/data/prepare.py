@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
 
+from ..atomic import staged_directory
 from .mindrecord import META_FILE, write_samples
 from .packing import pack
 from .readers import RecordError, iter_records
@@ -104,23 +103,11 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     }
 
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = output.parent / f".{output.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
+    with staged_directory(output, replace=overwrite) as staging:
         if progress:
             progress(f"writing {len(rows)} {'packed rows' if packed else 'samples'} to MindRecord")
         write_samples(staging, rows)
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
-        if output.exists():
-            retired = output.parent / f".{output.name}.old-{os.getpid()}"
-            os.rename(output, retired)
-            os.rename(staging, output)
-            shutil.rmtree(retired)
-        else:
-            os.rename(staging, output)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return meta
 
 

@@ -1,0 +1,33 @@
+"""Output directories that appear only when complete: checkpoints, prepared datasets,
+converted and quantized weights all go through `staged_directory`."""
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def staged_directory(dst: Path, replace: bool = False):
+    """Yield an empty hidden sibling of `dst` to write into. When the block succeeds it is
+    renamed to `dst` (an existing `dst` is swapped out only with `replace`, and removed only
+    once the new one is in place); when it fails it is deleted. A crash leaves at most a
+    hidden `.NAME.partial-PID` directory, never a half-written `dst`."""
+    dst = Path(dst)
+    staging = dst.parent / f".{dst.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        if dst.exists():
+            if not replace:
+                raise FileExistsError(f"{dst} exists")
+            retired = dst.parent / f".{dst.name}.old-{os.getpid()}"
+            os.rename(dst, retired)
+            os.rename(staging, dst)
+            shutil.rmtree(retired)
+        else:
+            os.rename(staging, dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
