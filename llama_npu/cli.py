@@ -18,74 +18,55 @@ def _fail(message: str) -> int:
 
 
 def cmd_train(args) -> int:
-    from .checkpoint import CheckpointError
-    from .data.readers import RecordError
-    from .recipe import RecipeError, load_recipe
+    from .recipe import load_recipe
     from .strategies.parallel import is_scheduler, run_scheduler
-    from .train import RunDirError, format_summary, run_training
+    from .train import format_summary, run_training
 
     if is_scheduler():
         run_scheduler()
         return 0
-    try:
-        recipe = load_recipe(args.recipe, args.set)
-        run_dir = Path(args.output_dir or Path("runs") / Path(args.recipe).stem)
-        summary = run_training(recipe, run_dir, resume=args.resume, overwrite=args.overwrite)
-    except (RecipeError, RunDirError, RecordError, CheckpointError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+    recipe = load_recipe(args.recipe, args.set)
+    run_dir = Path(args.output_dir or Path("runs") / Path(args.recipe).stem)
+    summary = run_training(recipe, run_dir, resume=args.resume, overwrite=args.overwrite)
     print(format_summary(summary))
     return 0
 
 
 def cmd_prepare_data(args) -> int:
     from .data.prepare import format_report, prepare_dataset
-    from .data.readers import RecordError
 
-    try:
-        meta = prepare_dataset(args.format, args.input, Path(args.output), tokenizer=args.tokenizer,
-                               max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
-                               overwrite=args.overwrite, train_on_prompt=args.train_on_prompt,
-                               progress=lambda msg: print(f"[llama-npu] {msg}", flush=True))
-    except (RecordError, FileExistsError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+    meta = prepare_dataset(args.format, args.input, Path(args.output), tokenizer=args.tokenizer,
+                           max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
+                           overwrite=args.overwrite, train_on_prompt=args.train_on_prompt,
+                           progress=lambda msg: print(f"[llama-npu] {msg}", flush=True))
     print(format_report(meta))
     print(f"wrote {args.output}")
     return 0
 
 
 def cmd_validate(args) -> int:
-    from .recipe import RecipeError, load_recipe
+    from .recipe import load_recipe
     from .strategies.parallel import check_workers, describe_layout
 
-    try:
-        recipe = load_recipe(args.recipe, args.set)
-        if args.workers is not None:
-            check_workers(recipe.strategies.parallel, args.workers)
-    except RecipeError as exc:
-        return _fail(str(exc))
+    recipe = load_recipe(args.recipe, args.set)
+    if args.workers is not None:
+        check_workers(recipe.strategies.parallel, args.workers)
     print(f"{args.recipe}: valid; {describe_layout(recipe)}")
     return 0
 
 
 def cmd_merge(args) -> int:
-    from .merge import MergeError, merge_shards
+    from .merge import merge_shards
 
-    try:
-        path = merge_shards(Path(args.run_dir), Path(args.dst), args.step)
-    except MergeError as exc:
-        return _fail(str(exc))
+    path = merge_shards(Path(args.run_dir), Path(args.dst), args.step)
     print(f"merged weights written to {path}")
     return 0
 
 
 def cmd_plan(args) -> int:
     from .memory.plan_command import run_plan
-    from .recipe import RecipeError
 
-    try:
-        output, code = run_plan(args)
-    except (RecipeError, ValueError) as exc:
-        return _fail(str(exc))
+    output, code = run_plan(args)
     print(output)
     return code
 
@@ -101,16 +82,13 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .convert import ConvertError, hf_to_ms, ms_to_hf
+    from .convert import hf_to_ms, ms_to_hf
 
-    try:
-        if args.direction == "hf-to-ms":
-            out = hf_to_ms(Path(args.src), Path(args.dst), args.dtype or "float32")
-        else:
-            out = ms_to_hf(Path(args.src), Path(args.dst), Path(args.weights) if args.weights else None, args.dtype,
-                           merge_lora=args.merge_lora)
-    except (ConvertError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+    if args.direction == "hf-to-ms":
+        out = hf_to_ms(Path(args.src), Path(args.dst), args.dtype or "float32")
+    else:
+        out = ms_to_hf(Path(args.src), Path(args.dst), Path(args.weights) if args.weights else None, args.dtype,
+                       merge_lora=args.merge_lora)
     print(f"wrote {out}")
     return 0
 
@@ -119,17 +97,11 @@ def cmd_eval(args) -> int:
     import json
     import tempfile
 
-    from .convert import ConvertError
-    from .data.readers import RecordError
     from .evaluate import evaluate_checkpoint
-    from .recipe import RecipeError
     from .runtime import quiet_frameworks
 
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "eval")
-    try:
-        result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size)
-    except (ConvertError, RecordError, RecipeError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+    result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size)
     if args.json:
         print(json.dumps(result))
     else:
@@ -142,29 +114,21 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     import tempfile
 
-    from .convert import ConvertError
     from .generate import generate
     from .runtime import quiet_frameworks
 
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "generate")
-    try:
-        generate(Path(args.checkpoint), args.prompt, args.system, args.max_new_tokens, greedy=not args.temperature,
-                 temperature=args.temperature or 1.0, top_p=args.top_p, seed=args.seed,
-                 on_text=lambda text: print(text, end="", flush=True))
-    except (ConvertError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+    generate(Path(args.checkpoint), args.prompt, args.system, args.max_new_tokens, greedy=not args.temperature,
+             temperature=args.temperature or 1.0, top_p=args.top_p, seed=args.seed,
+             on_text=lambda text: print(text, end="", flush=True))
     print()
     return 0
 
 
 def cmd_quantize(args) -> int:
-    from .convert import ConvertError
     from .quantize import quantize_checkpoint
 
-    try:
-        report = quantize_checkpoint(Path(args.checkpoint), Path(args.dst))
-    except (ConvertError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+    report = quantize_checkpoint(Path(args.checkpoint), Path(args.dst))
     print(f"quantized {report['linear_layers']} linear layers: {report['bytes_before']:,} bytes -> "
           f"{report['bytes_after']:,} bytes ({report['bytes_after'] / report['bytes_before']:.1%}); wrote {args.dst}")
     return 0
@@ -271,9 +235,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_errors() -> tuple:
+    """What bad input raises, from any command: one line and exit 2, never a traceback."""
+    from .checkpoint import CheckpointError
+    from .convert import ConvertError
+    from .data.readers import RecordError
+    from .merge import MergeError
+    from .recipe import RecipeError
+    from .train import RunDirError
+
+    return (RecipeError, RunDirError, RecordError, CheckpointError, ConvertError, MergeError,
+            FileExistsError, FileNotFoundError)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except user_errors() as exc:
+        return _fail(str(exc))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,4 @@
 """Recipe loading, overrides and the one-line errors users get for bad input."""
-import time
-
 import pytest
 
 from llama_npu.recipe import RecipeError, load_recipe
@@ -29,7 +27,6 @@ def test_smoke_recipe_loads_and_overrides_coerce_types():
 ])
 def test_bad_override_is_a_one_line_error_with_exit_2(tmp_path, override, message):
     out = tmp_path / "run"
-    started = time.monotonic()
     proc = run_cli("train", SMOKE, "--set", override, "--output-dir", out)
     assert proc.returncode == 2
     assert message in proc.stderr

@@ -1,6 +1,5 @@
 """Real tiny training runs through the CLI: outputs, checkpoints, resume."""
 import json
-import os
 import signal
 import subprocess
 import sys

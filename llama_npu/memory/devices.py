@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..recipe import RecipeError
+
 GB = 10**9
 
 
@@ -41,7 +43,7 @@ def get_device(name: str, memory_override: str = "") -> Device:
     elif name in DEVICES:
         device = DEVICES[name]
     else:
-        raise ValueError(f"unknown device {name!r}; expected one of {', '.join([*DEVICES, 'cpu'])}")
+        raise RecipeError(f"unknown device {name!r}; expected one of {', '.join([*DEVICES, 'cpu'])}")
     if memory_override:
         device = Device(device.name, device.hbm_bytes, parse_bytes(memory_override), device.bf16,
                         device.note + f", usable memory set to {memory_override}")
@@ -51,6 +53,6 @@ def get_device(name: str, memory_override: str = "") -> Device:
 def parse_bytes(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(GB|G|MB|M)?\s*", text, re.IGNORECASE)
     if not match:
-        raise ValueError(f"device memory {text!r}: expected a size such as 28GB or 512MB")
+        raise RecipeError(f"device memory {text!r}: expected a size such as 28GB or 512MB")
     value, unit = float(match.group(1)), (match.group(2) or "GB").upper()
     return int(value * (GB if unit.startswith("G") else 10**6))

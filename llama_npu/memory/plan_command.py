@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Optional
-
 import yaml
 
 from ..model import MAX_POSITIONS, count_parameters, resolve_shape
 from ..recipe import ModelSection, Recipe, RecipeError, load_recipe, recipe_from_dict
 from ..strategies.lora import matched_layers
-from .devices import GB, get_device
+from .devices import get_device
 from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb
 
 
