@@ -7,7 +7,8 @@ Layout of `<run>/checkpoints/step_<N>/`:
                    byte size of each file above; written last, so its presence (with sizes that
                    match) is what makes a checkpoint complete.
 A checkpoint is written under a temporary name and renamed into place, so a crash while
-saving leaves the previous checkpoints untouched.
+saving leaves the previous checkpoints untouched. Both .ckpt files carry MindSpore's CRC
+(crc_check), so resuming also notices a file damaged without changing its size.
 """
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ import json
 import os
 import re
 import shutil
-import warnings
 from pathlib import Path
 from typing import Optional
 
 from .atomic import staged_directory
+from .console import warn
 
 WEIGHTS = "model.ckpt"
 OPTIMIZER = "optimizer.ckpt"
@@ -68,8 +69,8 @@ def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state
     final = root / f"step_{step}"
     # replace=True: re-saving a step after a resume swaps it, never leaving a gap.
     with staged_directory(final, replace=True) as partial:
-        ms.save_checkpoint(_named(model_params), str(partial / WEIGHTS))
-        ms.save_checkpoint(_named(optimizer_params), str(partial / OPTIMIZER))
+        ms.save_checkpoint(_named(model_params), str(partial / WEIGHTS), crc_check=True)
+        ms.save_checkpoint(_named(optimizer_params), str(partial / OPTIMIZER), crc_check=True)
         if model_description is not None:
             (partial / "config.json").write_text(json.dumps(model_description, indent=2), encoding="utf-8")
         state = dict(state, step=step,
@@ -86,20 +87,26 @@ def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state
     return final
 
 
-def read_state(path: Path) -> Optional[dict]:
-    """The sidecar of a complete checkpoint, or None (with the reason as a warning)."""
-    sidecar = path / SIDECAR
+def problem(path: Path) -> Optional[str]:
+    """Why `path` is not a complete checkpoint, or None when it is."""
     try:
-        state = json.loads(sidecar.read_text(encoding="utf-8"))
+        state = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        warnings.warn(f"skipping checkpoint {path}: sidecar {SIDECAR} unreadable ({exc})")
-        return None
+        return f"sidecar {SIDECAR} unreadable ({exc})"
     for name, size in state.get("files", {}).items():
         actual = (path / name).stat().st_size if (path / name).exists() else -1
         if actual != size:
-            warnings.warn(f"skipping checkpoint {path}: {name} has {actual} bytes, expected {size}")
-            return None
-    return state
+            return f"{name} has {actual} bytes, expected {size}"
+    return None
+
+
+def read_state(path: Path) -> Optional[dict]:
+    """The sidecar of a complete checkpoint, or None (with the reason as a warning)."""
+    reason = problem(path)
+    if reason is not None:
+        warn(f"skipping checkpoint {path}: {reason}")
+        return None
+    return json.loads((path / SIDECAR).read_text(encoding="utf-8"))
 
 
 def _step_dirs(root: Path):
@@ -109,11 +116,8 @@ def _step_dirs(root: Path):
     return [p for _, p in sorted(found)]
 
 
-def latest_complete(root: Path) -> Optional[Path]:
-    for path in reversed(_step_dirs(Path(root))):
-        if read_state(path) is not None:
-            return path
-    return None
+def step_dirs_newest_first(root: Path) -> list:
+    return list(reversed(_step_dirs(Path(root))))
 
 
 def _prune(root: Path, keep_last: int) -> None:
@@ -129,9 +133,17 @@ def load_checkpoint(path: Path, net, optimizer) -> dict:
     state = read_state(path)
     if state is None:
         raise CheckpointError(f"{path} is not a complete checkpoint")
-    not_loaded, _ = ms.load_param_into_net(net, ms.load_checkpoint(str(path / WEIGHTS)), strict_load=True)
+    # Both files are read (and CRC-checked) before either is loaded, so a damaged one
+    # leaves the network and optimizer untouched.
+    contents = {}
+    for name in (WEIGHTS, OPTIMIZER):
+        try:
+            contents[name] = ms.load_checkpoint(str(path / name), crc_check=True)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise CheckpointError(f"{path / name} is damaged or unreadable ({exc})") from exc
+    not_loaded, _ = ms.load_param_into_net(net, contents[WEIGHTS], strict_load=True)
     missing = [n for n in not_loaded if n in {p.name for p in net.trainable_params()}]
     if missing:
         raise CheckpointError(f"{path / WEIGHTS} lacks trained weights: {', '.join(missing[:5])}")
-    ms.load_param_into_net(optimizer, ms.load_checkpoint(str(path / OPTIMIZER)), strict_load=True)
+    ms.load_param_into_net(optimizer, contents[OPTIMIZER], strict_load=True)
     return state

@@ -1,13 +1,16 @@
 """Command-line parsing only: each sub-command calls one function elsewhere.
 
 Exit codes: 0 success, 2 bad input (recipe, arguments, data, output directory), 1 a
-failure during the run.
+failure during the run (non-finite streak, a checkpoint that cannot be written), 75
+(stopping.PREEMPTED) training stopped by SIGTERM/SIGINT after saving a checkpoint.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from .stopping import PREEMPTED, RunFailure
 
 BAD_INPUT = 2
 
@@ -29,6 +32,11 @@ def cmd_train(args) -> int:
     run_dir = Path(args.output_dir or Path("runs") / Path(args.recipe).stem)
     summary = run_training(recipe, run_dir, resume=args.resume, overwrite=args.overwrite)
     print(format_summary(summary))
+    if summary["stopped_by"]:
+        print(f"llama-npu: stopped by {summary['stopped_by']} after step {summary['steps']}; newest checkpoint: "
+              f"{summary['checkpoint']}; continue with: llama-npu train {args.recipe} --output-dir {run_dir} "
+              f"--resume auto", file=sys.stderr)
+        return PREEMPTED
     return 0
 
 
@@ -254,6 +262,9 @@ def main(argv=None) -> int:
         return args.func(args)
     except user_errors() as exc:
         return _fail(str(exc))
+    except RunFailure as exc:
+        print(f"llama-npu: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

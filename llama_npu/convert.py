@@ -18,6 +18,7 @@ from typing import Dict
 import numpy as np
 
 from .atomic import staged_directory
+from .console import note, tracked_items
 from .model import (MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA, VOCAB_SIZE, LlamaShape)
 
 CONFIG = "config.json"
@@ -210,13 +211,14 @@ def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
     shape, config = read_hf_config(src)
     check_tokenizer(src)
+    note(f"reading weights from {src}")
     tensors = read_hf_weights(src)
     expected = expected_shapes(shape)
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise ConvertError(f"{src}: tensor {missing[0]} is missing ({len(missing)} missing in all)")
     params = []
-    for name, (st_dtype, array) in tensors.items():
+    for name, (st_dtype, array) in tracked_items(tensors, "convert"):
         if name not in expected:
             raise ConvertError(f"{src}: tensor {name!r} is not part of a Llama 3.2 model")
         if tuple(array.shape) != expected[name]:
@@ -225,6 +227,7 @@ def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
         values = bf16_to_f32(array) if st_dtype == "BF16" else array.astype(np.float32)
         params.append({"name": rename(name, to_ms=True), "data": ms.Tensor(values, dtype=getattr(ms, dtype))})
     with staged_directory(dst) as staging:
+        note(f"writing {dst / WEIGHTS}")
         ms.save_checkpoint(params, str(staging / WEIGHTS))
         meta = {"format": "llama-npu", "shape": shape.__dict__, "dtype": dtype, "source": str(src),
                 "source_dtypes": sorted({d for d, _ in tensors.values()}), "hf_config": config}
@@ -293,7 +296,7 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
         loaded = ms.load_checkpoint(str(weights or src / WEIGHTS))
     expected = expected_shapes(shape)
     tensors = {}
-    for hf_name, hf_shape in expected.items():
+    for hf_name, hf_shape in tracked_items(expected, "convert"):
         ms_name = rename(hf_name, to_ms=True)
         if ms_name not in loaded:
             raise ConvertError(f"{weights or src / WEIGHTS}: tensor {ms_name} is missing")
@@ -306,6 +309,7 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
         else:
             tensors[hf_name] = ("F16", values.astype(np.float16)) if dtype == "float16" else ("F32", values)
     with staged_directory(dst) as staging:
+        note(f"writing {dst / 'model.safetensors'}")
         write_safetensors(staging / "model.safetensors", tensors)
         (staging / CONFIG).write_text(json.dumps(hf_config(shape, dtype, meta.get("hf_config")), indent=2),
                                       encoding="utf-8")

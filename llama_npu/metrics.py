@@ -42,3 +42,9 @@ class MetricLogger:
     def close(self) -> None:
         self.file.close()
         self.writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

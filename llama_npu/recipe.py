@@ -68,6 +68,9 @@ class TrainSection:
     seed: int = 0
     save_every: int = 50
     keep_last: int = 2
+    # Stop after this many skipped non-finite steps in a row that loss scaling cannot explain
+    # (no dynamic scaling, or its scale at the floor); 0 never stops.
+    max_nonfinite_steps: int = 10
     eval_every: int = 0  # 0: evaluate only at the end (when eval files are given)
     mode: str = "graph"  # graph | pynative
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
@@ -361,6 +364,7 @@ def validate(recipe: Recipe) -> None:
     _positive("train.grad_clip", t.grad_clip, allow_zero=True)
     _positive("train.save_every", t.save_every)
     _positive("train.keep_last", t.keep_last)
+    _positive("train.max_nonfinite_steps", t.max_nonfinite_steps, allow_zero=True)
     _positive("train.eval_every", t.eval_every, allow_zero=True)
     _choice("train.mode", t.mode, ("graph", "pynative"))
     _choice("train.optimizer.name", o.name, ("adamw", "sgd"))

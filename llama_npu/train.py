@@ -8,14 +8,15 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
 
 import yaml
 
+from .console import note, progress_bar, warn
 from .recipe import Recipe, accumulation_steps
 
 
@@ -24,10 +25,11 @@ class RunDirError(RuntimeError):
 
 
 def prepare_run_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
-                    check_empty: bool = True) -> Optional[Path]:
-    """Check the output directory and return the checkpoint to resume from, if any.
-    Runs before anything is built, so a refused run costs nothing."""
-    from .checkpoint import checkpoint_root, latest_complete, read_state
+                    check_empty: bool = True) -> list:
+    """Check the output directory and return the checkpoints to resume from, newest first
+    (the loop falls back to the next when one turns out damaged). Runs before anything is
+    built, so a refused run costs nothing."""
+    from .checkpoint import checkpoint_root, problem, read_state, step_dirs_newest_first
 
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other")
@@ -35,23 +37,57 @@ def prepare_run_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
         root = checkpoint_root(run_dir)
         if (root / "rank_0").is_dir():  # sharded run: every rank holds the same steps
             root = root / "rank_0"
-        found = latest_complete(root)
-        if found is None:
-            print(f"resume: no complete checkpoint under {run_dir}/checkpoints; starting at step 0")
-        return found
+        found = step_dirs_newest_first(root)
+        complete = [path for path in found if read_state(path) is not None]
+        if found and not complete:
+            reasons = "; ".join(f"{path.name}: {problem(path)}" for path in found)
+            raise RunDirError(f"resume: none of the checkpoints under {root} is complete ({reasons}); "
+                              f"pass --resume PATH to pick one, or --overwrite to start again")
+        if not found:
+            print(f"resume: no checkpoint under {run_dir}/checkpoints; starting at step 0")
+        return complete
     if resume:
         path = Path(resume)
         if not path.is_dir() or read_state(path) is None:
             raise RunDirError(f"--resume {path}: not a complete checkpoint directory "
                               f"(expected a step_<N> directory holding model.ckpt, optimizer.ckpt "
                               f"and state.json)")
-        return path
+        return [path]
     if check_empty and run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
             raise RunDirError(f"output directory {run_dir} is not empty; pass --resume auto to "
                               f"continue it or --overwrite to start again")
         shutil.rmtree(run_dir)
-    return None
+    return []
+
+
+def check_writable(run_dir: Path) -> None:
+    """Fail before training, not at the first checkpoint, when the output cannot be written."""
+    probe = run_dir / ".write-probe"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise RunDirError(f"output directory {run_dir} is not writable: {exc}") from exc
+
+
+def resume_state(candidates: list, net, optimizer) -> tuple[Optional[Path], Optional[dict]]:
+    """Load the newest checkpoint that loads; warn about each that does not."""
+    from .checkpoint import CheckpointError, load_checkpoint
+
+    for path in candidates:
+        note(f"loading checkpoint {path}")
+        try:
+            return path, load_checkpoint(path, net, optimizer)
+        except CheckpointError as exc:
+            if len(candidates) == 1:
+                raise
+            warn(f"skipping checkpoint {path}: {exc}")
+    if candidates:
+        raise CheckpointError(f"resume: no checkpoint among {', '.join(p.name for p in candidates)} "
+                              f"under {candidates[0].parent} could be loaded (see the warnings above)")
+    return None, None
 
 
 def _raw_samples(recipe: Recipe, tokenizer, files):
@@ -82,15 +118,15 @@ def training_source(recipe: Recipe, tokenizer):
         if meta["tokenizer"]["sha256"] != tokenizer_identity(d.tokenizer)["sha256"]:
             raise RunDirError(f"data.prepared={d.prepared} was tokenized with {meta['tokenizer']['name']}, "
                               f"not data.tokenizer={d.tokenizer}")
-        print(f"[llama-npu] {len(source)} {'packed rows' if source.packed else 'samples'} from {d.prepared}")
+        note(f"{len(source)} {'packed rows' if source.packed else 'samples'} from {d.prepared}")
         return source
-    print(f"[llama-npu] tokenizing {', '.join(d.train_files)}", flush=True)
+    note(f"tokenizing {', '.join(d.train_files)}")
     samples, report = _raw_samples(recipe, tokenizer, d.train_files)
-    print(f"[llama-npu] {report.kept} training samples ({report.truncated} truncated, "
-          f"{report.dropped_no_answer} dropped: no answer token within {d.max_seq_len + 1} tokens)", flush=True)
+    note(f"{report.kept} training samples ({report.truncated} truncated, "
+         f"{report.dropped_no_answer} dropped: no answer token within {d.max_seq_len + 1} tokens)")
     if d.pack:
         samples = pack(samples, d.max_seq_len + 1)
-        print(f"[llama-npu] packed into {len(samples)} rows of {d.max_seq_len + 1} tokens", flush=True)
+        note(f"packed into {len(samples)} rows of {d.max_seq_len + 1} tokens")
     return ListSamples(samples)
 
 
@@ -135,9 +171,9 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     run_dir = Path(run_dir)
     main_rank = launched_rank() == 0
     # Under msrun only rank 0 checks, clears and writes the run directory; the others read.
-    resume_from = prepare_run_dir(run_dir, resume, overwrite and main_rank, check_empty=main_rank)
+    resume_candidates = prepare_run_dir(run_dir, resume, overwrite and main_rank, check_empty=main_rank)
     if main_rank:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        check_writable(run_dir)
         (run_dir / "recipe.yaml").write_text(
             yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
 
@@ -147,19 +183,18 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
                      Path(tempfile.gettempdir()) / "llama-npu-logs" / run_dir.name / f"rank_{launched_rank()}")
     on_ascend = init_runtime(recipe)
 
-    from tqdm import tqdm
-
     from .build import build_network
     from .evaluate import evaluate
-    from .checkpoint import checkpoint_root, load_checkpoint, optimizer_state_params, save_checkpoint
+    from .checkpoint import checkpoint_root, optimizer_state_params, save_checkpoint
     from .data.batches import BatchStream
-    from .memory.measure import peak_memory
+    from .memory.measure import current_rss, peak_memory
     from .metrics import MetricLogger
     from .model import resolve_shape
     from .optim import build_optimizer, lr_at
     from .strategies.accumulation import TrainStep
     from .strategies.parallel import gradient_reducer, init_parallel, stream_layout
     from .strategies.precision import LossScaler
+    from .stopping import NonFiniteStreak, RunFailure, StopSignals, all_finite
 
     t = recipe.train
     k = accumulation_steps(recipe)
@@ -167,6 +202,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     world = init_parallel(recipe.strategies.parallel, run_dir)
 
     shape = resolve_shape(recipe.model)
+    note(f"building the model{' and loading ' + recipe.model.checkpoint if recipe.model.checkpoint else ''}")
     net, loss_cell = build_network(recipe, on_ascend)
     params = net.trainable_params()
     optimizer = build_optimizer(params, t)
@@ -180,69 +216,90 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
         "source": str(run_dir), "hf_config": pretrained_hf_config(recipe)}
 
     start_step, samples_consumed = 0, 0
+    if world.sharded:  # each rank resumes its own shard of the same step
+        resume_candidates = [ckpt_root / path.name for path in resume_candidates]
+    resume_from, state = resume_state(resume_candidates, net, optimizer)
     if resume_from is not None:
-        if world.sharded:  # each rank resumes its own shard of the same step
-            resume_from = ckpt_root / resume_from.name
-        state = load_checkpoint(resume_from, net, optimizer)
         if state.get("recipe_hash") != recipe.digest():
-            print(f"[llama-npu] warning: the recipe differs from the one {resume_from} was trained with")
+            warn(f"the recipe differs from the one {resume_from} was trained with")
         start_step, samples_consumed = state["step"], state["samples_consumed"]
         scaler.load_state(state["loss_scale"])
-        print(f"[llama-npu] resumed from {resume_from} at step {start_step}", flush=True)
+        note(f"resumed from {resume_from} at step {start_step}")
     batch_size, rank, ranks = stream_layout(recipe.strategies.parallel, world, t.micro_batch_size)
     stream = BatchStream(train_source, batch_size, length, t.seed, samples_consumed, rank, ranks)
     metrics = MetricLogger(run_dir, start_step) if world.is_main else None
     saves_checkpoints = world.is_main or world.sharded
+    last_path = resume_from
 
     def checkpoint(step: int) -> Path:
+        kept = (f"the last complete checkpoint, {last_path}, is intact" if last_path else
+                "no checkpoint of this run exists")
+        if not all_finite(params):
+            raise RunFailure(f"the weights after step {step} are not finite, so they were not saved; {kept}; "
+                             f"lower train.optimizer.lr and resume from it")
         state = {"samples_consumed": stream.samples_consumed,
                  "rng": {"seed": t.seed, "data_epoch": stream.epoch},
                  "loss_scale": scaler.state(), "recipe_hash": recipe.digest()}
-        return save_checkpoint(ckpt_root, step, params, optimizer_state_params(optimizer, params),
-                               state, t.keep_last, model_description)
+        try:
+            return save_checkpoint(ckpt_root, step, params, optimizer_state_params(optimizer, params),
+                                   state, t.keep_last, model_description)
+        except OSError as exc:  # disk full, quota, read-only: say what survives, then stop
+            raise RunFailure(f"could not write the checkpoint of step {step} under {ckpt_root}: {exc}; "
+                             f"training stopped at step {step} and {kept}; free space and resume with "
+                             f"--resume auto") from exc
 
     trainable = sum(p.size for p in params)
-    print(f"[llama-npu] model {recipe.model.preset} ({shape.describe()}); {trainable:,} trainable "
-          f"parameters{'' if world.size == 1 else f' (rank {world.rank} of {world.size})'}", flush=True)
-    print(f"[llama-npu] training for {t.max_steps} steps, {k} micro-batch(es) of "
-          f"{t.micro_batch_size} x {length} tokens per step and rank; the first step compiles the graph",
-          flush=True)
+    note(f"model {recipe.model.preset} ({shape.describe()}); {trainable:,} trainable "
+         f"parameters{'' if world.size == 1 else f' (rank {world.rank} of {world.size})'}")
+    note(f"training for {t.max_steps} steps, {k} micro-batch(es) of "
+         f"{t.micro_batch_size} x {length} tokens per step and rank; the first step compiles the graph")
     first_loss = last_loss = None
-    last_path = None
     timed_tokens, timed_seconds = 0, 0.0
-    progress = tqdm(total=t.max_steps, initial=start_step, desc="train", unit="step",
-                    file=sys.stderr, dynamic_ncols=True, disable=not world.is_main)
-    for step in range(start_step + 1, t.max_steps + 1):
-        begin = time.perf_counter()
-        batches = [stream.next_batch() for _ in range(k)]
-        lr = lr_at(step, t)
-        result = step_fn(batches, lr)
-        seconds = time.perf_counter() - begin
-        input_tokens = sum(int((batch[0] != net.config.pad_token_id).sum()) for batch in batches)
-        if step > start_step + 1:  # the first step of a process includes graph compilation
-            timed_tokens, timed_seconds = timed_tokens + input_tokens, timed_seconds + seconds
-        peak, source = peak_memory(on_ascend)
-        record = {"step": step, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
-                  "target_tokens": result.target_tokens, "tokens_per_s": input_tokens * world.size / seconds,
-                  "step_seconds": seconds, "loss_scale": result.loss_scale,
-                  "overflow": result.overflow, "samples_consumed": stream.samples_consumed,
-                  "peak_memory_bytes": peak, "memory_source": source, "planned_peak_bytes": planned_peak}
-        if eval_samples and t.eval_every and step % t.eval_every == 0:
-            record["eval_loss"] = evaluate(loss_cell, eval_samples, t.micro_batch_size, length)[0]
-        if metrics:
-            metrics.log(record)
-        first_loss = result.loss if first_loss is None else first_loss
-        last_loss = result.loss
-        progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}")
-        progress.update(1)
-        if saves_checkpoints and (step % t.save_every == 0 or step == t.max_steps):
-            last_path = checkpoint(step)
-    progress.close()
+    streak = NonFiniteStreak(t.max_nonfinite_steps, scaler)
+    step = start_step
+    progress = progress_bar(t.max_steps, "train", "step", initial=start_step, enabled=world.is_main)
+    with StopSignals() as signals, progress, metrics or nullcontext():
+        for step in range(start_step + 1, t.max_steps + 1):
+            begin = time.perf_counter()
+            batches = [stream.next_batch() for _ in range(k)]
+            lr = lr_at(step, t)
+            result = step_fn(batches, lr, stop_requested=signals.received is not None)
+            seconds = time.perf_counter() - begin
+            streak.update(step, result.overflow, result.loss_scale)
+            input_tokens = sum(int((batch[0] != net.config.pad_token_id).sum()) for batch in batches)
+            if step > start_step + 1:  # the first step of a process includes graph compilation
+                timed_tokens, timed_seconds = timed_tokens + input_tokens, timed_seconds + seconds
+            peak, source = peak_memory(on_ascend)
+            record = {"step": step, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+                      "target_tokens": result.target_tokens, "tokens_per_s": input_tokens * world.size / seconds,
+                      "step_seconds": seconds, "loss_scale": result.loss_scale,
+                      "overflow": result.overflow, "nonfinite_in_a_row": streak.count,
+                      "samples_consumed": stream.samples_consumed, "peak_memory_bytes": peak,
+                      "memory_source": source, "planned_peak_bytes": planned_peak, "host_rss_bytes": current_rss()}
+            if eval_samples and t.eval_every and step % t.eval_every == 0:
+                record["eval_loss"] = evaluate(loss_cell, eval_samples, t.micro_batch_size, length)[0]
+            if metrics:
+                metrics.log(record)
+            first_loss = result.loss if first_loss is None else first_loss
+            last_loss = result.loss
+            progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}")
+            progress.update(1)
+            if streak.exhausted:
+                raise RunFailure(streak.message(step, last_path))
+            # Every rank must stop at the same step: under msrun the request is summed across ranks.
+            stopping = result.stop_requested if world.size > 1 else signals.received is not None
+            due = step % t.save_every == 0 or step == t.max_steps or stopping
+            # Weights are saved only after a finite step, so no checkpoint holds a poisoned state.
+            if saves_checkpoints and due and streak.count == 0:
+                last_path = checkpoint(step)
+            if stopping:
+                break
 
-    summary = {"steps": t.max_steps, "steps_this_run": t.max_steps - start_step,
+    stopped_by = signals.received if step < t.max_steps else None
+    summary = {"steps": step, "steps_this_run": step - start_step, "stopped_by": stopped_by,
                "first_loss": first_loss, "last_loss": last_loss,
                "tokens_per_s": timed_tokens * world.size / timed_seconds if timed_seconds else None}
-    if eval_samples:
+    if eval_samples and not stopped_by:  # a preempted job has seconds left, not minutes
         summary["eval_loss"], summary["eval_tokens"] = evaluate(
             loss_cell, eval_samples, t.micro_batch_size, length)
     peak, source = peak_memory(on_ascend)
@@ -250,9 +307,8 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
                     "checkpoint": str(last_path) if last_path else None, "output_dir": str(run_dir)})
     if world.size > 1:
         summary.update({"rank": world.rank, "workers": world.size, "weights_sha256": weights_digest(params)})
-        print(f"[llama-npu] rank {world.rank} weights sha256 {summary['weights_sha256']}", flush=True)
-    if metrics:
-        metrics.close()
+        note(f"rank {world.rank} weights sha256 {summary['weights_sha256']}")
+    if world.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
 

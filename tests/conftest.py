@@ -18,6 +18,8 @@ SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 TINY_RUN = ["--set", "data.max_seq_len=32", "--set", "train.micro_batch_size=2",
             "--set", "train.global_batch_size=0", "--set", "train.warmup_steps=2",
             "--set", "data.eval_files=[]"]
+# The shared six-step run: a checkpoint at steps 3 and 6.
+SIX_STEPS = [*TINY_RUN, "--set", "train.max_steps=6", "--set", "train.save_every=3", "--set", "train.keep_last=5"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -33,10 +35,11 @@ def ms(tmp_path_factory):
     return mindspore
 
 
-def run_cli(*args, timeout=600, check=False, env=None) -> subprocess.CompletedProcess:
+def run_cli(*args, timeout=600, check=False, env=None, **popen) -> subprocess.CompletedProcess:
+    """The real command line in a subprocess; `popen` goes to subprocess.run (e.g. preexec_fn)."""
     proc = subprocess.run([sys.executable, "-m", "llama_npu", *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, **popen)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
@@ -46,10 +49,21 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_same_steps(resumed_dir: Path, reference_dir: Path, steps) -> None:
+    """A resumed run's records equal an uninterrupted run's for `steps` (exact resume)."""
+    resumed = {r["step"]: r for r in read_metrics(resumed_dir)}
+    reference = {r["step"]: r for r in read_metrics(reference_dir)}
+    assert sorted(resumed) == sorted(reference)
+    for step in steps:
+        assert resumed[step]["loss"] == pytest.approx(reference[step]["loss"], abs=1e-6), step
+        assert resumed[step]["lr"] == pytest.approx(reference[step]["lr"], rel=1e-12), step
+        assert resumed[step]["samples_consumed"] == reference[step]["samples_consumed"], step
+
+
 @pytest.fixture(scope="session")
 def six_step_run(tmp_path_factory):
     """One real 6-step tiny run, checkpoint every 3 steps, shared by several tests."""
     out = tmp_path_factory.mktemp("six") / "run"
-    proc = run_cli("train", SMOKE, "--output-dir", out, *TINY_RUN, "--set", "train.max_steps=6",
-                   "--set", "train.save_every=3", "--set", "train.keep_last=5", check=True)
+    proc = run_cli("train", SMOKE, "--output-dir", out, *SIX_STEPS, check=True)
     return out, proc
+

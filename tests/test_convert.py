@@ -1,6 +1,7 @@
 """Hugging Face weights in and out, checked against the reference implementation
 (`transformers` on a CPU build of torch)."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -70,8 +71,10 @@ def test_converted_logits_equal_transformers(ms, hf_dir, tmp_path):
 
 def test_round_trip_is_bit_exact_and_transformers_loads_it(hf_dir, tmp_path):
     src, reference = hf_dir
-    run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
-    run_cli("convert", "ms-to-hf", "--src", tmp_path / "ms", "--dst", tmp_path / "back", check=True)
+    there = run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
+    back_again = run_cli("convert", "ms-to-hf", "--src", tmp_path / "ms", "--dst", tmp_path / "back", check=True)
+    for proc in (there, back_again):  # what it is doing, and how far along
+        assert "[llama-npu] writing" in proc.stdout and re.search(r"convert: .*\d+/\d+ \[", proc.stderr)
     original = read_safetensors(src / "model.safetensors")
     back = read_safetensors(tmp_path / "back" / "model.safetensors")
     assert original.keys() - {"lm_head.weight"} == back.keys()

@@ -1,5 +1,6 @@
 """The data pipeline on real tiny inputs: readers, masking, truncation, packing, MindRecord."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -49,6 +50,7 @@ def test_prepare_data_writes_mindrecord_and_a_complete_report(tmp_path):
     assert meta["tokenizer"]["name"] == "llama3.2" and len(meta["sources"][0]["sha256"]) == 64
     assert {"p50", "p95", "max"} <= meta["token_lengths"].keys()
     assert "skipped 1 x empty answer" in proc.stdout
+    assert "tokenizing 4 records" in proc.stdout and re.search(r"tokenize: .*4/4 \[\d\d:\d\d<", proc.stderr)
     assert sorted(p.name for p in out.iterdir()) == ["data.mindrecord", "data.mindrecord.db", "meta.json"]
     assert len(MindRecordSamples(out)) == 4
 

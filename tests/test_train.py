@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, SMOKE, TINY_RUN, read_metrics, run_cli
+from conftest import REPO, SIX_STEPS, SMOKE, TINY_RUN, assert_same_steps, read_metrics, run_cli
 
 REQUIRED = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes", "memory_source",
             "planned_peak_bytes"}
@@ -65,8 +65,7 @@ def test_resume_path_without_complete_checkpoint_says_so(tmp_path):
 def test_hard_kill_then_resume_continues_exactly(six_step_run, tmp_path):
     straight, _ = six_step_run
     out = tmp_path / "killed"
-    args = [sys.executable, "-m", "llama_npu", "train", str(SMOKE), "--output-dir", str(out), *TINY_RUN,
-            "--set", "train.max_steps=6", "--set", "train.save_every=3", "--set", "train.keep_last=5"]
+    args = [sys.executable, "-m", "llama_npu", "train", str(SMOKE), "--output-dir", str(out), *SIX_STEPS]
     victim = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sidecar = out / "checkpoints" / "step_3" / "state.json"
     deadline = time.monotonic() + 300
@@ -76,18 +75,9 @@ def test_hard_kill_then_resume_continues_exactly(six_step_run, tmp_path):
     victim.wait()
     assert sidecar.exists() and not (out / "checkpoints" / "step_6").exists()
 
-    proc = run_cli("train", SMOKE, "--output-dir", out, "--resume", "auto", *TINY_RUN,
-                   "--set", "train.max_steps=6", "--set", "train.save_every=3", "--set", "train.keep_last=5",
-                   check=True)
+    proc = run_cli("train", SMOKE, "--output-dir", out, "--resume", "auto", *SIX_STEPS, check=True)
     assert "resumed from" in proc.stdout and "step 3" in proc.stdout
-    resumed = {r["step"]: r for r in read_metrics(out)}
-    reference = {r["step"]: r for r in read_metrics(straight)}
-    assert sorted(resumed) == [1, 2, 3, 4, 5, 6]
-    for step in (4, 5, 6):
-        assert resumed[step]["loss"] == pytest.approx(reference[step]["loss"], abs=1e-6)
-        assert resumed[step]["lr"] == pytest.approx(reference[step]["lr"], rel=1e-12)
-        assert resumed[step]["samples_consumed"] == reference[step]["samples_consumed"]
-
+    assert_same_steps(out, straight, (4, 5, 6))
 
 COMBOS = {
     "fp16-O2-dynamic-scale": ["strategies.precision.amp_level=O2", "strategies.precision.loss_scale=dynamic"],

@@ -8,6 +8,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ..model import BOS_ID, IGNORE_ID
+from ..console import progress_bar
 from .chat_template import assemble_chat, role_headers
 from .readers import Record
 
@@ -56,24 +57,31 @@ def tokenize_records(tokenizer, records: Sequence[Record], max_len: int, train_o
     headers = role_headers(tokenizer)
     report = FitReport()
     samples = []
-    for start in range(0, len(records), TOKENIZE_BATCH):
-        chunk = records[start:start + TOKENIZE_BATCH]
-        texts = [t for r in chunk for t in ([r.text] if r.text is not None else [c for _, c in r.messages])]
-        encoded = iter(e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False))
-        for record in chunk:
-            turns = 1 if record.text is not None else len(record.messages)
-            ids, labels = _encode(tokenizer, headers, record, [next(encoded) for _ in range(turns)],
-                                  train_on_prompt)
-            report.read += 1
-            report.lengths.append(len(ids))
-            fitted = fit_length(ids, labels, max_len)
-            if fitted is None:
-                report.dropped_no_answer += 1
-                continue
-            report.truncated += len(ids) > max_len
-            samples.append(Sample(*fitted))
-            report.kept += 1
+    with progress_bar(len(records), "tokenize", "record") as bar:
+        for start in range(0, len(records), TOKENIZE_BATCH):
+            chunk = records[start:start + TOKENIZE_BATCH]
+            samples += _tokenize_chunk(tokenizer, headers, chunk, max_len, train_on_prompt, report)
+            bar.update(len(chunk))
     return samples, report
+
+
+def _tokenize_chunk(tokenizer, headers, chunk, max_len: int, train_on_prompt: bool, report: FitReport) -> list:
+    texts = [t for r in chunk for t in ([r.text] if r.text is not None else [c for _, c in r.messages])]
+    encoded = iter(e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False))
+    samples = []
+    for record in chunk:
+        turns = 1 if record.text is not None else len(record.messages)
+        ids, labels = _encode(tokenizer, headers, record, [next(encoded) for _ in range(turns)], train_on_prompt)
+        report.read += 1
+        report.lengths.append(len(ids))
+        fitted = fit_length(ids, labels, max_len)
+        if fitted is None:
+            report.dropped_no_answer += 1
+            continue
+        report.truncated += len(ids) > max_len
+        samples.append(Sample(*fitted))
+        report.kept += 1
+    return samples
 
 
 def pad_batch(samples: Sequence[Sample], length: int, pad_id: int):

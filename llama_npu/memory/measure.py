@@ -19,3 +19,10 @@ def peak_memory(on_ascend: bool) -> tuple[int, str]:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # ru_maxrss is in KiB on Linux, bytes on macOS.
     return int(peak if sys.platform == "darwin" else peak * 1024), "host_rss"
+
+
+def current_rss() -> int:
+    """Resident host memory now (not the peak): what a leak would make grow step by step."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)

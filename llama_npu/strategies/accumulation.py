@@ -117,6 +117,7 @@ class StepResult:
     grad_norm: float  # after unscaling and normalising, before clipping
     overflow: bool  # non-finite gradients: the update was skipped
     loss_scale: float  # the scale this step used
+    stop_requested: bool  # some rank asked to stop after this step (a signal)
 
 
 class TrainStep:
@@ -135,7 +136,7 @@ class TrainStep:
         self.scaler = scaler
         self.grad_clip = grad_clip
 
-    def __call__(self, micro_batches, lr: float) -> StepResult:
+    def __call__(self, micro_batches, lr: float, stop_requested: bool = False) -> StepResult:
         scale = self.scaler.scale
         tokens = sum(int((batch[1][:, 1:] != IGNORE_ID).sum()) for batch in micro_batches)
         # Dividing by the step's token count inside the backward pass keeps fp16 gradients
@@ -147,9 +148,10 @@ class TrainStep:
             loss_sum += float(self.forward_backward(sens, *map(Tensor, batch)).asnumpy())
         local_tokens = tokens
         if self.sum_across_ranks is not None:
-            loss_sum, tokens = (float(v) for v in self.sum_across_ranks(
-                Tensor([loss_sum, tokens], ms.float32)).asnumpy())
-            tokens = int(round(tokens))
+            # The stop request rides along, so every rank sees the same answer for this step.
+            loss_sum, tokens, stops = (float(v) for v in self.sum_across_ranks(
+                Tensor([loss_sum, tokens, float(stop_requested)], ms.float32)).asnumpy())
+            tokens, stop_requested = int(round(tokens)), stops > 0
         share = Tensor(local_tokens / max(tokens, 1), ms.float32)
         grad_norm = float(self.normalize(share, Tensor(1.0 / scale, ms.float32)).asnumpy())
         overflow = not math.isfinite(grad_norm) or not math.isfinite(loss_sum)
@@ -162,4 +164,4 @@ class TrainStep:
             self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
             self.apply(Tensor(coefficient, ms.float32))
         self.scaler.update(overflow)
-        return StepResult(loss_sum / max(tokens, 1), tokens, grad_norm, overflow, scale)
+        return StepResult(loss_sum / max(tokens, 1), tokens, grad_norm, overflow, scale, stop_requested)
