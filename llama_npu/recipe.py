@@ -453,6 +453,11 @@ def _validate_parallel(recipe: Recipe) -> None:
                           f"strategies.parallel.pipeline={par.pipeline}, or stages sit idle")
     if par.sequence_parallel and par.model == 1:
         raise RecipeError("strategies.parallel.sequence_parallel needs strategies.parallel.model > 1")
+    if par.pipeline > 1 and par.optimizer_shard:
+        # With both, MindSpore hands back reduce-scattered gradient shards instead of filling
+        # the accu_grads buffers our step reads (see strategies/accumulation.py).
+        raise RecipeError("strategies.parallel.optimizer_shard=true with pipeline="
+                          f"{par.pipeline} is not supported by llama-npu's train step; use one of them")
     sharded = [f"{k}={v}" for k, v in (("model", par.model), ("pipeline", par.pipeline)) if v > 1]
     sharded += ["optimizer_shard=true"] if par.optimizer_shard else []
     if sharded and recipe.device.target != "ascend":

@@ -192,7 +192,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     from .model import resolve_shape
     from .optim import build_optimizer, lr_at
     from .strategies.accumulation import TrainStep
-    from .strategies.parallel import gradient_reducer, init_parallel, stream_layout
+    from .strategies.parallel import gradient_reducer, init_parallel, stream_layout, wrap_loss_cell
     from .strategies.precision import LossScaler
     from .stopping import NonFiniteStreak, RunFailure, StopSignals, all_finite
 
@@ -207,7 +207,9 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     params = net.trainable_params()
     optimizer = build_optimizer(params, t)
     scaler = LossScaler(recipe.strategies.precision)
-    step_fn = TrainStep(loss_cell, optimizer, scaler, t.grad_clip, gradient_reducer(optimizer.parameters, world))
+    parallel = recipe.strategies.parallel
+    step_fn = TrainStep(wrap_loss_cell(loss_cell, parallel, world), optimizer, scaler, t.grad_clip,
+                        gradient_reducer(optimizer.parameters, world), framework_accumulates=parallel.pipeline > 1)
     ckpt_root = checkpoint_root(run_dir, world)
     planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
     # LoRA checkpoints hold adapters only: they are not a whole model to describe.

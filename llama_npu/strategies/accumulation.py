@@ -12,7 +12,15 @@ a single card or a plain data-parallel job gets no accumulation from it. Here:
   optimizer and zeroes the accumulators; `ZeroGradients` discards an overflowed step.
 
 The loop decides between the last two from the norm's finiteness, in Python, which keeps
-the graphs free of control flow. Checked against one large-batch step within 4e-9 in
+the graphs free of control flow.
+
+Pipeline parallel (Ascend only, never run by CI): the loss cell arrives wrapped in
+MindSpore's PipelineCell (parallel.wrap_loss_cell), which splits the step's batch into
+`micro_batches` and sums their losses -- our summed token loss is what that sum needs. The
+framework then accumulates each micro-batch's gradient into the parameters named
+`accu_grads.<weight>` itself (as under nn.PipelineGradReducer and MindFormers'
+MFPipelineWithLossScaleCell), so there the accumulators are cloned from the weights and
+ForwardBackward does not add into them. Checked against one large-batch step within 4e-9 in
 FACTS.md's experiment; tests/test_accumulation.py checks it here.
 """
 from __future__ import annotations
@@ -26,24 +34,30 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from ..model import IGNORE_ID
 
 
-def make_accumulators(params) -> ParameterTuple:
+def make_accumulators(params, framework_accumulates: bool) -> ParameterTuple:
+    # "accu_grads." is the prefix MindSpore's parallel passes recognise gradient buffers by.
+    if framework_accumulates:  # same dtype and layout as the weights, as the framework needs
+        return ParameterTuple(params).clone(prefix="accu_grads", init="zeros")
     return ParameterTuple(
-        Parameter(ops.zeros(p.shape, ms.float32), name=f"grad_accum.{p.name}", requires_grad=False)
+        Parameter(ops.zeros(p.shape, ms.float32), name=f"accu_grads.{p.name}", requires_grad=False)
         for p in params)
 
 
 class ForwardBackward(nn.Cell):
-    def __init__(self, loss_cell: nn.Cell, params, accumulators: ParameterTuple):
+    def __init__(self, loss_cell: nn.Cell, params, accumulators: ParameterTuple, framework_accumulates: bool):
         super().__init__(auto_prefix=False)
         self.loss_cell = loss_cell
         self.params = ParameterTuple(params)
         self.accumulators = accumulators
+        self.framework_accumulates = framework_accumulates
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
     def construct(self, sens, *batch):
         loss = self.loss_cell(*batch)
         # Backpropagating `sens` gives the gradients of loss x sens in one pass.
         grads = self.grad(self.loss_cell, self.params)(*batch, sens.astype(loss.dtype))
+        if self.framework_accumulates:
+            return ops.depend(loss, grads)
         for acc, grad in zip(self.accumulators, grads):
             ops.assign_add(acc, grad.astype(ms.float32))
         return loss
@@ -123,11 +137,12 @@ class StepResult:
 class TrainStep:
     """One optimizer step over a list of micro-batches (k = len(micro_batches))."""
 
-    def __init__(self, loss_cell, optimizer, scaler, grad_clip: float, reducer=None):
+    def __init__(self, loss_cell, optimizer, scaler, grad_clip: float, reducer=None,
+                 framework_accumulates: bool = False):
         # The optimizer may have regrouped the parameters; gradients must follow its order.
         params = optimizer.parameters
-        accumulators = make_accumulators(params)
-        self.forward_backward = ForwardBackward(loss_cell, params, accumulators)
+        accumulators = make_accumulators(params, framework_accumulates)
+        self.forward_backward = ForwardBackward(loss_cell, params, accumulators, framework_accumulates)
         self.normalize = NormalizeGradients(accumulators, reducer)
         self.apply = ApplyGradients(optimizer, accumulators, params)
         self.discard = ZeroGradients(accumulators)

@@ -122,10 +122,31 @@ def init_parallel(section: ParallelSection, run_dir: Path) -> World:
 def stream_layout(section: ParallelSection, world: World, micro_batch_size: int):
     """(batch_size, rank, ranks) for the BatchStream of this process. Data parallel: each
     rank reads its own micro-batch. Semi-auto parallel (full_batch): every rank reads the
-    whole data-parallel batch and MindSpore splits it."""
+    whole data-parallel batch -- times the pipeline's micro-batches when pipelining -- and
+    MindSpore splits it."""
     if world.sharded:
-        return micro_batch_size * section.data, 0, 1
+        return micro_batch_size * section.data * pipeline_micro_batches(section), 0, 1
     return micro_batch_size, world.rank, world.size
+
+
+def pipeline_micro_batches(section: ParallelSection) -> int:
+    return section.micro_batches if section.pipeline > 1 else 1
+
+
+def wrap_loss_cell(loss_cell, section: ParallelSection, world: World):
+    """The cell TrainStep differentiates. Pipeline: MindSpore's PipelineCell cuts the batch
+    into micro-batches that flow through the stages (MindFormers' trainer wraps the same
+    way); semi-auto parallel: _VirtualDatasetCell marks the inputs as the full batch to split
+    by data parallel, as MindFormers does in graph mode."""
+    from mindspore import nn
+
+    if section.pipeline > 1:
+        loss_cell = nn.PipelineCell(loss_cell, section.micro_batches)
+    if world.sharded:
+        from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
+
+        loss_cell = _VirtualDatasetCell(loss_cell)
+    return loss_cell
 
 
 def gradient_reducer(params, world: World):
