@@ -258,7 +258,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     first_loss = last_loss = None
     timed_tokens, timed_seconds = 0, 0.0
     streak = NonFiniteStreak(t.max_nonfinite_steps, scaler)
-    step = start_step
+    step, stopped_by = start_step, None
     progress = progress_bar(t.max_steps, "train", "step", initial=start_step, enabled=world.is_main)
     with StopSignals() as signals, progress, metrics or nullcontext():
         for step in range(start_step + 1, t.max_steps + 1):
@@ -294,10 +294,10 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
             # Weights are saved only after a finite step, so no checkpoint holds a poisoned state.
             if saves_checkpoints and due and streak.count == 0:
                 last_path = checkpoint(step)
-            if stopping:
+            if stopping and step < t.max_steps:
+                stopped_by = signals.received or "a signal to another rank"
                 break
 
-    stopped_by = signals.received if step < t.max_steps else None
     summary = {"steps": step, "steps_this_run": step - start_step, "stopped_by": stopped_by,
                "first_loss": first_loss, "last_loss": last_loss,
                "tokens_per_s": timed_tokens * world.size / timed_seconds if timed_seconds else None}

@@ -16,9 +16,9 @@ from conftest import REPO, SMOKE, TINY_RUN, read_metrics, run_cli
 STEPS = ["--set", "train.max_steps=3", "--set", "train.save_every=3"]
 
 
-def launch(out, workers, *args, tmp_path):
+def launch(out, workers, *args, tmp_path, cluster_time_out=60):
     env = {**os.environ, "MASTER_PORT": str(random.randint(20000, 40000)), "LOG_DIR": str(tmp_path / "logs"),
-           "CLUSTER_TIME_OUT": "60"}
+           "CLUSTER_TIME_OUT": str(cluster_time_out)}
     proc = subprocess.run(["bash", "scripts/launch.sh", str(SMOKE), str(workers), "--output-dir", str(out),
                            *TINY_RUN, *STEPS, *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
@@ -30,15 +30,22 @@ def final_weights(ms, run_dir):
     return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(run_dir / "checkpoints" / "step_3" / "model.ckpt")).items()}
 
 
+@pytest.fixture(scope="module")
+def single_process_run(tmp_path_factory):
+    """The reference: one process, 4 samples a step (what 2 ranks x 2, or x 1 x 2 micro-batches, make)."""
+    single = tmp_path_factory.mktemp("single") / "run"
+    run_cli("train", SMOKE, "--output-dir", single, *TINY_RUN, *STEPS, "--set", "train.micro_batch_size=4",
+            check=True)
+    return single
+
+
 @pytest.mark.parametrize("name, layout", [
     ("dp2", ["--set", "strategies.parallel.data=2", "--set", "train.micro_batch_size=2"]),
     ("dp2-accum2", ["--set", "strategies.parallel.data=2", "--set", "train.micro_batch_size=1",
                     "--set", "train.global_batch_size=4"]),
 ])
-def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, tmp_path, name, layout):
-    single = tmp_path / "single"
-    run_cli("train", SMOKE, "--output-dir", single, *TINY_RUN, *STEPS, "--set", "train.micro_batch_size=4",
-            check=True)
+def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, tmp_path, single_process_run, name, layout):
+    single = single_process_run
     out = tmp_path / name
     proc, logs = launch(out, 2, *layout, tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,8 +62,10 @@ def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, tmp_pat
 
 
 def test_failing_worker_fails_the_launch_with_its_log_tail(tmp_path):
+    # Both workers fail before joining the cluster, so msrun's scheduler waits out
+    # CLUSTER_TIME_OUT before the launch can exit: keep it short here.
     proc, _ = launch(tmp_path / "run", 2, "--set", "strategies.parallel.data=2", "--resume", tmp_path / "nothing",
-                     tmp_path=tmp_path)
+                     tmp_path=tmp_path, cluster_time_out=15)
     assert proc.returncode != 0
     assert "launch: rank 0 failed; last 25 lines" in proc.stderr
     assert "not a complete checkpoint directory" in proc.stderr
