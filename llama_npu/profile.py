@@ -176,7 +176,7 @@ class Combo:
     @property
     def slug(self) -> str:
         text = "_".join(f"{axis.rsplit('.', 1)[-1]}-{value}" for axis, value in self.values.items())
-        return re.sub(r"[^A-Za-z0-9.=_-]+", "-", text)[:120]
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:120]  # a directory name; the index keeps it unique
 
     def overrides(self, base: Recipe) -> List[str]:
         return [o for axis, value in self.values.items() for o in axis_overrides(axis, value, base)]
