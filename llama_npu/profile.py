@@ -312,6 +312,11 @@ def run_profile(recipe_path: Path, combos_spec: Optional[str], steps: int, out_d
         raise ProfileError(f"--steps: expected at least 1 timed step, got {steps}")
     recipe_path = Path(recipe_path)
     base = load_recipe(recipe_path, sets)
+    par = base.strategies.parallel
+    if par.data * par.model * par.pipeline > 1:
+        raise ProfileError(f"{recipe_path}: its layout needs {par.data * par.model * par.pipeline} devices (msrun), "
+                           f"and profile trains each combination in one process; profile the per-device "
+                           f"settings with --set strategies.parallel.data=1 (and model, pipeline)")
     if combos_spec is None:
         axes, notes = default_axes(recipe_path, sets, base)
     else:
