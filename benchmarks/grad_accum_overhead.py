@@ -10,13 +10,8 @@ compared. CPU backend; the ratio, not the absolute time, is the result.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from pathlib import Path
 
-import numpy as np
-
-REPO = Path(__file__).resolve().parent.parent
+from _common import cpu_graph_mode, median_seconds, our_train_step, random_ids, smoke_recipe
 
 
 def main() -> None:
@@ -27,41 +22,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
 
-    import mindspore as ms
+    cpu_graph_mode()
+    recipe = smoke_recipe([f"data.max_seq_len={args.seq}"])
 
-    from llama_npu.build import build_network
-    from llama_npu.optim import build_optimizer
-    from llama_npu.recipe import load_recipe
-    from llama_npu.runtime import mute_mindformers_info
-    from llama_npu.strategies.accumulation import TrainStep
-    from llama_npu.strategies.precision import LossScaler
-
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
-    mute_mindformers_info()
-    recipe = load_recipe(REPO / "recipes" / "cpu_smoke.yaml",
-                         [f"data.max_seq_len={args.seq}", "train.global_batch_size=0"])
-
-    def make_step():
-        ms.set_seed(0)
-        net, loss_cell = build_network(recipe, on_ascend=False)
-        optimizer = build_optimizer(net.trainable_params(), recipe.train)
-        return TrainStep(loss_cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip)
-
-    rng = np.random.default_rng(0)
     rows = args.k * args.micro
-    ids = rng.integers(0, 128000, (rows, args.seq + 1)).astype(np.int32)
+    ids = random_ids(rows, args.seq)
     micro_batches = [(ids[i:i + args.micro], ids[i:i + args.micro]) for i in range(0, rows, args.micro)]
-    paths = {"accumulated": (make_step(), micro_batches), "one batch": (make_step(), [(ids, ids)])}
-    times = {name: [] for name in paths}
-    for name, (step, batches) in paths.items():  # compile both first
-        step(batches, lr=1e-4)
-    for _ in range(args.steps):
-        for name, (step, batches) in paths.items():
-            begin = time.perf_counter()
-            step(batches, lr=1e-4)
-            times[name].append(time.perf_counter() - begin)
-    accumulated, single = statistics.median(times["accumulated"]), statistics.median(times["one batch"])
+    (accumulated_step, _), (single_step, _) = our_train_step(recipe), our_train_step(recipe)
+    medians = median_seconds({"accumulated": lambda: accumulated_step(micro_batches, lr=1e-4),
+                              "one batch": lambda: single_step([(ids, ids)], lr=1e-4)}, args.steps)
+    accumulated, single = medians["accumulated"], medians["one batch"]
     print(f"tiny Llama 3.2 (vocab 128,256), {rows} x {args.seq} tokens per optimizer step, backend CPU, "
           f"median of {args.steps} alternating steps")
     print(f"k={args.k} micro-batches of {args.micro}: {accumulated * 1000:.0f} ms/step")

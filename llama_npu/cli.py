@@ -142,6 +142,17 @@ def cmd_quantize(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    from .profile import format_result, run_profile
+
+    recipe = Path(args.recipe)
+    out = Path(args.out or Path("runs") / f"{recipe.stem}-profile")
+    profile = run_profile(recipe, args.combos, args.steps, out, args.set,
+                          progress=lambda msg: print(msg, flush=True))
+    print(format_result(profile, out))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -221,6 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--recipes", default=str(Path(__file__).resolve().parent.parent / "recipes"),
                         help="directory of recipes to judge (default: the shipped ones)")
     doctor.set_defaults(func=cmd_doctor)
+
+    prof = sub.add_parser("profile", help="train the recipe under each strategy combination and measure it")
+    prof.add_argument("recipe", help="recipe YAML file")
+    prof.add_argument("--combos", metavar="SPEC",
+                      help="axes and values, e.g. 'precision=O0,O2;accumulation=1,4;recompute=off,on;"
+                           "chunked_ce=off,on;lora=off,on' (the default matrix) or any recipe key, e.g. "
+                           "'train.micro_batch_size=1,2,4'")
+    prof.add_argument("--steps", type=int, default=5, help="timed steps after the compiling first (default 5)")
+    prof.add_argument("--out", metavar="DIR", help="output directory (default: runs/<recipe name>-profile)")
+    prof.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a recipe key in every combination (repeatable)")
+    prof.set_defaults(func=cmd_profile)
 
     merge = sub.add_parser("merge-checkpoints", help="merge the per-rank shards of a sharded run")
     merge.add_argument("run_dir", help="the run's output directory")

@@ -1,0 +1,75 @@
+"""Set-up shared by the step-time benchmarks: MindSpore's CPU backend in GRAPH_MODE, the
+smoke recipe's model, random token batches, and paths timed side by side."""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cpu_graph_mode():
+    """MindSpore on the CPU backend in GRAPH_MODE, its logs kept out of the working directory."""
+    from llama_npu.runtime import mute_mindformers_info, quiet_frameworks
+
+    quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "benchmarks")
+    import mindspore as ms
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    mute_mindformers_info()
+    return ms
+
+
+def smoke_recipe(overrides: List[str]):
+    """recipes/cpu_smoke.yaml with one micro-batch per step unless `overrides` say otherwise."""
+    from llama_npu.recipe import load_recipe
+
+    return load_recipe(REPO / "recipes" / "cpu_smoke.yaml", ["train.global_batch_size=0", *overrides])
+
+
+def build_for_training(recipe):
+    """(net, loss_cell, optimizer) with seed 0, so that two builds start from the same weights."""
+    import mindspore as ms
+
+    from llama_npu.build import build_network
+    from llama_npu.optim import build_optimizer
+
+    ms.set_seed(0)
+    net, loss_cell = build_network(recipe, on_ascend=False)
+    return net, loss_cell, build_optimizer(net.trainable_params(), recipe.train)
+
+
+def our_train_step(recipe):
+    """(TrainStep, net): our step (strategies/accumulation.py) around a fresh build, as
+    train.py makes it on one device."""
+    from llama_npu.strategies.accumulation import TrainStep
+    from llama_npu.strategies.precision import LossScaler
+
+    net, loss_cell, optimizer = build_for_training(recipe)
+    return TrainStep(loss_cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip), net
+
+
+def random_ids(rows: int, seq: int) -> np.ndarray:
+    """(rows, seq + 1) token ids below the special tokens: the model sees seq positions."""
+    return np.random.default_rng(0).integers(0, 128000, (rows, seq + 1)).astype(np.int32)
+
+
+def median_seconds(paths: Dict[str, Callable[[], object]], steps: int) -> Dict[str, float]:
+    """Each path's median wall time over `steps` calls. Every path runs once first (it
+    compiles its graphs); then the calls alternate between the paths, so that noise from
+    other work on the machine hits them alike."""
+    for run in paths.values():
+        run()
+    times = {name: [] for name in paths}
+    for _ in range(steps):
+        for name, run in paths.items():
+            begin = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - begin)
+    return {name: statistics.median(values) for name, values in times.items()}

@@ -1,0 +1,26 @@
+"""The benchmarks the README quotes run, at a reduced size, and print their result line.
+Their figures are not asserted: at these sizes and on a shared machine they mean nothing.
+chunked_ce_memory.py is left out: its four child processes take ~40 s even when shrunk."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.mark.parametrize("script, args, result", [
+    ("harness_overhead.py", ["--micro", "1", "--seq", "16", "--steps", "1"], "ratio ours / bare: "),
+    ("cpu_throughput.py", ["--micro", "1", "--seq", "16", "--steps", "1", "--matmul", "128",
+                           "--small-hidden", "128", "--small-layers", "2"], "fraction of matmul FLOP/s: tiny "),
+    ("grad_accum_overhead.py", ["--k", "2", "--micro", "1", "--seq", "16", "--steps", "1"],
+     "ratio accumulated / one batch: "),
+    ("data_prep.py", ["--samples", "200", "--max-seq-len", "64"], "ratio packed / unpacked throughput: "),
+])
+def test_benchmark_runs_and_prints_its_result(script, args, result):
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert result in proc.stdout
