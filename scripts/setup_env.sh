@@ -23,7 +23,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "setup: installing pinned dependencies (mindspore, mindformers: ~3.4 GB the first time)"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]" 2>&1 | grep -v "is ignored" || true
-    "$VENV/bin/python" -c "import mindspore, mindformers, llama_npu" >/dev/null 2>&1 || {
+    # MindFormers writes ./output/log on import unless told where: not into the checkout.
+    LOG_MF_PATH="${TMPDIR:-/tmp}/llama-npu-setup-logs" \
+        "$VENV/bin/python" -c "import mindspore, mindformers, llama_npu" >/dev/null 2>&1 || {
         echo "setup: installation failed; run: $VENV/bin/python -m pip install -e '$ROOT[test]'" >&2; exit 1; }
     echo "$want" > "$stamp"
 fi
