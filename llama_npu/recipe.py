@@ -276,8 +276,9 @@ def _apply_override(tree: dict, assignment: str, cls=Recipe) -> None:
 
 
 def load_recipe(path: str | Path, overrides: Optional[List[str]] = None) -> Recipe:
-    """Read, override, coerce and validate a recipe. Relative data paths resolve against
-    the current directory first, then the recipe's directory's parent (the repo root)."""
+    """Read, override, coerce and validate a recipe. Relative data paths are left as
+    written: they resolve against the current directory (the shipped recipes expect the
+    repository root)."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file not found: {path}")
