@@ -87,26 +87,30 @@ def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state
     return final
 
 
-def problem(path: Path) -> Optional[str]:
-    """Why `path` is not a complete checkpoint, or None when it is."""
+def _inspect(path: Path) -> tuple[Optional[dict], Optional[str]]:
+    """(sidecar, None) for a complete checkpoint, else (None, why it is not)."""
     try:
         state = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        return f"sidecar {SIDECAR} unreadable ({exc})"
+        return None, f"sidecar {SIDECAR} unreadable ({exc})"
     for name, size in state.get("files", {}).items():
         actual = (path / name).stat().st_size if (path / name).exists() else -1
         if actual != size:
-            return f"{name} has {actual} bytes, expected {size}"
-    return None
+            return None, f"{name} has {actual} bytes, expected {size}"
+    return state, None
+
+
+def problem(path: Path) -> Optional[str]:
+    """Why `path` is not a complete checkpoint, or None when it is."""
+    return _inspect(path)[1]
 
 
 def read_state(path: Path) -> Optional[dict]:
     """The sidecar of a complete checkpoint, or None (with the reason as a warning)."""
-    reason = problem(path)
+    state, reason = _inspect(path)
     if reason is not None:
         warn(f"skipping checkpoint {path}: {reason}")
-        return None
-    return json.loads((path / SIDECAR).read_text(encoding="utf-8"))
+    return state
 
 
 def _step_dirs(root: Path):
