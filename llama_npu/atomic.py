@@ -1,5 +1,6 @@
-"""Output directories that appear only when complete: checkpoints, prepared datasets,
-converted and quantized weights all go through `staged_directory`."""
+"""Outputs that appear only when complete: checkpoints, prepared datasets, converted and
+quantized weights go through `staged_directory`; single files rewritten in place (a
+resumed run's metrics, profile reports) through `replace_file`."""
 from __future__ import annotations
 
 import os
@@ -31,3 +32,12 @@ def staged_directory(dst: Path, replace: bool = False):
             os.rename(staging, dst)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def replace_file(path: Path, write) -> None:
+    """Call `write(tmp)` for a hidden sibling of `path`, then rename it over `path`: a
+    reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)

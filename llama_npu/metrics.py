@@ -3,8 +3,9 @@ scalars as TensorBoard events."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from .atomic import replace_file
 
 
 class MetricLogger:
@@ -27,9 +28,7 @@ class MetricLogger:
             return
         kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
                 if line.strip() and json.loads(line).get("step", 0) <= step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        replace_file(self.path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8"))
 
     def log(self, record: dict) -> None:
         self.file.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from .atomic import replace_file
 from .recipe import Recipe, RecipeError, load_recipe
 
 GiB = 2 ** 30
@@ -361,19 +362,12 @@ def describe_row(row: dict) -> str:
 
 # ---------------------------------------------------------------- reports
 
-def _replace(path: Path, write: Callable[[Path], None]) -> None:
-    """Write beside `path`, then rename: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_reports(profile: dict, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    _replace(out_dir / "profile.json",
-             lambda p: p.write_text(json.dumps(profile, indent=2, ensure_ascii=False), encoding="utf-8"))
-    _replace(out_dir / "profile.md", lambda p: p.write_text(format_markdown(profile), encoding="utf-8"))
-    _replace(out_dir / "profile.png", lambda p: plot(profile, p))
+    replace_file(out_dir / "profile.json",
+                 lambda p: p.write_text(json.dumps(profile, indent=2, ensure_ascii=False), encoding="utf-8"))
+    replace_file(out_dir / "profile.md", lambda p: p.write_text(format_markdown(profile), encoding="utf-8"))
+    replace_file(out_dir / "profile.png", lambda p: plot(profile, p))
 
 
 MEMORY_SOURCES = {  # metrics' memory_source -> (legend of the plot, note in the table's header)
