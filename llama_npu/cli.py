@@ -41,12 +41,13 @@ def cmd_train(args) -> int:
 
 
 def cmd_prepare_data(args) -> int:
+    from .console import note
     from .data.prepare import format_report, prepare_dataset
 
     meta = prepare_dataset(args.format, args.input, Path(args.output), tokenizer=args.tokenizer,
                            max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
                            overwrite=args.overwrite, train_on_prompt=args.train_on_prompt,
-                           progress=lambda msg: print(f"[llama-npu] {msg}", flush=True))
+                           progress=note)
     print(format_report(meta))
     print(f"wrote {args.output}")
     return 0
@@ -147,8 +148,7 @@ def cmd_profile(args) -> int:
 
     recipe = Path(args.recipe)
     out = Path(args.out or Path("runs") / f"{recipe.stem}-profile")
-    profile = run_profile(recipe, args.combos, args.steps, out, args.set,
-                          progress=lambda msg: print(msg, flush=True))
+    profile = run_profile(recipe, args.combos, args.steps, out, args.set)
     print(format_result(profile, out))
     return 0
 

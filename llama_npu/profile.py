@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from .atomic import replace_file
+from .console import note
 from .recipe import Recipe, RecipeError, load_recipe
 
 GiB = 2 ** 30
@@ -305,7 +306,7 @@ def run_settings(combo: Combo, base: Recipe, sets: List[str], steps: int) -> Lis
 
 
 def run_profile(recipe_path: Path, combos_spec: Optional[str], steps: int, out_dir: Path, sets: List[str],
-                progress: Callable[[str], None] = print) -> dict:
+                progress: Callable[[str], None] = note) -> dict:
     """Train every combination for 1 + `steps` steps, write profile.json, .md and .png into
     `out_dir` (rewritten after each combination, so an interrupted profile keeps what it
     measured) and return the profile."""
@@ -329,7 +330,7 @@ def run_profile(recipe_path: Path, combos_spec: Optional[str], steps: int, out_d
     for index, combo in enumerate(combos, 1):
         row = {"index": index, "combination": combo.values, "label": combo.label}
         profile["rows"].append(row)
-        heading = f"[llama-npu] profile {index}/{len(combos)}: {combo.label}"
+        heading = f"profile {index}/{len(combos)}: {combo.label}"
         try:
             settings = run_settings(combo, base, sets, steps)
             recipe = load_recipe(recipe_path, settings)
@@ -346,7 +347,7 @@ def run_profile(recipe_path: Path, combos_spec: Optional[str], steps: int, out_d
         row.update(run_combo(recipe_path, settings, run_dir))
         row["wall_seconds"] = time.perf_counter() - begin
         left.ran_one(row["wall_seconds"])
-        progress(f"[llama-npu]   {describe_row(row)}")
+        progress(f"  {describe_row(row)}")
         write_reports(profile, out_dir)
     write_reports(profile, out_dir)
     return profile
