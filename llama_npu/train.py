@@ -227,7 +227,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
         start_step, samples_consumed = state["step"], state["samples_consumed"]
         scaler.load_state(state["loss_scale"])
         note(f"resumed from {resume_from} at step {start_step}")
-    batch_size, rank, ranks = stream_layout(recipe.strategies.parallel, world, t.micro_batch_size)
+    batch_size, rank, ranks = stream_layout(parallel, world, t.micro_batch_size)
     stream = BatchStream(train_source, batch_size, length, t.seed, samples_consumed, rank, ranks)
     metrics = MetricLogger(run_dir, start_step) if world.is_main else None
     saves_checkpoints = world.is_main or world.sharded
