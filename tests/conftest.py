@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,25 @@ def run_cli(*args, timeout=600, check=False, env=None, **popen) -> subprocess.Co
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+def start_training(out, *args, log_dir):
+    """`llama-npu train` in the background, its output in files the test can poll."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stdout, stderr = open(log_dir / "stdout", "w"), open(log_dir / "stderr", "w")
+    return subprocess.Popen([sys.executable, "-m", "llama_npu", "train", str(SMOKE), "--output-dir", str(out),
+                             *map(str, args)], cwd=REPO, stdout=stdout, stderr=stderr)
+
+
+def wait_until(condition, proc, what: str, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -5,35 +5,13 @@ import re
 import resource
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
-from conftest import REPO, SIX_STEPS, SMOKE, TINY_RUN, assert_same_steps, read_metrics, run_cli
+from conftest import SIX_STEPS, SMOKE, TINY_RUN, assert_same_steps, read_metrics, run_cli, start_training, wait_until
 
 PREEMPTED = 75
-
-
-def start_training(out, *args, log_dir):
-    """`llama-npu train` in the background, its output in files the test can poll."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    stdout, stderr = open(log_dir / "stdout", "w"), open(log_dir / "stderr", "w")
-    return subprocess.Popen([sys.executable, "-m", "llama_npu", "train", str(SMOKE), "--output-dir", str(out),
-                             *map(str, args)], cwd=REPO, stdout=stdout, stderr=stderr)
-
-
-def wait_until(condition, proc, what: str, timeout: float = 400) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"training ended (exit {proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def metric_lines(out) -> int:

@@ -1,14 +1,11 @@
 """Real tiny training runs through the CLI: outputs, checkpoints, resume."""
 import json
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
-from conftest import REPO, SIX_STEPS, SMOKE, TINY_RUN, assert_same_steps, read_metrics, run_cli
+from conftest import SIX_STEPS, SMOKE, TINY_RUN, assert_same_steps, read_metrics, run_cli, start_training, wait_until
 
 REQUIRED = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes", "memory_source",
             "planned_peak_bytes"}
@@ -65,12 +62,9 @@ def test_resume_path_without_complete_checkpoint_says_so(tmp_path):
 def test_hard_kill_then_resume_continues_exactly(six_step_run, tmp_path):
     straight, _ = six_step_run
     out = tmp_path / "killed"
-    args = [sys.executable, "-m", "llama_npu", "train", str(SMOKE), "--output-dir", str(out), *SIX_STEPS]
-    victim = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    victim = start_training(out, *SIX_STEPS, log_dir=tmp_path / "logs")
     sidecar = out / "checkpoints" / "step_3" / "state.json"
-    deadline = time.monotonic() + 300
-    while not sidecar.exists() and victim.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(sidecar.exists, victim, "the step-3 checkpoint")
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert sidecar.exists() and not (out / "checkpoints" / "step_6").exists()
