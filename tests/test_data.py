@@ -46,10 +46,10 @@ def test_prepare_data_writes_mindrecord_and_a_complete_report(tmp_path):
     c = meta["counts"]
     assert (c["read"], c["written"], c["skipped"], c["dropped_no_answer"]) == (5, 4, 1, 0)
     assert c["read"] == c["written"] + c["skipped"] + c["dropped_no_answer"]
-    assert meta["skipped_by_reason"] == {"empty answer": {"count": 1, "first": [f"{src}:4"]}}
+    assert meta["skipped_by_reason"] == {"missing 'output'": {"count": 1, "first": [f"{src}:4"]}}
     assert meta["tokenizer"]["name"] == "llama3.2" and len(meta["sources"][0]["sha256"]) == 64
     assert {"p50", "p95", "max"} <= meta["token_lengths"].keys()
-    assert "skipped 1 x empty answer" in proc.stdout
+    assert "skipped 1 x missing 'output'" in proc.stdout
     assert "tokenizing 4 records" in proc.stdout and re.search(r"tokenize: .*4/4 \[\d\d:\d\d<", proc.stderr)
     assert sorted(p.name for p in out.iterdir()) == ["data.mindrecord", "data.mindrecord.db", "meta.json"]
     assert len(MindRecordSamples(out)) == 4
@@ -57,8 +57,8 @@ def test_prepare_data_writes_mindrecord_and_a_complete_report(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": ""}\n',
-     ":2: field 'output' is missing or empty; expected a non-empty string"),
-    ('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": "b"\n', ":2: malformed JSON"),
+     ":2: field 'output' is empty; expected a non-empty string"),
+    ('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": "b"\n', ":2:35: malformed JSON"),
     ('{"instruction": 3, "output": "b"}\n', ":1: field 'instruction' must be a string, got int"),
     ("", "no records (empty input)"),
 ])

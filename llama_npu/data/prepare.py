@@ -83,9 +83,13 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     real_tokens = sum(len(s.input_ids) for s in samples)
     rows = pack(samples, length) if packed else samples
     if not rows:
+        why = ""
+        if skipped.by_reason:  # the commonest reason, e.g. a ShareGPT file read as alpaca
+            reason, entry = max(skipped.by_reason.items(), key=lambda item: item[1]["count"])
+            why = f"; most skipped as {reason} (first at {entry['first'][0]})"
         raise RecordError(f"no sample left to write from {', '.join(map(str, inputs))} "
                           f"(read {fit.read + skipped.total}, skipped {skipped.total}, "
-                          f"dropped {fit.dropped_no_answer})")
+                          f"dropped {fit.dropped_no_answer}){why}")
 
     lengths = np.asarray(fit.lengths or [0])
     meta = {

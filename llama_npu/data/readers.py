@@ -51,7 +51,7 @@ def _raw_records(path: Path) -> Iterator[Tuple[int, object]]:
         try:
             items = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise RecordError(f"{path}:{exc.lineno}: malformed JSON array ({exc.msg})") from None
+            raise RecordError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON array ({exc.msg})") from None
         # A JSON array has no per-record line; report the record's index (1-based) instead.
         yield from enumerate(items, start=1)
         return
@@ -61,18 +61,22 @@ def _raw_records(path: Path) -> Iterator[Tuple[int, object]]:
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
-            yield lineno, RecordError(f"{path}:{lineno}: malformed JSON ({exc.msg}); expected one object "
-                                      f"per line", "malformed JSON")
+            yield lineno, RecordError(f"{path}:{lineno}:{exc.colno}: malformed JSON ({exc.msg}); expected one "
+                                      f"object per line", "malformed JSON")
 
 
-def _string(record: dict, key: str, where: str, required: bool) -> str:
+def _string(record: dict, key: str, where: str, required: bool, what: str = "") -> str:
+    """record[key] as a string; `what` names an empty required value in the skip report
+    (e.g. "empty answer"); a missing key is reported as missing, not as empty."""
+    if required and key not in record:
+        raise RecordError(f"{where}: field '{key}' is missing; expected a non-empty string", f"missing '{key}'")
     value = record.get(key, "")
     if not isinstance(value, str):
         raise RecordError(f"{where}: field '{key}' must be a string, got {type(value).__name__}",
                           "non-string field")
     if required and not value.strip():
-        reason = "empty answer" if key in ("output", "value", "content") else f"missing '{key}'"
-        raise RecordError(f"{where}: field '{key}' is missing or empty; expected a non-empty string", reason)
+        raise RecordError(f"{where}: field '{key}' is empty; expected a non-empty string",
+                          what or f"empty '{key}'")
     return value
 
 
@@ -86,7 +90,7 @@ def parse_alpaca(record: object, where: str) -> Record:
     record = _object(record, where, "'instruction' and 'output'")
     instruction = _string(record, "instruction", where, required=True)
     extra = _string(record, "input", where, required=False)
-    answer = _string(record, "output", where, required=True)
+    answer = _string(record, "output", where, required=True, what="empty answer")
     system = _string(record, "system", where, required=False)
     prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
     messages: List[Message] = [("system", system)] if system.strip() else []
@@ -117,7 +121,9 @@ def parse_sharegpt(record: object, where: str) -> Record:
             raise RecordError(f"{where} turn {i + 1}: unknown role {name!r}; expected one of "
                               f"{', '.join(SHAREGPT_ROLES)}", "unknown role")
         role = SHAREGPT_ROLES[name]
-        content = _string(turn, text_key, f"{where} turn {i + 1}", required=role == "assistant")
+        # An empty user turn would train the model to answer nothing in particular.
+        content = _string(turn, text_key, f"{where} turn {i + 1}", required=role != "system",
+                          what=f"empty {role} turn" if role == "user" else "empty answer")
         if role == "system" and i != 0:
             raise RecordError(f"{where} turn {i + 1}: a system turn must come first", "misplaced system turn")
         messages.append((role, content))
@@ -133,6 +139,22 @@ def parse_text(record: object, where: str) -> Record:
 
 
 PARSERS = {"alpaca": parse_alpaca, "sharegpt": parse_sharegpt, "text": parse_text}
+# The keys that give each format away, to say why a file read with the wrong --format fails.
+FORMAT_KEYS = {"alpaca": ("instruction",), "sharegpt": ("conversations", "messages"), "text": ("text",)}
+
+
+def _wrong_format(raw: object, fmt: str, error: RecordError) -> RecordError:
+    """`error`, or, when the record carries another format's keys, an error saying so."""
+    if not isinstance(raw, dict) or any(key in raw for key in FORMAT_KEYS[fmt]):
+        return error
+    for other, keys in FORMAT_KEYS.items():
+        found = [key for key in keys if key in raw]
+        if other != fmt and found:
+            where = str(error).split(": ", 1)[0]
+            return RecordError(f"{where}: read as {fmt}, but the record has '{found[0]}', a {other} field: "
+                               f"pass --format {other} (data.format: {other} in a recipe)",
+                               f"{other} record read as {fmt}")
+    return error
 
 
 def iter_records(paths, fmt: str) -> Iterator[Record | RecordError]:
@@ -151,7 +173,7 @@ def iter_records(paths, fmt: str) -> Iterator[Record | RecordError]:
             try:
                 yield parse(raw, f"{path}:{lineno}")
             except RecordError as exc:
-                yield exc
+                yield _wrong_format(raw, fmt, exc)
         if count == 0:
             raise RecordError(f"{path}: no records (empty input)")
 
