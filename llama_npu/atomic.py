@@ -21,6 +21,7 @@ def staged_directory(dst: Path, replace: bool = False):
     staging.mkdir(parents=True)
     try:
         yield staging
+        apply_umask(staging)
         if dst.exists():
             if not replace:
                 raise FileExistsError(f"{dst} exists")
@@ -41,3 +42,22 @@ def replace_file(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     write(tmp)
     os.replace(tmp, path)
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(root: Path) -> None:
+    """Give `root` and everything under it the modes the user's umask gives new files.
+    MindSpore chmods what it writes to owner-only (checkpoints 0400, MindRecord 0600),
+    which on a shared host hides a run's outputs from everyone else."""
+    mask = current_umask()
+    root = Path(root)
+    paths = [root, *root.rglob("*")] if root.is_dir() else [root]
+    for path in paths:
+        if path.is_symlink():
+            continue
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
