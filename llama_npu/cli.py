@@ -153,8 +153,29 @@ def cmd_profile(args) -> int:
     return 0
 
 
+DESCRIPTION = "Fine-tune Llama 3.2 1B/3B on Chinese data with MindSpore, on Ascend NPUs or the CPU."
+EPILOG = """typical use:
+  llama-npu doctor                                        what this machine can train
+  llama-npu plan recipes/llama3_2_1b_zh_full_910a.yaml    will it fit the device?
+  llama-npu train recipes/cpu_smoke.yaml                  fine-tune (runs/<recipe name>/)
+  llama-npu eval --checkpoint runs/cpu_smoke/checkpoints/step_80 --data data/zh_instruct_eval.jsonl
+run `llama-npu COMMAND --help` for a command's options and their defaults.
+exit codes: 0 done, 1 the run failed, 2 bad input (nothing written), 75 stopped by a signal
+after saving a checkpoint (continue with --resume auto)."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, except where there is none to show."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, [], argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llama-npu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="llama-npu", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="fine-tune from a YAML recipe")
@@ -252,17 +273,23 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(func=cmd_merge)
 
     prep = sub.add_parser("prepare-data", help="tokenize raw data into a MindRecord directory")
-    prep.add_argument("--format", required=True, choices=("alpaca", "sharegpt", "text"))
-    prep.add_argument("--input", required=True, nargs="+", metavar="FILE")
-    prep.add_argument("--output", required=True, metavar="DIR")
+    prep.add_argument("--format", required=True, choices=("alpaca", "sharegpt", "text"),
+                      help="alpaca: instruction/input/output; sharegpt: conversations or messages; "
+                           "text: JSONL with a text field")
+    prep.add_argument("--input", required=True, nargs="+", metavar="FILE", help="JSON or JSONL files")
+    prep.add_argument("--output", required=True, metavar="DIR", help="directory to create")
     prep.add_argument("--tokenizer", default="llama3.2", help="llama3.2 or a path to a tokenizer.json")
     prep.add_argument("--max-seq-len", type=int, default=2048,
                       help="sequence length the model will see (a recipe's data.max_seq_len)")
     prep.add_argument("--pack", action="store_true", help="pack samples into full rows")
-    prep.add_argument("--on-bad-record", choices=("error", "skip"), default="error")
+    prep.add_argument("--on-bad-record", choices=("error", "skip"), default="error",
+                      help="stop at the first bad record, or skip it and count it by reason")
     prep.add_argument("--train-on-prompt", action="store_true", help="take the loss on every turn")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     prep.set_defaults(func=cmd_prepare_data)
+    for choice in sub._choices_actions:  # each command's --help opens with its one-line summary
+        command = sub.choices[choice.dest]
+        command.formatter_class, command.description = HelpFormatter, command.description or choice.help
     return parser
 
 
