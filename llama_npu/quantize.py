@@ -2,7 +2,8 @@
 
 Per-output-channel symmetric: each row of a decoder linear weight (wq wk wv wo w1 w2 w3)
 becomes int8 values q = round(w / s) with s = max|row| / 127, stored with its fp32 scale s;
-the embedding (tied to the LM head) and the norms are untouched. `eval` and `generate`
+the embedding (tied to the LM head) and the norms are stored in fp16, as the planner's INT8
+inference figures assume (docs/memory.md). `eval` and `generate`
 load a quantized directory by dequantizing (q x s) into the model: that measures the
 accuracy cost exactly, while the memory saving is the stored size the command reports
 (a runtime with int8 matmuls would keep it in device memory too).
@@ -37,7 +38,7 @@ def dequantize(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         if name.endswith(SCALE):
             continue
         scale = weights.get(name + SCALE)
-        out[name] = value.astype(np.float32) * scale[:, None] if scale is not None else value
+        out[name] = value.astype(np.float32) * (scale[:, None] if scale is not None else 1.0)
     return out
 
 
@@ -60,13 +61,15 @@ def quantize_checkpoint(src: Path, dst: Path) -> dict:
             after += q.nbytes + scale.nbytes
             layers += 1
         else:
-            params.append({"name": name, "data": ms.Tensor(value)})
-            after += value.nbytes
+            kept = value.astype(np.float16)
+            params.append({"name": name, "data": ms.Tensor(kept)})
+            after += kept.nbytes
     if not layers:
         raise ConvertError(f"{src / WEIGHTS}: no decoder linear weights to quantize")
     with staged_directory(dst) as staging:
         ms.save_checkpoint(params, str(staging / WEIGHTS))
-        meta = dict(meta, quantization={"scheme": "int8 weight-only, per-output-channel symmetric, fp32 scales",
+        meta = dict(meta, quantization={"scheme": "int8 weight-only, per-output-channel symmetric, fp32 scales; "
+                                                  "embedding and norms fp16",
                                         "linear_layers": layers, "bytes_before": before, "bytes_after": after})
         (staging / CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return meta["quantization"]
