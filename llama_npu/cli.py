@@ -1,8 +1,9 @@
 """Command-line parsing only: each sub-command calls one function elsewhere.
 
 Exit codes: 0 success, 2 bad input (recipe, arguments, data, output directory), 1 a
-failure during the run (non-finite streak, a checkpoint that cannot be written), 75
-(stopping.PREEMPTED) training stopped by SIGTERM/SIGINT after saving a checkpoint.
+failure during the run (non-finite streak, a checkpoint that cannot be written) or, for
+`plan`, a plan that does not fit, 75 (stopping.PREEMPTED) training stopped by
+SIGTERM/SIGINT after saving a checkpoint.
 """
 from __future__ import annotations
 
