@@ -302,4 +302,5 @@ def run_plan(args) -> tuple[str, int]:
     if args.write_recipe:
         write_recipe(recipe, best, Path(args.write_recipe))
         text.append(f"wrote {args.write_recipe}")
+        result["written_recipe"] = str(args.write_recipe)
     return (json.dumps(result) if args.json else "\n".join(text)), 0
