@@ -12,7 +12,6 @@ from llama_npu.model import PRESETS, count_parameters
 from llama_npu.recipe import RecipeError, load_recipe
 
 from conftest import REPO, SMOKE, read_metrics, run_cli
-from test_shipped_recipes import SHRINK
 
 P = {"llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824}
 
@@ -195,6 +194,8 @@ def test_fit_prints_one_table_and_marks_a_layout_never_run_on_an_npu(tmp_path):
 def test_the_written_recipe_trains_as_written_when_shrunk(tmp_path):
     """--model with --set and --data: the written recipe names the data, keeps the --set, and
     trains 2 steps on CPU under the shipped recipes' shrinking overrides."""
+    from test_shipped_recipes import SHRINK
+
     out = tmp_path / "fit.yaml"
     proc = run_cli("plan", "--model", "llama3.2-1b", "--device", "910a", "--set", "data.pack=true", "--fit",
                    "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", check=True)
