@@ -1,8 +1,9 @@
 """Command-line parsing only: each sub-command calls one function elsewhere.
 
 Exit codes: 0 success, 2 bad input (recipe, arguments, data, output directory), 1 a
-failure during the run (non-finite streak, a checkpoint that cannot be written), 75
-(stopping.PREEMPTED) training stopped by SIGTERM/SIGINT after saving a checkpoint.
+failure during the run (non-finite streak, a checkpoint that cannot be written) or, for
+`plan`, a plan that does not fit, 75 (stopping.PREEMPTED) training stopped by
+SIGTERM/SIGINT after saving a checkpoint.
 """
 from __future__ import annotations
 
@@ -195,21 +196,38 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--workers", type=int, help="processes it will be launched on")
     check.set_defaults(func=cmd_validate)
 
-    plan = sub.add_parser("plan", help="estimate device memory before a run, and find a plan that fits")
-    plan.add_argument("recipe", nargs="?", help="recipe YAML file (or use --model)")
-    plan.add_argument("--model", help="llama3.2-1b or llama3.2-3b with default settings")
-    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    plan.add_argument("--device", required=True, choices=("910a", "910b", "910b4", "cpu"))
-    plan.add_argument("--devices", type=int, default=1)
-    plan.add_argument("--seq-len", type=int)
-    plan.add_argument("--micro-batch", type=int)
-    plan.add_argument("--device-memory", help="usable memory per device, e.g. 28GB (MindSpore's max_device_memory)")
-    plan.add_argument("--task", choices=("train", "inference"), default="train")
-    plan.add_argument("--precision", choices=("fp32", "fp16", "bf16", "int8"), default="fp16",
-                      help="weights for --task inference")
+    plan = sub.add_parser("plan", help="estimate device memory before a run, and find a plan that fits",
+                          description="Estimate the memory each device needs for a recipe, component by "
+                                      "component. Exit 0 when it fits (with --fit: when some plan fits), 1 when "
+                                      "not, 2 on bad input.")
+    plan.add_argument("recipe", nargs="?", help="recipe YAML file, planned on its own device and layout "
+                                                "(or use --model)")
+    plan.add_argument("--model", help="plan llama3.2-1b or llama3.2-3b with default settings instead of a recipe")
+    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a recipe key (repeatable); with --model, a key of its default recipe")
+    plan.add_argument("--device", choices=("910a", "910b", "910b4", "cpu"),
+                      help="device to plan for; default: the recipe's device.name (required with --model)")
+    plan.add_argument("--devices", type=int,
+                      help="devices to plan for; default: the recipe's strategies.parallel data x model x "
+                           "pipeline (data: auto is resolved from this count); with --model: data parallel over this "
+                           "many (1 when not given)")
+    plan.add_argument("--seq-len", type=int, help="tokens per sample; default: the recipe's data.max_seq_len "
+                                                  "(2048 with --model)")
+    plan.add_argument("--micro-batch", type=int, help="samples per micro-batch; default: the recipe's "
+                                                      "train.micro_batch_size (1 with --model)")
+    plan.add_argument("--device-memory", help="usable memory per device, e.g. 28GB (MindSpore's max_device_memory); "
+                                              "default: the recipe's device.max_device_memory, else the device's")
+    plan.add_argument("--task", choices=("train", "inference"), default="train",
+                      help="plan fine-tuning, or serving one forward pass with a KV cache")
+    plan.add_argument("--precision", choices=("fp32", "fp16", "bf16", "int8"),
+                      help="with --task inference: the weights' precision (default fp16; bf16 needs a 910B)")
     plan.add_argument("--fit", action="store_true", help="search for the fastest plan that fits")
     plan.add_argument("--no-lora", action="store_true", help="with --fit: never switch to LoRA")
     plan.add_argument("--write-recipe", metavar="OUT.yaml", help="with --fit: write the recommended recipe")
+    plan.add_argument("--data", nargs="+", metavar="FILE",
+                      help="with --write-recipe: training files for the written recipe (replacing the recipe's; "
+                           "required with --model)")
+    plan.add_argument("--overwrite", action="store_true", help="with --write-recipe: replace an existing file")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)
 

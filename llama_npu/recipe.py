@@ -297,7 +297,11 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None) -> Reci
     return recipe
 
 
-def recipe_from_dict(tree: dict) -> Recipe:
+def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None) -> Recipe:
+    """Build and validate a recipe from a mapping (changed in place by `overrides`, --set's
+    KEY=VALUE assignments, as load_recipe applies them to a file's)."""
+    for assignment in overrides or []:
+        _apply_override(tree, assignment)
     recipe = _build(Recipe, tree, "")
     validate(recipe)
     return recipe

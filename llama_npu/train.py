@@ -105,7 +105,7 @@ def training_source(recipe: Recipe, tokenizer):
     files tokenized (and packed) in memory."""
     from .data.batches import ListSamples
     from .data.mindrecord import MindRecordSamples
-    from .data.packing import pack
+    from .data.packing import pack, padding_share
     from .data.tokenizer import tokenizer_identity
 
     d = recipe.data
@@ -125,8 +125,10 @@ def training_source(recipe: Recipe, tokenizer):
     note(f"{report.kept} training samples ({report.truncated} truncated, "
          f"{report.dropped_no_answer} dropped: no answer token within {d.max_seq_len + 1} tokens)")
     if d.pack:
-        samples = pack(samples, d.max_seq_len + 1)
-        note(f"packed into {len(samples)} rows of {d.max_seq_len + 1} tokens")
+        rows = pack(samples, d.max_seq_len + 1)
+        note(f"packed into {len(rows)} rows of {d.max_seq_len + 1} tokens "
+             f"({padding_share(samples, len(rows), d.max_seq_len + 1):.1%} padding)")
+        samples = rows
     return ListSamples(samples)
 
 

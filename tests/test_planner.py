@@ -1,14 +1,17 @@
-"""The memory planner: exact model-state formulas, the 3B-on-910A truth, --fit, JSON, errors."""
+"""The memory planner: exact model-state formulas, the 3B-on-910A truth, --fit, JSON, errors,
+exit codes, and the recipe --write-recipe writes."""
+import argparse
 import json
+import re
 
 import pytest
 
 from llama_npu.memory.devices import DEVICES
 from llama_npu.memory.planner import Strategy, estimate, lora_params_per_layer, split_params
 from llama_npu.model import PRESETS, count_parameters
-from llama_npu.recipe import load_recipe
+from llama_npu.recipe import RecipeError, load_recipe
 
-from conftest import REPO, SMOKE, run_cli
+from conftest import REPO, SMOKE, read_metrics, run_cli
 
 P = {"llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824}
 
@@ -79,6 +82,7 @@ def test_3b_full_finetune_does_not_fit_one_910a_and_fit_finds_a_runnable_plan(tm
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--devices", "1", "--json")
     result = json.loads(proc.stdout)
     assert result["params"] == P["llama3.2-3b"] and result["fits"] is False
+    assert proc.returncode == 1  # does not fit: scripts can branch on it
     assert result["components"]["optimizer_states"] == 8 * P["llama3.2-3b"]
     assert result["total_bytes"] == sum(result["components"].values())
     assert {"weights", "gradients", "optimizer_states", "activations", "logits_loss", "margin"} <= result["components"].keys()
@@ -106,13 +110,131 @@ def test_fit_prefers_sharding_to_lora_when_devices_allow():
     (["--model", "llama3.2-7b", "--device", "910a"], "--model: expected llama3.2-1b or llama3.2-3b"),
     (["--model", "llama3.2-1b", "--device", "910z"], "invalid choice: '910z'"),
     (["--model", "llama3.2-1b", "--device", "910a", "--seq-len", "200000"], "--seq-len: expected 1 to 131072"),
-    (["--model", "llama3.2-1b", "--device", "910a", "--devices", "3"], "--devices 3: the layout is data 1"),
+    ([str(REPO / "recipes" / "llama3_2_1b_zh_full_910b.yaml"), "--devices", "3"],
+     "--devices 3: the layout is data 1 x model 1 x pipeline 1 = 1"),
+    (["--model", "llama3.2-1b"], "--model needs --device"),
+    (["--model", "llama3.2-1b", "--device", "910a", "--set", "strategies.lora.enabeld=true"],
+     "unknown key 'strategies.lora.enabeld' (did you mean 'strategies.lora.enabled'?)"),
+    (["--model", "llama3.2-1b", "--device", "910a", "--task", "inference", "--precision", "bf16"],
+     "--precision bf16: 910a has no BF16 kernels"),
+    ([str(SMOKE), "--precision", "fp16"], "--precision: only with --task inference"),
+    ([str(SMOKE), "--write-recipe", "x.yaml"], "--write-recipe: only with --fit"),
+    ([str(SMOKE), "--fit", "--data", "data/zh_instruct_train.jsonl"], "--data: only with --write-recipe"),
+    (["--model", "llama3.2-1b", "--device", "910a", "--fit", "--write-recipe", "never.yaml"],
+     "--write-recipe: the planned recipe names no training file (\"-\"); give --data FILE..."),
+    ([str(REPO / "recipes" / "llama3_2_1b_zh_full_910b.yaml"), "--device", "910a"],
+     "strategies.precision.dtype=bfloat16 with device.name=910a"),
     ([str(SMOKE), "--device", "910b", "--set", "strategies.parallel.model=3", "--set", "device.target=ascend",
       "--set", "device.name=910b"], "strategies.parallel.model=3 must divide the attention heads"),
 ])
 def test_bad_plan_input_is_one_line_with_exit_2(args, message):
     proc = run_cli("plan", *args)
     assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1]
+    assert not (REPO / "never.yaml").exists() and not (REPO / "x.yaml").exists()
+
+
+def test_a_recipe_is_planned_on_its_own_device_and_layout():
+    path = REPO / "recipes" / "llama3_2_3b_zh_full_8x910b.yaml"
+    own = json.loads(run_cli("plan", path, "--json", check=True).stdout)
+    assert (own["device"], own["devices"], own["device_bytes"]) == ("910b", 8, 58 * 10**9)
+    assert own["strategy"]["optimizer_shard"] and own["never_run_on_npu"] == ["optimizer sharding"]
+    assert json.loads(run_cli("plan", path, "--device", "910b", "--devices", "8", "--json", check=True).stdout) == own
+    # device.max_device_memory is the usable memory; --device-memory and another --device override it
+    smaller = json.loads(run_cli("plan", path, "--set", "device.max_device_memory=40GB", "--json").stdout)
+    assert smaller["device_bytes"] == 40 * 10**9 and smaller["fits"] is False
+    assert json.loads(run_cli("plan", path, "--device-memory", "61GB", "--json", check=True).stdout)[
+        "device_bytes"] == 61 * 10**9
+    on_b4 = run_cli("plan", path, "--device", "910b4")
+    assert on_b4.returncode == 1 and "on 910b4 x 8" in on_b4.stdout and "fits: no" in on_b4.stdout
+
+
+def test_set_applies_to_the_default_recipe_of_a_model():
+    model = ["plan", "--model", "llama3.2-1b", "--device", "910b", "--json"]
+    plain = json.loads(run_cli(*model, check=True).stdout)
+    lora = json.loads(run_cli(*model, "--set", "strategies.lora.enabled=true", "--set", "data.max_seq_len=1024",
+                              check=True).stdout)
+    assert (plain["strategy"]["lora"], lora["strategy"]["lora"], lora["strategy"]["seq_len"]) == (False, True, 1024)
+    assert lora["components"]["optimizer_states"] < plain["components"]["optimizer_states"] / 100
+
+
+def test_a_plan_that_does_not_fit_exits_1_in_text_and_json():
+    text = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a")
+    assert text.returncode == 1 and "fits: no, 42.02 GB over the 29.00 GB usable" in text.stdout
+    as_json = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--json")
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["fits"] is False
+    nothing = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit", "--no-lora")
+    assert nothing.returncode == 1 and "nothing fits on 1 x 910a" in nothing.stdout
+    assert run_cli("plan", "--model", "llama3.2-1b", "--device", "910b").returncode == 0
+
+
+def test_fit_prints_one_table_and_marks_a_layout_never_run_on_an_npu(tmp_path):
+    out = tmp_path / "sharded.yaml"
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit",
+                   "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", check=True)
+    assert proc.stdout.count("  component ") == 1 and proc.stdout.startswith("as given: ")
+    assert "never run on an NPU: optimizer sharding" in proc.stdout
+    assert "changed from the recipe: optimizer_shard False -> True" in proc.stdout
+    header = out.read_text().splitlines()[:2]
+    assert header[0].startswith("# Written by llama-npu plan --fit for 8 x 910b")
+    assert header[1].startswith("# Layout never run on an NPU: optimizer sharding")
+    recipe = load_recipe(out)
+    assert recipe.strategies.parallel.optimizer_shard and recipe.data.train_files == ["data/zh_instruct_train.jsonl"]
+    # an existing file is kept without --overwrite, replaced with it
+    out.write_text("mine\n")
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit",
+                   "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl")
+    assert proc.returncode == 2 and "pass --overwrite" in proc.stderr and out.read_text() == "mine\n"
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--write-recipe",
+                   out, "--data", "data/zh_instruct_train.jsonl", "--overwrite", "--json", check=True)
+    result = json.loads(proc.stdout)
+    assert result["written_recipe"] == str(out) and result["recommended"]["never_run_on_npu"] == ["optimizer sharding"]
+    assert load_recipe(out).strategies.parallel.data == 8
+
+
+def test_the_written_recipe_trains_as_written_when_shrunk(tmp_path):
+    """--model with --set and --data: the written recipe names the data, keeps the --set, and
+    trains 2 steps on CPU under the shipped recipes' shrinking overrides."""
+    from test_shipped_recipes import SHRINK
+
+    out = tmp_path / "fit.yaml"
+    proc = run_cli("plan", "--model", "llama3.2-1b", "--device", "910a", "--set", "data.pack=true", "--fit",
+                   "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", check=True)
+    assert "never run on an NPU" not in proc.stdout
+    assert not out.read_text().splitlines()[1].startswith("#")  # no mark on a single-device layout
+    recipe = load_recipe(out)
+    assert recipe.data.pack and recipe.data.train_files == ["data/zh_instruct_train.jsonl"]
+    assert (recipe.device.name, recipe.strategies.precision.dtype) == ("910a", "float16")
+    run_dir = tmp_path / "run"
+    train = run_cli("train", out, "--output-dir", run_dir, *[a for s in SHRINK for a in ("--set", s)], check=True)
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+    assert re.search(r"packed into \d+ rows of 33 tokens \(\d+\.\d% padding\)", train.stdout)
+
+
+def _data_auto_supported() -> bool:
+    try:
+        load_recipe(SMOKE, ["strategies.parallel.data=auto"])
+    except RecipeError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _data_auto_supported(), reason="strategies.parallel.data: auto is not in this recipe schema")
+def test_data_auto_is_resolved_from_devices():
+    path = REPO / "recipes" / "llama3_2_3b_zh_full_8x910b.yaml"
+    eight = json.loads(run_cli("plan", path, "--set", "strategies.parallel.data=auto", "--devices", "8", "--json",
+                               check=True).stdout)
+    assert (eight["devices"], eight["strategy"]["data"]) == (8, 8)
+    one = json.loads(run_cli("plan", path, "--set", "strategies.parallel.data=auto", "--set",
+                             "strategies.parallel.optimizer_shard=false", "--json").stdout)
+    assert (one["devices"], one["strategy"]["data"]) == (1, 1)
+
+
+def test_every_plan_option_has_a_help_string():
+    from llama_npu.cli import build_parser
+
+    subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    plan = subcommands.choices["plan"]
+    assert [action.dest for action in plan._actions if not action.help] == []
 
 
 def test_inference_plan_counts_weights_by_precision_and_the_kv_cache():

@@ -1,4 +1,14 @@
-"""Packing: several samples in one row of fixed length, in order, first come first placed.
+"""Packing: several samples in one row of fixed length, placed best-fit decreasing.
+
+Samples are placed longest first, each into the open row it fills most tightly (a new row
+when none has room). Placing in arrival order instead padded 29.8% of the shipped sample
+at max_seq_len 256; best-fit decreasing pads 19.1%, one row above the floor for any packer
+that keeps samples whole there (162 of its 230 samples are longer than half a row, so no
+two of them share one). `benchmarks/packing.py` prints both.
+
+The placement is a pure function of the sample lengths (ties go to the earlier sample and
+the lower row), so no seed is needed: the batch stream permutes rows per epoch under
+train.seed. Within a row the samples keep their dataset order.
 
 Each sample keeps its own segment id (1, 2, ...; 0 marks padding). The loss cell turns the
 segment ids into a block-diagonal causal mask, so no token attends to another sample, and
@@ -9,22 +19,43 @@ same sample, which packing does not change (tests/test_data.py checks the per-sa
 """
 from __future__ import annotations
 
+import bisect
 from typing import List, Sequence
 
 from .samples import Sample
 
 
+def assign_rows(lengths: Sequence[int], length: int) -> List[List[int]]:
+    """Sample indices per row, each row's in ascending order; no row over `length`."""
+    rows: List[List[int]] = []
+    open_rows: List[tuple] = []  # (room left, row number), ascending: the tightest fit is found by bisection
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if lengths[i] > length:
+            raise ValueError(f"sample {i} has {lengths[i]} tokens, more than a row of {length}")
+        at = bisect.bisect_left(open_rows, (lengths[i], -1))
+        if at == len(open_rows):
+            room, row = length, len(rows)
+            rows.append([])
+        else:
+            room, row = open_rows.pop(at)
+        rows[row].append(i)
+        if room > lengths[i]:
+            bisect.insort(open_rows, (room - lengths[i], row))
+    return [sorted(row) for row in rows]
+
+
 def pack(samples: Sequence[Sample], length: int) -> List[Sample]:
-    rows: List[Sample] = []
-    current = Sample([], [], [])
-    for sample in samples:
-        if len(current.input_ids) + len(sample.input_ids) > length:
-            rows.append(current)
-            current = Sample([], [], [])
-        segment = (current.segment_ids[-1] if current.segment_ids else 0) + 1
-        current.input_ids += sample.input_ids
-        current.labels += sample.labels
-        current.segment_ids += [segment] * len(sample.input_ids)
-    if current.input_ids:
-        rows.append(current)
-    return rows
+    packed = []
+    for row in assign_rows([len(s.input_ids) for s in samples], length):
+        joined = Sample([], [], [])
+        for segment, i in enumerate(row, start=1):
+            joined.input_ids += samples[i].input_ids
+            joined.labels += samples[i].labels
+            joined.segment_ids += [segment] * len(samples[i].input_ids)
+        packed.append(joined)
+    return packed
+
+
+def padding_share(samples: Sequence[Sample], rows: int, length: int) -> float:
+    """The share of `rows` x `length` token slots that holds padding rather than a sample."""
+    return 1.0 - sum(len(s.input_ids) for s in samples) / (rows * length) if rows else 0.0

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..atomic import staged_directory
 from .mindrecord import META_FILE, write_samples
-from .packing import pack
+from .packing import assign_rows, pack, padding_share
 from .readers import RecordError, iter_records
 from .samples import tokenize_records
 from .tokenizer import load_tokenizer, tokenizer_identity
@@ -48,10 +48,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _padding_ratio(real_tokens: int, rows: int, length: int) -> float:
-    return 1.0 - real_tokens / (rows * length) if rows else 0.0
-
-
 def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = "llama3.2",
                     max_seq_len: int = 2048, packed: bool = False, on_bad_record: str = "error",
                     overwrite: bool = False, train_on_prompt: bool = False, progress=None) -> dict:
@@ -80,8 +76,8 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     if progress:
         progress(f"tokenizing {len(records)} records")
     samples, fit = tokenize_records(tok, records, length, train_on_prompt)
-    real_tokens = sum(len(s.input_ids) for s in samples)
     rows = pack(samples, length) if packed else samples
+    packed_rows = len(rows) if packed else len(assign_rows([len(s.input_ids) for s in samples], length))
     if not rows:
         why = ""
         if skipped.by_reason:  # the commonest reason, e.g. a ShareGPT file read as alpaca
@@ -99,9 +95,8 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
         "skipped_by_reason": skipped.by_reason,
         "token_lengths": {"p50": int(np.percentile(lengths, 50)), "p95": int(np.percentile(lengths, 95)),
                           "max": int(lengths.max()), "note": "tokens per sample before truncation"},
-        "padding_ratio": {"unpacked": _padding_ratio(real_tokens, len(samples), length),
-                          "packed": _padding_ratio(real_tokens, len(rows if packed else pack(samples, length)),
-                                                   length)},
+        "padding_ratio": {"unpacked": padding_share(samples, len(samples), length),
+                          "packed": padding_share(samples, packed_rows, length)},
         "tokenizer": tokenizer_identity(tokenizer),
         "sources": [{"path": str(p), "sha256": _sha256(Path(p))} for p in inputs],
     }
@@ -115,6 +110,13 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     return meta
 
 
+def _padding_line(meta: dict) -> str:
+    share, rows, length = meta["padding_ratio"], meta["counts"]["rows"], meta["max_seq_len"] + 1
+    other = "unpacked" if meta["packed"] else "with --pack"
+    return (f"padding: {share['packed' if meta['packed'] else 'unpacked']:.1%} of the {rows} rows x {length} "
+            f"tokens written ({share['unpacked' if meta['packed'] else 'packed']:.1%} {other})")
+
+
 def format_report(meta: dict) -> str:
     c = meta["counts"]
     lines = [f"read {c['read']}: written {c['written']}, skipped {c['skipped']}, "
@@ -122,7 +124,7 @@ def format_report(meta: dict) -> str:
              f"{c['truncated']} truncated",
              f"{c['rows']} {'packed rows' if meta['packed'] else 'samples'}; tokens per sample p50 "
              f"{meta['token_lengths']['p50']}, p95 {meta['token_lengths']['p95']}, max {meta['token_lengths']['max']}",
-             f"padding: {meta['padding_ratio']['unpacked']:.1%} unpacked, {meta['padding_ratio']['packed']:.1%} packed"]
+             _padding_line(meta)]
     for reason, entry in meta["skipped_by_reason"].items():
         lines.append(f"skipped {entry['count']} x {reason} (first at {', '.join(entry['first'])})")
     return "\n".join(lines)

@@ -1,33 +1,48 @@
 """`llama-npu plan`: recipe or preset -> Strategy -> estimate (and --fit) -> table or JSON,
-and --write-recipe for the recommended plan."""
+and --write-recipe for the recommended plan.
+
+A recipe is planned on its own device (device.name, device.max_device_memory) and layout
+(strategies.parallel); --device, --device-memory and --devices override them. Exit 0 when
+the plan (with --fit: some plan) fits, 1 when none does, so scripts can branch on it.
+"""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
+from typing import List, Optional
+
 import yaml
 
+from ..atomic import replace_file
 from ..model import MAX_POSITIONS, count_parameters, resolve_shape
-from ..recipe import ModelSection, Recipe, RecipeError, load_recipe, recipe_from_dict
+from ..recipe import DEVICE_NAMES, Recipe, RecipeError, load_recipe, recipe_from_dict
 from ..strategies.lora import matched_layers
-from .devices import get_device
+from .devices import GB, get_device, parse_bytes
 from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb
 
+MODELS = ("llama3.2-1b", "llama3.2-3b")
+NEVER_RUN_NOTE = ("never run on an NPU: {parts} (semi_auto_parallel: no NPU in CI and the CPU backend "
+                  "cannot run it); try a short run first")
 
-def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
+
+def strategy_from_recipe(recipe: Recipe, device_name: str, data: Optional[int] = None) -> Strategy:
+    """The recipe's settings as a Strategy; `data` replaces strategies.parallel.data (its
+    `auto` resolved from a device count)."""
     t, s, p = recipe.train, recipe.strategies, recipe.strategies.parallel
+    data = p.data if data is None else data
     return Strategy(
         seq_len=recipe.data.max_seq_len, micro_batch=t.micro_batch_size,
-        global_batch=t.global_batch_size or t.micro_batch_size * p.data,
+        global_batch=t.global_batch_size or t.micro_batch_size * data,
         amp_level=s.precision.amp_level, dtype=s.precision.dtype, optimizer=t.optimizer.name,
         lora=s.lora.enabled, lora_rank=s.lora.rank, lora_targets=tuple(matched_layers(s.lora.target_modules)),
         recompute=s.recompute.mode, recompute_layers=s.recompute.layers,
         chunked_ce=s.chunked_ce.enabled, chunk_size=s.chunked_ce.chunk_size,
-        flash_attention=device_name != "cpu", data=p.data, model=p.model, pipeline=p.pipeline,
+        flash_attention=device_name != "cpu", data=data, model=p.model, pipeline=p.pipeline,
         optimizer_shard=p.optimizer_shard, sequence_parallel=p.sequence_parallel, vocab_emb_dp=p.vocab_emb_dp)
 
 
-def apply_strategy(recipe: Recipe, s: Strategy, device_name: str) -> Recipe:
+def apply_strategy(recipe: Recipe, s: Strategy) -> Recipe:
     """The recipe with the planned settings written in (for --write-recipe)."""
     tree = recipe.to_dict()
     tree["data"]["max_seq_len"] = s.seq_len
@@ -41,23 +56,34 @@ def apply_strategy(recipe: Recipe, s: Strategy, device_name: str) -> Recipe:
     st["parallel"].update(data=s.data, model=s.model, pipeline=s.pipeline, optimizer_shard=s.optimizer_shard,
                           micro_batches=max(s.accumulation, s.pipeline) if s.pipeline > 1 else 1,
                           sequence_parallel=s.sequence_parallel, vocab_emb_dp=s.vocab_emb_dp)
-    tree["device"].update(target="cpu" if device_name == "cpu" else "ascend", name=device_name)
     return recipe_from_dict(tree)
 
 
-def default_recipe(preset: str, device_name: str) -> Recipe:
+def default_recipe(preset: str, device_name: str, devices: int, overrides: List[str]) -> Recipe:
+    """What --model plans: the preset at 2048 tokens, micro-batch 1, O2 in the device's half
+    precision, data parallel over the devices, then the user's --set. Its data file "-" is a
+    placeholder --write-recipe refuses."""
     tree = {"model": {"preset": preset}, "data": {"train_files": ["-"], "max_seq_len": 2048},
             "train": {"micro_batch_size": 1},
             "strategies": {"precision": {"amp_level": "O2", "dtype": "float16" if device_name in ("910a", "cpu")
-                                         else "bfloat16", "loss_scale": "dynamic"}},
-            "device": {"target": "cpu" if device_name == "cpu" else "ascend", "name": device_name}}
-    return recipe_from_dict(tree)
+                                         else "bfloat16", "loss_scale": "dynamic"},
+                           "parallel": {"data": devices}},
+            "device": {"target": DEVICE_NAMES[device_name], "name": device_name}}
+    return recipe_from_dict(tree, overrides)
+
+
+def never_run_on_npu(s: Strategy) -> List[str]:
+    """The parts of a layout llama-npu has never run on an NPU: everything operator-sharded."""
+    parts = [f"model {s.model}"] if s.model > 1 else []
+    parts += [f"pipeline {s.pipeline}"] if s.pipeline > 1 else []
+    return parts + (["optimizer sharding"] if s.optimizer_shard else [])
 
 
 def plan_json(plan: Plan, preset: str) -> dict:
     return {"model": preset, "params": plan.params, "device": plan.device.name, "devices": plan.strategy.devices,
             "device_bytes": plan.device.usable_bytes, "components": dict(plan.components),
-            "total_bytes": plan.total_bytes, "fits": plan.fits, "strategy": asdict(plan.strategy)}
+            "total_bytes": plan.total_bytes, "fits": plan.fits, "strategy": asdict(plan.strategy),
+            "never_run_on_npu": never_run_on_npu(plan.strategy)}
 
 
 def format_plan(plan: Plan, preset: str, title: str = "") -> str:
@@ -76,6 +102,8 @@ def format_plan(plan: Plan, preset: str, title: str = "") -> str:
     gap = plan.total_bytes - d.usable_bytes
     lines.append(f"  fits: yes, {gb(-gap)} GB to spare beyond the 10% margin" if plan.fits else
                  f"  fits: no, {gb(gap)} GB over the {gb(d.usable_bytes)} GB usable")
+    if never_run_on_npu(s):
+        lines.append("  " + NEVER_RUN_NOTE.format(parts=", ".join(never_run_on_npu(s))))
     return "\n".join(lines)
 
 
@@ -124,58 +152,155 @@ def format_inference(plan: Plan, preset: str, precision: str) -> str:
     return "\n".join(lines)
 
 
-def run_plan(args) -> tuple[str, int]:
-    """(output, exit code) for the parsed `plan` arguments."""
+def check_arguments(args) -> None:
+    """Refuse what the plan would otherwise ignore, before any work."""
     if bool(args.model) == bool(args.recipe):
         raise RecipeError("plan: give either --model llama3.2-1b|llama3.2-3b or a RECIPE file")
-    device = get_device(args.device, args.device_memory or "")
+    if args.model and args.model not in MODELS:
+        raise RecipeError(f"--model: expected llama3.2-1b or llama3.2-3b, got {args.model!r}")
+    if args.model and not args.device:
+        raise RecipeError("--model needs --device (910a, 910b, 910b4 or cpu); a recipe names its own device.name")
+    if args.devices is not None and args.devices < 1:
+        raise RecipeError(f"--devices: expected a count > 0, got {args.devices}")
+    if args.seq_len is not None and not 0 < args.seq_len <= MAX_POSITIONS:
+        raise RecipeError(f"--seq-len: expected 1 to {MAX_POSITIONS} (Llama 3.2's context), got {args.seq_len}")
+    if args.micro_batch is not None and args.micro_batch < 1:
+        raise RecipeError(f"--micro-batch: expected a value > 0, got {args.micro_batch}")
+    inference_only = [("--precision", args.precision)]
+    training_only = [("--fit", args.fit)]
+    fit_only = [("--no-lora", args.no_lora), ("--write-recipe", args.write_recipe)]
+    write_only = [("--data", args.data), ("--overwrite", args.overwrite)]
+    for flags, needed, what in ((inference_only, args.task == "inference", "--task inference"),
+                                (training_only, args.task == "train", "--task train"),
+                                (fit_only, args.fit, "--fit"), (write_only, args.write_recipe, "--write-recipe")):
+        given = [flag for flag, value in flags if value]
+        if given and not needed:
+            raise RecipeError(f"{given[0]}: only with {what}")
+    if args.write_recipe and Path(args.write_recipe).exists() and not args.overwrite:
+        raise RecipeError(f"--write-recipe {args.write_recipe}: the file exists; pass --overwrite to replace it")
+    for path in args.data or []:
+        if not Path(path).is_file():
+            raise RecipeError(f"--data {path}: file not found")
+
+
+def plan_recipe(args) -> Recipe:
+    """The recipe to plan: the file or --model's default, with --set, then --device,
+    --device-memory and --data written into it (so the written recipe carries them)."""
     if args.model:
-        if args.model not in ("llama3.2-1b", "llama3.2-3b"):
-            raise RecipeError(f"--model: expected llama3.2-1b or llama3.2-3b, got {args.model!r}")
-        recipe, preset = default_recipe(args.model, args.device), args.model
+        recipe = default_recipe(args.model, args.device, args.devices or 1, args.set)
     else:
         recipe = load_recipe(args.recipe, args.set)
-        preset = recipe.model.preset
-    base = strategy_from_recipe(recipe, args.device)
-    if args.seq_len:
-        if not 0 < args.seq_len <= MAX_POSITIONS:
-            raise RecipeError(f"--seq-len: expected 1 to {MAX_POSITIONS} (Llama 3.2's context), got {args.seq_len}")
-        base = replace(base, seq_len=args.seq_len)
-    if args.micro_batch:
-        base = replace(base, micro_batch=args.micro_batch,
-                       global_batch=max(base.global_batch, args.micro_batch * base.data))
-    if args.model:  # the default global batch: one micro-batch per device
-        base = replace(base, global_batch=base.micro_batch * args.devices)
-    if args.devices != base.devices and not args.fit:
-        raise RecipeError(f"--devices {args.devices}: the layout is data {base.data} x model {base.model} x pipeline "
-                          f"{base.pipeline} = {base.devices}; set strategies.parallel or use --fit")
-    shape = resolve_shape(ModelSection(preset=preset) if args.model else recipe.model)
-    params = cached_parameter_count(shape)
+    tree, changed = recipe.to_dict(), False
+    if args.device and args.device != recipe.device.name:
+        # another device: the recipe's max_device_memory was chosen for its own
+        tree["device"].update(name=args.device, target=DEVICE_NAMES[args.device], max_device_memory="")
+        changed = True
+    if args.device_memory:
+        tree["device"]["max_device_memory"] = f"{parse_bytes(args.device_memory) / GB:g}GB"  # MindSpore's "xxGB"
+        changed = True
+    if args.data:
+        tree["data"].update(train_files=list(args.data), prepared="")
+        changed = True
+    if changed:
+        recipe = recipe_from_dict(tree)
+    if args.write_recipe and "-" in recipe.data.train_files:
+        raise RecipeError("--write-recipe: the planned recipe names no training file (\"-\"); give --data "
+                          "FILE... for the written recipe to train on")
+    if args.write_recipe and recipe.data.prepared and args.seq_len and args.seq_len != recipe.data.max_seq_len:
+        raise RecipeError(f"--seq-len {args.seq_len}: data.prepared={recipe.data.prepared} holds rows for "
+                          f"max_seq_len {recipe.data.max_seq_len}; give --data FILE... or prepare it again")
+    return recipe
+
+
+def data_parallel(recipe: Recipe, devices: Optional[int]) -> int:
+    """strategies.parallel.data, `auto` resolved as the launcher does: the devices over one
+    model x pipeline replica (one replica without --devices)."""
+    par = recipe.strategies.parallel
+    if par.data != "auto":
+        return par.data
+    replica = par.model * par.pipeline
+    if devices is None:
+        return 1
+    if devices % replica:
+        raise RecipeError(f"--devices {devices}: strategies.parallel.data is auto, so the devices must be a multiple "
+                          f"of model {par.model} x pipeline {par.pipeline} = {replica}")
+    return devices // replica
+
+
+def planned_strategy(recipe: Recipe, args, device_name: str) -> Strategy:
+    base = strategy_from_recipe(recipe, device_name, data_parallel(recipe, args.devices))
+    devices = args.devices or base.devices
+    micro = args.micro_batch or base.micro_batch
+    if recipe.train.global_batch_size:
+        global_batch = max(base.global_batch, micro * base.data)
+    else:  # the recipe's "micro-batch x data": one micro-batch per replica of the planned devices
+        global_batch = micro * max(devices // (base.model * base.pipeline), 1)
+    return replace(base, seq_len=args.seq_len or base.seq_len, micro_batch=micro, global_batch=global_batch)
+
+
+def changes(base: Strategy, best: Strategy) -> str:
+    changed = [f"{f.name} {getattr(base, f.name)} -> {getattr(best, f.name)}" for f in fields(Strategy)
+               if getattr(base, f.name) != getattr(best, f.name)]
+    if not changed:
+        return "the recipe's settings are the recommended ones"
+    return f"changed from the recipe: {', '.join(changed)}"
+
+
+def write_recipe(recipe: Recipe, best: Plan, out: Path) -> None:
+    s, d = best.strategy, best.device
+    header = [f"# Written by llama-npu plan --fit for {s.devices} x {d.name}: {gb(best.total_bytes)} GB of "
+              f"{gb(d.usable_bytes)} GB usable per device."]
+    if never_run_on_npu(s):
+        header.append("# Layout " + NEVER_RUN_NOTE.format(parts=", ".join(never_run_on_npu(s))) + ".")
+    text = "\n".join(header) + "\n" + yaml.safe_dump(apply_strategy(recipe, s).to_dict(), sort_keys=False,
+                                                     allow_unicode=True)
+    replace_file(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))  # --overwrite never leaves half a file
+
+
+def run_plan(args) -> tuple[str, int]:
+    """(output, exit code) for the parsed `plan` arguments: 0 fits, 1 does not."""
+    check_arguments(args)
+    recipe = plan_recipe(args)
+    preset = recipe.model.preset
+    device = get_device(recipe.device.name, recipe.device.max_device_memory)
+    shape = resolve_shape(recipe.model)
     if args.task == "inference":
-        plan = estimate_inference(shape, params, device, args.precision, args.micro_batch or 1,
-                                  args.seq_len or base.seq_len)
-        result = dict(plan_json(plan, preset), task="inference", precision=args.precision)
-        return (json.dumps(result) if args.json else format_inference(plan, preset, args.precision)), 0
-    plan = estimate(shape, params, device, base) if base.devices == args.devices else None
+        precision = args.precision or "fp16"
+        if precision == "bf16" and not device.bf16:
+            raise RecipeError(f"--precision bf16: {device.name} has no BF16 kernels ({device.note}); use fp16")
+        plan = estimate_inference(shape, cached_parameter_count(shape), device, precision,
+                                  args.micro_batch or 1, args.seq_len or recipe.data.max_seq_len)
+        result = dict(plan_json(plan, preset), task="inference", precision=precision)
+        return (json.dumps(result) if args.json else format_inference(plan, preset, precision)), int(not plan.fits)
+    base = planned_strategy(recipe, args, device.name)
+    devices = args.devices or base.devices
+    if devices != base.devices and not args.fit:
+        raise RecipeError(f"--devices {devices}: the layout is data {base.data} x model {base.model} x pipeline "
+                          f"{base.pipeline} = {base.devices}; set strategies.parallel or use --fit")
+    params = cached_parameter_count(shape)
+    plan = estimate(shape, params, device, base) if base.devices == devices else None
+    if not args.fit:
+        return (json.dumps(plan_json(plan, preset)) if args.json else format_plan(plan, preset)), int(not plan.fits)
+
     result = plan_json(plan, preset) if plan else {"model": preset, "params": params, "device": device.name,
-                                                   "devices": args.devices, "device_bytes": device.usable_bytes}
-    text = [format_plan(plan, preset)] if plan else []
-    code = 0
-    if args.fit:
-        best, closest = fit(shape, params, device, base, args.devices, allow_lora=not args.no_lora)
-        if best is None:
-            gap = closest.total_bytes - device.usable_bytes
-            text.append(f"nothing fits on {args.devices} x {device.name}; the closest plan needs {gb(gap)} GB more "
-                        f"per device:\n" + format_plan(closest, preset, "closest: "))
-            result["recommended"] = None
-            code = 1
-        else:
-            text.append(format_plan(best, preset, "recommended: "))
-            result["recommended"] = plan_json(best, preset)
-            if args.write_recipe:
-                written = apply_strategy(recipe, best.strategy, device.name)
-                Path(args.write_recipe).write_text(
-                    f"# Written by llama-npu plan --fit for {args.devices} x {device.name}\n"
-                    + yaml.safe_dump(written.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
-                text.append(f"wrote {args.write_recipe}")
-    return (json.dumps(result) if args.json else "\n".join(text)), code
+                                                   "devices": devices, "device_bytes": device.usable_bytes}
+    best, closest = fit(shape, params, device, base, devices, allow_lora=not args.no_lora)
+    result["recommended"] = plan_json(best, preset) if best else None
+    # the recipe as given in one line: the table is the recommended plan's (or the closest one's)
+    if plan:
+        text = [f"as given: {gb(plan.total_bytes)} GB per device of {gb(device.usable_bytes)} GB usable, "
+                f"{'fits' if plan.fits else 'does not fit'}"]
+    else:
+        text = [f"as given: layout data {base.data} x model {base.model} x pipeline {base.pipeline} = "
+                f"{base.devices} device{'s' if base.devices > 1 else ''}, not {devices}"]
+    if best is None:
+        text.append(f"nothing fits on {devices} x {device.name}; the closest plan needs "
+                    f"{gb(closest.total_bytes - device.usable_bytes)} GB more per device:\n"
+                    + format_plan(closest, preset, "closest: "))
+        return (json.dumps(result) if args.json else "\n".join(text)), 1
+    text += [format_plan(best, preset, "recommended: "), changes(base, best.strategy)]
+    if args.write_recipe:
+        write_recipe(recipe, best, Path(args.write_recipe))
+        text.append(f"wrote {args.write_recipe}")
+        result["written_recipe"] = str(args.write_recipe)
+    return (json.dumps(result) if args.json else "\n".join(text)), 0
