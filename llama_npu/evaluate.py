@@ -4,7 +4,8 @@ step or a run directory over JSONL records (text, alpaca or ShareGPT, told apart
 Memory stays proportional to the records, not to --max-seq-len: records are sorted by
 length, each batch is padded only to the bucket (a power of two from 64 tokens up to
 --max-seq-len) that holds its longest record, so the graph compiles once per bucket used,
-and the loss takes the chunked cross-entropy path, so at most one chunk of logits exists.
+and the LM head with its cross-entropy (strategies/chunked_ce.py) runs one chunk of tokens
+per call, so one chunk of logits exists at a time.
 """
 from __future__ import annotations
 
@@ -22,15 +23,16 @@ def bucket_length(longest: int, length: int, smallest: int = 64) -> int:
     return min(bucket + 1, length)
 
 
-def evaluate(loss_cell, samples, batch_size: int, length: int, bucketed: bool = False) -> tuple[float, int]:
-    """Mean loss per target token over `samples`, and the number of target tokens. Batches
-    are padded to `length`, or with `bucketed` to their bucket_length."""
+def evaluate(loss, samples, batch_size: int, length: int, bucketed: bool = False) -> tuple[float, int]:
+    """Mean loss per target token over `samples`, and the number of target tokens. `loss`:
+    a loss cell or a ChunkwiseLoss. Batches are padded to `length`, or with `bucketed` to
+    their bucket_length."""
     from mindspore import Tensor
 
     from .data.samples import pad_batch
     from .model import IGNORE_ID, PAD_ID
 
-    loss_cell.set_train(False)
+    loss.set_train(False)
     total, tokens = 0.0, 0
     rows = max(1, min(batch_size, len(samples)))
     for start in range(0, len(samples), rows):
@@ -41,8 +43,8 @@ def evaluate(loss_cell, samples, batch_size: int, length: int, bucketed: bool = 
         ids, labels = pad_batch(chunk, padded, PAD_ID)
         labels[real:] = IGNORE_ID  # the repeated filler rows carry no loss
         tokens += int((labels[:, 1:] != IGNORE_ID).sum())
-        total += float(loss_cell(Tensor(ids), Tensor(labels)).asnumpy())
-    loss_cell.set_train(True)
+        total += float(loss(Tensor(ids), Tensor(labels)))
+    loss.set_train(True)
     return total / max(tokens, 1), tokens
 
 
@@ -65,7 +67,40 @@ def detect_format(path: Path) -> str:
     raise RecordError(f"{path}: no records (empty input)")
 
 
-EVAL_CHUNK = 512  # tokens of logits at a time: 512 x 128,256 fp32 is 263 MB
+EVAL_CHUNK = 256  # tokens of logits at a time: 256 x 128,256 fp32 is 131 MB
+
+
+class ChunkwiseLoss:
+    """A loss cell's (ids, labels) -> summed loss, with its backbone run as one graph and
+    its chunked head+loss called once a chunk. Inside one graph the CPU backend does not
+    reuse buffers (FACTS.md), so chunks unrolled in a graph would all hold their logits;
+    across calls, at most one chunk's exist on any backend. The last chunk is padded with
+    ignored targets, so the head compiles once."""
+
+    def __init__(self, loss_cell, chunk: int):
+        self.loss_cell, self.chunk = loss_cell, chunk
+
+    def set_train(self, mode: bool) -> None:
+        self.loss_cell.set_train(mode)
+
+    def __call__(self, ids, labels):
+        import mindspore as ms
+        from mindspore import ops
+
+        from .model import IGNORE_ID
+
+        hidden = self.loss_cell.backbone(ids[:, :-1])  # (B, T, H)
+        hidden = hidden.reshape(-1, hidden.shape[-1])  # (B*T, H)
+        targets = labels[:, 1:].reshape(-1)
+        pad = -hidden.shape[0] % self.chunk
+        if pad:
+            hidden = ops.concat((hidden, ops.zeros((pad, hidden.shape[1]), hidden.dtype)))
+            targets = ops.concat((targets, ops.full((pad,), IGNORE_ID, dtype=ms.int32)))
+        total = 0.0
+        for start in range(0, hidden.shape[0], self.chunk):
+            total += float(self.loss_cell.head_loss(hidden[start:start + self.chunk],
+                                                    targets[start:start + self.chunk]).asnumpy())
+        return total
 
 
 def ascend_usable() -> bool:
@@ -128,7 +163,7 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: int = 2048, b
     records = [r for f in data_files for r in read_records([f], detect_format(Path(f)))]
     samples, report = tokenize_records(load_tokenizer(tokenizer), records, max_seq_len + 1)
     samples.sort(key=lambda s: len(s.input_ids))  # batches of similar length pad little
-    loss, tokens = evaluate(loss_cell, samples, batch_size, max_seq_len + 1, bucketed=True)
+    loss, tokens = evaluate(ChunkwiseLoss(loss_cell, EVAL_CHUNK), samples, batch_size, max_seq_len + 1, bucketed=True)
     return {"checkpoint": str(checkpoint), "records": report.read, "evaluated": report.kept,
             "truncated": report.truncated, "dropped": report.dropped_no_answer, "target_tokens": tokens,
             "loss": loss, "perplexity": math.exp(loss)}
