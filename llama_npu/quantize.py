@@ -66,7 +66,7 @@ def quantize_checkpoint(src: Path, dst: Path) -> dict:
             params.append({"name": name, "data": ms.Tensor(value)})
             after += value.nbytes
     if not layers:
-        raise ConvertError(f"{src / WEIGHTS}: no decoder linear weights to quantize")
+        raise ConvertError(f"{source.weights}: no decoder linear weights to quantize")
     with staged_directory(dst) as staging:
         ms.save_checkpoint(params, str(staging / WEIGHTS))
         meta = dict(meta, quantization={"scheme": "int8 weight-only, per-output-channel symmetric, fp32 scales",
