@@ -44,11 +44,11 @@ def dequantize(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
 def quantize_checkpoint(src: Path, dst: Path) -> dict:
     import mindspore as ms
 
+    from .pretrained import model_weights, resolve_weights
+
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
-    from .pretrained import model_weights, resolve_weights
-
     source = resolve_weights(src)
     _, meta, weights = model_weights(source)
     if meta.get("quantization") and source.adapters is None:
