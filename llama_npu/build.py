@@ -6,15 +6,18 @@ head+loss cell. Precision's loss scaling and accumulation act on the step (train
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from .recipe import Recipe
 
 
-def build_network(recipe: Recipe, on_ascend: bool):
-    """(net, loss_cell): the LlamaForCausalLM and the summed-loss cell wrapping it."""
+def build_network(recipe: Recipe, on_ascend: bool, variable_length: bool = False):
+    """(net, loss_cell): the LlamaForCausalLM and the summed-loss cell wrapping it.
+    `variable_length`: inputs may be shorter than data.max_seq_len (eval's length buckets);
+    MindFormers' is_dynamic then slices its causal mask to each input's length instead of
+    broadcasting one of seq_length (mindformers/modules/transformer/transformer.py
+    LowerTriangularMaskWithDynamic)."""
     from .loss import CausalLMLoss
     from .model import build_model, llama_config, resolve_shape
+    from .pretrained import load_pretrained
     from .strategies.chunked_ce import head_loss
     from .strategies.lora import apply_lora, frozen_base_dtypes
     from .strategies.parallel import mindformers_parallel_config
@@ -27,7 +30,7 @@ def build_network(recipe: Recipe, on_ascend: bool):
         dtypes = frozen_base_dtypes(dtypes)
     parallel_config = dict(mindformers_parallel_config(s.parallel), recompute=recompute_config(s.recompute))
     config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, on_ascend,
-                          parallel_config=parallel_config, **dtypes)
+                          parallel_config=parallel_config, is_dynamic=variable_length, **dtypes)
     net = build_model(config)
     if recipe.model.checkpoint:
         load_pretrained(net, recipe)
@@ -36,29 +39,3 @@ def build_network(recipe: Recipe, on_ascend: bool):
     loss_cell = CausalLMLoss(net, head_loss(s.chunked_ce, net.lm_head))
     loss_cell.set_train(True)
     return net, loss_cell
-
-
-def load_pretrained(net, recipe: Recipe) -> None:
-    """Load a converted checkpoint (model.checkpoint) into the freshly built model."""
-    import mindspore as ms
-
-    from .convert import WEIGHTS, read_checkpoint_dir
-    from .model import resolve_shape
-    from .recipe import RecipeError
-
-    directory = Path(recipe.model.checkpoint)
-    shape, meta = read_checkpoint_dir(directory)
-    if shape != resolve_shape(recipe.model):
-        raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
-                          f"{recipe.model.preset} is {resolve_shape(recipe.model).describe()}")
-    weights = ms.load_checkpoint(str(directory / WEIGHTS))
-    if meta.get("quantization"):  # int8 + scales -> the float weights they stand for
-        from .quantize import dequantize
-
-        weights = {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in
-                   dequantize({k: p.asnumpy() for k, p in weights.items()}).items()}
-    names = {p.name for p in net.get_parameters()}
-    missing = sorted(n for n in names if n not in weights and n.startswith("model."))
-    if missing:
-        raise RecipeError(f"{directory / WEIGHTS}: lacks {missing[0]} ({len(missing)} tensors missing)")
-    ms.load_param_into_net(net, weights, strict_load=True)

@@ -111,7 +111,7 @@ def cmd_eval(args) -> int:
     from .runtime import quiet_frameworks
 
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "eval")
-    result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size)
+    result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size, args.device)
     if args.json:
         print(json.dumps(result))
     else:
@@ -130,7 +130,7 @@ def cmd_generate(args) -> int:
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "generate")
     generate(Path(args.checkpoint), args.prompt, args.system, args.max_new_tokens, greedy=not args.temperature,
              temperature=args.temperature or 1.0, top_p=args.top_p, seed=args.seed,
-             on_text=lambda text: print(text, end="", flush=True))
+             on_text=lambda text: print(text, end="", flush=True), device=args.device)
     print()
     return 0
 
@@ -231,35 +231,51 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)
 
+    # What eval, generate and ms-to-hf take (pretrained.resolve_weights).
+    weights_help = ("a directory written by convert hf-to-ms, a step directory (runs/X/checkpoints/step_N) or a "
+                    "run directory (its newest complete step); a LoRA run's adapters are folded into the base "
+                    "its recipe names (model.checkpoint)")
+    device_help = "where to run: auto picks ascend when MindSpore reports a usable Ascend device, else cpu"
+
     convert = sub.add_parser("convert", help="Hugging Face weights to MindSpore and back")
-    convert.add_argument("direction", choices=("hf-to-ms", "ms-to-hf"))
-    convert.add_argument("--src", required=True, help="HF directory (hf-to-ms) or converted directory (ms-to-hf)")
-    convert.add_argument("--dst", required=True, help="directory to create")
+    convert.add_argument("direction", choices=("hf-to-ms", "ms-to-hf"),
+                         help="hf-to-ms: a Hugging Face Llama 3.2 directory to a checkpoint recipes start from; "
+                              "ms-to-hf: back to safetensors plus config and tokenizer files, for serving")
+    convert.add_argument("--src", required=True,
+                         help="hf-to-ms: a Hugging Face directory; ms-to-hf: " + weights_help)
+    convert.add_argument("--dst", required=True, help="directory to create (must not exist)")
     convert.add_argument("--weights", help="ms-to-hf: a model.ckpt to export instead of --src's own "
                                            "(e.g. runs/x/checkpoints/step_N/model.ckpt)")
-    convert.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+    convert.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                         help="dtype written; unset: float32 for hf-to-ms, the dtype the weights were converted "
+                              "from for ms-to-hf")
     convert.add_argument("--merge-lora", action="store_true",
                          help="ms-to-hf: --weights holds LoRA adapters; fold them into --src's base weights")
     convert.set_defaults(func=cmd_convert)
 
-    ev = sub.add_parser("eval", help="loss and perplexity of a converted checkpoint over JSONL records")
-    ev.add_argument("--checkpoint", required=True, help="a directory written by convert hf-to-ms")
-    ev.add_argument("--data", required=True, nargs="+", metavar="FILE.jsonl")
-    ev.add_argument("--max-seq-len", type=int, default=2048)
-    ev.add_argument("--batch-size", type=int, default=4)
-    ev.add_argument("--json", action="store_true")
+    ev = sub.add_parser("eval", help="loss and perplexity of a checkpoint over JSONL records")
+    ev.add_argument("--checkpoint", required=True, help=weights_help)
+    ev.add_argument("--data", required=True, nargs="+", metavar="FILE.jsonl",
+                    help="JSONL records: text, alpaca or ShareGPT (told apart by their keys)")
+    ev.add_argument("--max-seq-len", type=int, default=2048,
+                    help="longer records are truncated; each batch is padded only to the power-of-two bucket "
+                         "(64 and up) of its longest record")
+    ev.add_argument("--batch-size", type=int, default=4, help="records per forward pass")
+    ev.add_argument("--device", choices=("auto", "cpu", "ascend"), default="auto", help=device_help)
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=cmd_eval)
 
-    gen = sub.add_parser("generate", help="a chat reply from a converted checkpoint, streamed")
-    gen.add_argument("--checkpoint", required=True, help="a directory written by convert hf-to-ms")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--system")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen = sub.add_parser("generate", help="a chat reply from a checkpoint, streamed")
+    gen.add_argument("--checkpoint", required=True, help=weights_help)
+    gen.add_argument("--prompt", required=True, help="the user turn")
+    gen.add_argument("--system", help="a system turn before it")
+    gen.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many tokens")
     mode = gen.add_mutually_exclusive_group()
-    mode.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
-    mode.add_argument("--temperature", type=float, help="sample at this temperature instead")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=0)
+    mode.add_argument("--greedy", action="store_true", help="argmax decoding (what happens without --temperature)")
+    mode.add_argument("--temperature", type=float, help="sample at this temperature instead of greedy decoding")
+    gen.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling threshold")
+    gen.add_argument("--seed", type=int, default=0, help="with --temperature: sampling seed")
+    gen.add_argument("--device", choices=("auto", "cpu", "ascend"), default="auto", help=device_help)
     gen.set_defaults(func=cmd_generate)
 
     quant = sub.add_parser("quantize", help="INT8 weight-only quantization of a converted checkpoint")

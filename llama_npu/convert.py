@@ -246,16 +246,8 @@ def read_checkpoint_dir(src: Path) -> tuple[LlamaShape, dict]:
 
 
 LORA_A, LORA_B = "mindpet_delta_lora_a", "mindpet_delta_lora_b"
-
-
-def lora_alpha_of(weights: Path) -> float:
-    """strategies.lora.alpha of the run a step checkpoint belongs to (<run>/recipe.yaml)."""
-    import yaml
-
-    recipe = weights.resolve().parent.parent.parent / "recipe.yaml"
-    if not recipe.is_file():
-        raise ConvertError(f"{weights}: cannot find the run's recipe.yaml ({recipe}) for the LoRA alpha")
-    return float(yaml.safe_load(recipe.read_text(encoding="utf-8"))["strategies"]["lora"]["alpha"])
+# What transformers' AutoTokenizer reads from an export directory.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def merge_adapters(base: dict, adapters: dict, alpha: float) -> int:
@@ -272,38 +264,59 @@ def merge_adapters(base: dict, adapters: dict, alpha: float) -> int:
     return merged
 
 
+def _export_source(src: Path, weights: Path | None, merge_lora: bool):
+    from .pretrained import ResolvedWeights, resolve_weights
+
+    if merge_lora:
+        if weights is None:
+            raise ConvertError("--merge-lora needs --weights: the LoRA run's step_<N>/model.ckpt")
+        run = resolve_weights(Path(weights).parent)  # the step's run recipe: alpha, tokenizer
+        if run.adapters is None:
+            raise ConvertError(f"{weights}: not a step of a LoRA run (its recipe has strategies.lora.enabled false)")
+        return ResolvedWeights(src, src / WEIGHTS, run.adapters, run.alpha, run.tokenizer)
+    if weights is not None:
+        return ResolvedWeights(src, Path(weights))
+    return resolve_weights(src)
+
+
+def copy_tokenizer(tokenizer: str, dst: Path) -> None:
+    """The tokenizer files next to the tokenizer.json the run trained with."""
+    import shutil
+
+    from .data.tokenizer import tokenizer_path
+
+    directory = tokenizer_path(tokenizer).parent
+    for name in TOKENIZER_FILES:
+        if (directory / name).is_file():
+            shutil.copyfile(directory / name, dst / name)
+
+
 def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | None = None,
              merge_lora: bool = False) -> Path:
-    """`src`: a converted directory (its config.json); `weights`: a model.ckpt to export
+    """`src`: a converted directory, a step directory or a run directory (a LoRA run's
+    adapters are folded into the base its recipe names); `weights`: a model.ckpt to export
     instead of src's own (for example a fine-tuned step's). With `merge_lora`, `weights`
-    holds a LoRA run's adapters, folded into src's base weights."""
+    holds a LoRA run's adapters, folded into src's base weights. The export carries the
+    tokenizer files, so transformers loads model and tokenizer from it."""
     import mindspore as ms
+
+    from .pretrained import model_weights
 
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
-    shape, meta = read_checkpoint_dir(src)
+    source = _export_source(src, weights, merge_lora)
+    shape, meta, loaded = model_weights(source)
     dtype = dtype or {"BF16": "bfloat16", "F16": "float16"}.get((meta.get("source_dtypes") or ["F32"])[0], "float32")
-    if merge_lora:
-        if weights is None:
-            raise ConvertError("--merge-lora needs --weights: the LoRA run's step_<N>/model.ckpt")
-        base = {k: v.astype(ms.float32).asnumpy() for k, v in ms.load_checkpoint(str(src / WEIGHTS)).items()}
-        adapters = {k: v.astype(ms.float32).asnumpy() for k, v in ms.load_checkpoint(str(weights)).items()}
-        if not merge_adapters(base, adapters, lora_alpha_of(weights)):
-            raise ConvertError(f"{weights}: no LoRA adapters ({LORA_A}) to merge")
-        loaded = {k: ms.Tensor(v) for k, v in base.items()}
-    else:
-        loaded = ms.load_checkpoint(str(weights or src / WEIGHTS))
     expected = expected_shapes(shape)
     tensors = {}
     for hf_name, hf_shape in tracked_items(expected, "convert"):
         ms_name = rename(hf_name, to_ms=True)
         if ms_name not in loaded:
-            raise ConvertError(f"{weights or src / WEIGHTS}: tensor {ms_name} is missing")
+            raise ConvertError(f"{source.weights}: tensor {ms_name} is missing")
         values = loaded[ms_name].astype(ms.float32).asnumpy()
         if tuple(values.shape) != hf_shape:
-            raise ConvertError(f"{weights or src / WEIGHTS}: tensor {ms_name} has shape {values.shape}, "
-                               f"expected {hf_shape}")
+            raise ConvertError(f"{source.weights}: tensor {ms_name} has shape {values.shape}, expected {hf_shape}")
         if dtype == "bfloat16":
             tensors[hf_name] = ("BF16", f32_to_bf16(values))
         else:
@@ -313,4 +326,5 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
         write_safetensors(staging / "model.safetensors", tensors)
         (staging / CONFIG).write_text(json.dumps(hf_config(shape, dtype, meta.get("hf_config")), indent=2),
                                       encoding="utf-8")
+        copy_tokenizer(source.tokenizer, staging)
     return dst

@@ -1,4 +1,5 @@
-"""`llama-npu generate`: a Llama 3 chat reply from a converted checkpoint, streamed.
+"""`llama-npu generate`: a Llama 3 chat reply from a converted checkpoint, a step or a run
+directory (LoRA adapters folded into the run's base), streamed.
 
 No KV cache: every new token runs the model over one fixed-length buffer (prompt + the
 tokens asked for), so the graph compiles once; the causal mask makes the right padding
@@ -39,7 +40,7 @@ def next_token(logits: np.ndarray, greedy: bool, temperature: float, top_p: floa
 
 def generate(checkpoint: Path, prompt: str, system: Optional[str] = None, max_new_tokens: int = 128,
              greedy: bool = True, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-             on_text: Callable[[str], None] = lambda _: None, tokenizer_name: str = "llama3.2") -> List[int]:
+             on_text: Callable[[str], None] = lambda _: None, device: str = "auto") -> List[int]:
     """The generated token ids (without the stop token); `on_text` receives the text as it grows."""
     import mindspore as ms
     from mindspore import nn
@@ -47,10 +48,12 @@ def generate(checkpoint: Path, prompt: str, system: Optional[str] = None, max_ne
     from .data.tokenizer import load_tokenizer
     from .evaluate import build_from_checkpoint
 
-    tokenizer = load_tokenizer(tokenizer_name)
+    from .pretrained import resolve_weights
+
+    tokenizer = load_tokenizer(resolve_weights(Path(checkpoint)).tokenizer)
     ids = prompt_ids(tokenizer, prompt, system)
     length = len(ids) + max_new_tokens
-    net, _ = build_from_checkpoint(Path(checkpoint), length)
+    net, _, _ = build_from_checkpoint(Path(checkpoint), length, device=device)
 
     class Logits(nn.Cell):
         def __init__(self):

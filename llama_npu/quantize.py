@@ -18,7 +18,7 @@ from typing import Dict
 import numpy as np
 
 from .atomic import staged_directory
-from .convert import CONFIG, WEIGHTS, ConvertError, read_checkpoint_dir
+from .convert import CONFIG, WEIGHTS, ConvertError
 
 LINEAR = re.compile(r"^model\.layers\.\d+\.(attention\.w[qkvo]|feed_forward\.w[123])\.weight$")
 SCALE = ".int8_scale"
@@ -45,13 +45,16 @@ def dequantize(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
 def quantize_checkpoint(src: Path, dst: Path) -> dict:
     import mindspore as ms
 
+    from .pretrained import model_weights, resolve_weights
+
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
-    _, meta = read_checkpoint_dir(src)
-    if meta.get("quantization"):
+    source = resolve_weights(src)
+    _, meta, weights = model_weights(source)
+    if meta.get("quantization") and source.adapters is None:
         raise ConvertError(f"{src} is already quantized")
-    loaded = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(src / WEIGHTS)).items()}
+    loaded = {k: v.asnumpy() for k, v in weights.items()}
     before = sum(v.nbytes for v in loaded.values())
     params, after, layers = [], 0, 0
     for name, value in loaded.items():
@@ -65,7 +68,7 @@ def quantize_checkpoint(src: Path, dst: Path) -> dict:
             params.append({"name": name, "data": ms.Tensor(kept)})
             after += kept.nbytes
     if not layers:
-        raise ConvertError(f"{src / WEIGHTS}: no decoder linear weights to quantize")
+        raise ConvertError(f"{source.weights}: no decoder linear weights to quantize")
     with staged_directory(dst) as staging:
         ms.save_checkpoint(params, str(staging / WEIGHTS))
         meta = dict(meta, quantization={"scheme": "int8 weight-only, per-output-channel symmetric, fp32 scales; "

@@ -8,7 +8,10 @@ import pytest
 
 from llama_npu.convert import read_safetensors
 
-from conftest import REPO, SMOKE, TINY_RUN, read_metrics, run_cli
+from llama_npu.recipe import load_recipe
+
+from conftest import REPO, SMOKE, read_metrics, run_cli
+from test_shipped_recipes import SHRINK  # helper D turns this list into `train --rehearse`
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -29,7 +32,7 @@ def logits_of(ms, net, tokens):
     return Logits()(ms.Tensor(tokens)).asnumpy().reshape(*tokens.shape, -1)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def hf_dir(tmp_path_factory):
     """A tiny random Llama 3.2 (llama3 RoPE scaling, GQA 4/2, tied embeddings) saved by transformers."""
     torch.manual_seed(0)
@@ -52,13 +55,21 @@ def hf_dir(tmp_path_factory):
     return path, model
 
 
-def test_converted_logits_equal_transformers(ms, hf_dir, tmp_path):
+@pytest.fixture(scope="session")
+def conversions(hf_dir, tmp_path_factory):
+    """dtype -> the tiny model converted by `convert hf-to-ms --dtype`, shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("converted")
+    for dtype in ("float32", "float16"):
+        run_cli("convert", "hf-to-ms", "--src", hf_dir[0], "--dst", out / dtype, "--dtype", dtype, check=True)
+    return {dtype: out / dtype for dtype in ("float32", "float16")}
+
+
+def test_converted_logits_equal_transformers(ms, hf_dir, conversions):
     from llama_npu.build import build_network
     from llama_npu.recipe import load_recipe
 
-    src, reference = hf_dir
-    out = tmp_path / "ms"
-    run_cli("convert", "hf-to-ms", "--src", src, "--dst", out, check=True)
+    _, reference = hf_dir
+    out = conversions["float32"]
     recipe = load_recipe(SMOKE, ["data.max_seq_len=24", f"model.checkpoint={out}"])
     net, _ = build_network(recipe, on_ascend=False)
 
@@ -87,16 +98,17 @@ def test_round_trip_is_bit_exact_and_transformers_loads_it(hf_dir, tmp_path):
         assert torch.equal(reloaded(tokens).logits, reference(tokens).logits)
 
 
-def test_fine_tune_from_converted_weights(hf_dir, tmp_path):
-    src, _ = hf_dir
-    run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
-    run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", f"model.checkpoint={tmp_path / 'ms'}",
-            "--set", "train.max_steps=2", check=True)
-    assert len(read_metrics(tmp_path / "run")) == 2
-    # and back to Hugging Face format from the fine-tuned step
-    run_cli("convert", "ms-to-hf", "--src", tmp_path / "ms", "--weights",
-            tmp_path / "run" / "checkpoints" / "step_2" / "model.ckpt", "--dst", tmp_path / "tuned", check=True)
+def test_fine_tune_exports_back_to_hugging_face(shrunk_run, conversions, tmp_path):
+    """From the run directory (its newest step) or from --weights of that step: the same export."""
+    run, proc = shrunk_run(SMOKE, "float32")  # the smoke recipe fine-tuned 2 steps from the conversion
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_cli("convert", "ms-to-hf", "--src", run, "--dst", tmp_path / "tuned", check=True)
+    run_cli("convert", "ms-to-hf", "--src", conversions["float32"], "--weights",
+            run / "checkpoints" / "step_2" / "model.ckpt", "--dst", tmp_path / "by-weights", check=True)
     assert json.loads((tmp_path / "tuned" / "config.json").read_text())["tie_word_embeddings"] is True
+    assert (tmp_path / "tuned" / "model.safetensors").read_bytes() == \
+        (tmp_path / "by-weights" / "model.safetensors").read_bytes()
+    assert (tmp_path / "tuned" / "tokenizer.json").is_file()
 
 
 @pytest.mark.parametrize("breakage, message", [
@@ -132,16 +144,15 @@ def test_bad_sources_name_file_and_tensor_and_write_nothing(hf_dir, tmp_path, br
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
 
 
-def test_eval_loss_equals_the_reference_loss(hf_dir, tmp_path):
+def test_eval_with_its_defaults_gives_the_reference_loss(hf_dir, conversions, tmp_path):
+    """Defaults: --max-seq-len 2048 and --batch-size 4, each batch padded only to its bucket."""
     from llama_npu.data.tokenizer import load_tokenizer
 
-    src, reference = hf_dir
-    run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
+    _, reference = hf_dir
     texts = ["长江是中国最长的河流。", "Llama 3.2 有 1B 和 3B 两个版本。", "今天天气很好，我们去公园散步吧。"]
     data = tmp_path / "texts.jsonl"
     data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
-    proc = run_cli("eval", "--checkpoint", tmp_path / "ms", "--data", data, "--max-seq-len", "32",
-                   "--batch-size", "2", "--json", check=True)
+    proc = run_cli("eval", "--checkpoint", conversions["float32"], "--data", data, "--json", check=True)
     ours = json.loads(proc.stdout)
 
     tok = load_tokenizer("llama3.2")
@@ -157,14 +168,13 @@ def test_eval_loss_equals_the_reference_loss(hf_dir, tmp_path):
     assert ours["perplexity"] == pytest.approx(np.exp(total / count), rel=1e-4)
 
 
-def test_greedy_generate_matches_transformers(hf_dir, tmp_path, ms):
+def test_greedy_generate_matches_transformers(hf_dir, conversions, ms):
     from llama_npu.data.tokenizer import load_tokenizer
     from llama_npu.generate import STOP_IDS, generate, prompt_ids
 
-    src, reference = hf_dir
-    run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
+    _, reference = hf_dir
     streamed = []
-    ours = generate(tmp_path / "ms", "你好，请介绍一下长城。", system="你是一位导游。", max_new_tokens=8,
+    ours = generate(conversions["float32"], "你好，请介绍一下长城。", system="你是一位导游。", max_new_tokens=8,
                     on_text=streamed.append)
     ids = prompt_ids(load_tokenizer("llama3.2"), "你好，请介绍一下长城。", "你是一位导游。")
     with torch.no_grad():
@@ -175,17 +185,15 @@ def test_greedy_generate_matches_transformers(hf_dir, tmp_path, ms):
     assert "".join(streamed) == load_tokenizer("llama3.2").decode(ours).rstrip("\ufffd")
 
 
-def test_int8_quantization_size_and_loss(hf_dir, tmp_path):
+def test_int8_quantization_size_and_loss(shrunk_run, conversions, tmp_path):
     """Quantize a briefly fine-tuned tiny model: the size drops as computed and the held-out
     loss moves by a small amount (eval reports both losses)."""
     from llama_npu.memory.planner import split_params
     from llama_npu.model import PRESETS
 
-    src, _ = hf_dir
-    run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "base", check=True)
-    run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", f"model.checkpoint={tmp_path / 'base'}",
-            "--set", "train.max_steps=8", "--set", "train.optimizer.lr=1e-2", check=True)
-    tuned = tmp_path / "run" / "checkpoints" / "step_8"  # a step directory is a checkpoint eval/quantize take
+    base = conversions["float32"]
+    run, _ = shrunk_run(SMOKE, "float32")  # 2 steps at lr 0.05 from the conversion
+    tuned = run / "checkpoints" / "step_2"  # a step directory is a checkpoint eval/quantize take
     proc = run_cli("quantize", "--checkpoint", tuned, "--dst", tmp_path / "int8", check=True)
     split = split_params(PRESETS["tiny"])  # the test model has the tiny preset's shape
     linear = 2 * split["layer_matrices"]
@@ -195,42 +203,184 @@ def test_int8_quantization_size_and_loss(hf_dir, tmp_path):
     assert f"{4 * everything:,} bytes -> {after:,} bytes" in proc.stdout
     held_out = str(REPO / "data" / "zh_instruct_eval.jsonl")
     losses = {}
-    for name, path in (("tuned", tuned), ("int8", tmp_path / "int8"), ("base", tmp_path / "base")):
+    for name, path in (("tuned", tuned), ("int8", tmp_path / "int8"), ("base", base)):
         out = run_cli("eval", "--checkpoint", path, "--data", held_out, "--max-seq-len", "64", "--json", check=True)
         losses[name] = json.loads(out.stdout)["loss"]
     assert losses["tuned"] < losses["base"]  # the fine-tune learned something
     assert losses["int8"] != losses["tuned"] and abs(losses["int8"] - losses["tuned"]) < 0.01 * losses["tuned"]
 
 
-def test_lora_adapters_merge_into_hugging_face_weights(hf_dir, tmp_path, ms):
-    """Fine-tune LoRA adapters on converted weights, export merged: transformers' logits of
-    the merged model equal ours with the adapters applied."""
+# ---------------------------------------------------------------- shipped recipes from converted weights
+
+def recipe_overrides(path, checkpoint):
+    """The shrink of tests/test_shipped_recipes.py, keeping the recipe's own precision
+    (bfloat16, which the CPU has no kernels for, becomes float16: same parameter dtypes),
+    and a learning rate at which two steps visibly move LoRA adapters."""
+    recipe = load_recipe(path)
+    sets = [s for s in SHRINK if not s.startswith("strategies.precision.")]
+    if recipe.strategies.precision.dtype == "bfloat16":
+        sets.append("strategies.precision.dtype=float16")
+    sets += [f"model.checkpoint={checkpoint}", "train.optimizer.lr=0.05"]
+    return [a for s in sets for a in ("--set", s)]
+
+
+def precision_group(path) -> str:
+    """What decides the network's parameter dtypes: amp level, dtype and LoRA."""
+    recipe = load_recipe(path)
+    p = recipe.strategies.precision
+    dtype = "float32" if p.amp_level == "O0" else "float16"  # bfloat16 runs as float16 here
+    return f"{p.amp_level}-{dtype}{'-lora' if recipe.strategies.lora.enabled else ''}"
+
+
+SHIPPED = sorted((REPO / "recipes").glob("*.yaml"))
+GROUPS = {}
+for _path in SHIPPED:
+    GROUPS.setdefault(precision_group(_path), []).append(_path)
+LORA_RECIPE = REPO / "recipes" / "llama3_2_3b_zh_lora_910a.yaml"
+
+
+@pytest.fixture(scope="session")
+def shrunk_run(conversions, tmp_path_factory):
+    """(recipe, dtype) -> the run directory of that recipe shrunk to tiny, started from the
+    `dtype` conversion; each trained once per session."""
+    runs = {}
+
+    def run(path, dtype):
+        if (path, dtype) not in runs:
+            out = tmp_path_factory.mktemp("shrunk") / f"{path.stem}-{dtype}"
+            runs[path, dtype] = out, run_cli("train", path, "--output-dir", out,
+                                             *recipe_overrides(path, conversions[dtype]))
+        return runs[path, dtype]
+    return run
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_shipped_recipes_train_from_float32_and_float16_conversions(shrunk_run, group, dtype):
+    """Every shipped recipe, shrunk, starts from both conversions with its own precision.
+
+    To keep the suite short the recipes are grouped by what decides the dtype of each
+    Parameter a checkpoint loads into (amp level, dtype, LoRA) and the first recipe of each
+    group trains 2 steps: O0 stores everything in float32; O2 stores float32 parameters and
+    computes in float16; O2 with LoRA stores the frozen base in float16 but the norms in
+    float32. The bfloat16 recipes (910B) store what their float16 group stores and run as
+    it here: the CPU has no bfloat16 kernels."""
+    out, proc = shrunk_run(GROUPS[group][0], dtype)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) for r in rows)
+
+
+def test_a_mismatched_checkpoint_is_one_line_naming_the_tensor(ms, conversions, tmp_path):
+    """check_pretrained reads only config.json and the tensor headers, before any data is tokenized."""
+    import shutil
+
+    from llama_npu.checkpoint import CheckpointError
+    from llama_npu.pretrained import check_pretrained, tensor_index
+
+    broken = tmp_path / "broken"
+    shutil.copytree(conversions["float16"], broken)
+    weights = ms.load_checkpoint(str(broken / "model.ckpt"))
+    assert tensor_index(broken / "model.ckpt") == {k: tuple(v.shape) for k, v in weights.items()}
+    recipe = load_recipe(SMOKE, [f"model.checkpoint={broken}"])
+    check_pretrained(recipe)  # intact: no error
+
+    def rewrite(**changes):
+        (broken / "model.ckpt").chmod(0o600)  # saved read-only
+        tensors = {k: v for k, v in dict(weights, **changes).items() if v is not None}
+        ms.save_checkpoint([{"name": k, "data": v} for k, v in tensors.items()], str(broken / "model.ckpt"),
+                           crc_check=True)
+
+    rewrite(**{"model.layers.1.attention.wk.weight": ms.Tensor(np.zeros((16, 64)), ms.float16)})
+    with pytest.raises(CheckpointError, match=r"model\.ckpt: tensor model\.layers\.1\.attention\.wk\.weight has "
+                                              r"shape \(16, 64\), the model needs \(32, 64\)$"):
+        check_pretrained(recipe)
+    rewrite(**{"model.norm_out.weight": None, "model.layers.1.attention.wk.weight": None})
+    with pytest.raises(CheckpointError, match=r"model\.ckpt: lacks tensor model\.norm_out\.weight \(2 of 20 "):
+        check_pretrained(recipe)
+
+
+# ---------------------------------------------------------------- LoRA run directories
+
+@pytest.fixture(scope="session")
+def lora_export(shrunk_run, tmp_path_factory):
+    """The shrunk LoRA recipe's run directory and its `convert ms-to-hf --src RUN` export."""
+    run, proc = shrunk_run(LORA_RECIPE, "float32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    export = tmp_path_factory.mktemp("lora-export") / "hf"
+    run_cli("convert", "ms-to-hf", "--src", run, "--dst", export, check=True)
+    return run, export
+
+
+def test_a_lora_run_exports_merged_weights_and_its_tokenizer(ms, hf_dir, conversions, lora_export, tmp_path):
+    """transformers' logits of the export equal ours with the adapters applied, its
+    AutoTokenizer encodes as ours does, and the --weights --merge-lora form is identical."""
     from llama_npu.build import build_network
-    from llama_npu.recipe import load_recipe
+    from llama_npu.data.tokenizer import load_tokenizer
 
-    src, _ = hf_dir
-    base = tmp_path / "ms"
-    run_cli("convert", "hf-to-ms", "--src", src, "--dst", base, check=True)
-    lora = ["--set", "strategies.lora.enabled=true", "--set", "strategies.lora.alpha=32",
-            "--set", "strategies.lora.target_modules=.*wq|.*wv|.*w2", "--set", "train.optimizer.lr=0.05",
-            "--set", "train.warmup_steps=0"]
-    run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", f"model.checkpoint={base}",
-            "--set", "train.max_steps=3", *lora, check=True)
-    step = tmp_path / "run" / "checkpoints" / "step_3" / "model.ckpt"
-    run_cli("convert", "ms-to-hf", "--src", base, "--weights", step, "--merge-lora", "--dst", tmp_path / "merged",
-            check=True)
-
-    recipe = load_recipe(SMOKE, ["data.max_seq_len=16", f"model.checkpoint={base}", "strategies.lora.enabled=true",
-                                 "strategies.lora.alpha=32", "strategies.lora.target_modules=.*wq|.*wv|.*w2"])
+    run, export = lora_export
+    step = run / "checkpoints" / "step_2" / "model.ckpt"
+    recipe = load_recipe(LORA_RECIPE, [a for a in recipe_overrides(LORA_RECIPE, conversions["float32"]) if a != "--set"]
+                         + ["strategies.precision.amp_level=O0", "data.max_seq_len=16"])
     net, _ = build_network(recipe, on_ascend=False)
     ms.load_param_into_net(net, ms.load_checkpoint(str(step)))
-
     tokens = np.random.default_rng(1).integers(0, 128000, (1, 16)).astype(np.int32)
     ours = logits_of(ms, net, tokens)
-    merged = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "merged").eval()
     with torch.no_grad():
-        theirs = merged(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
-        base_logits = transformers.LlamaForCausalLM.from_pretrained(src).eval()(
-            torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
-    assert np.abs(ours - theirs).max() < 1e-4
-    assert np.abs(theirs - base_logits).max() > 1e-3  # the adapters did change the model
+        theirs = transformers.LlamaForCausalLM.from_pretrained(export).eval()(torch.from_numpy(tokens.astype(np.int64)))
+        base_logits = hf_dir[1](torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
+    assert np.abs(ours - theirs.logits.numpy()).max() < 1e-4
+    assert np.abs(theirs.logits.numpy() - base_logits).max() > 1e-3  # the adapters did change the model
+
+    text = "长江是中国最长的河流。Llama 3.2"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export)
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] == load_tokenizer("llama3.2").encode(
+        text, add_special_tokens=False).ids
+
+    run_cli("convert", "ms-to-hf", "--src", conversions["float32"], "--weights", step, "--merge-lora",
+            "--dst", tmp_path / "merged", check=True)
+    assert (tmp_path / "merged" / "model.safetensors").read_bytes() == (export / "model.safetensors").read_bytes()
+
+
+def test_eval_and_generate_take_a_lora_run_directory(lora_export, tmp_path):
+    """Both fold the adapters into the base the run's recipe names: the loss and the greedy
+    reply equal transformers' on the merged export."""
+    from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.generate import STOP_IDS, prompt_ids
+
+    run, export = lora_export
+    merged = transformers.LlamaForCausalLM.from_pretrained(export).eval()
+    texts = ["长江是中国最长的河流。", "今天天气很好，我们去公园散步吧。"]
+    data = tmp_path / "texts.jsonl"
+    data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    ours = json.loads(run_cli("eval", "--checkpoint", run, "--data", data, "--json", check=True).stdout)
+    tok = load_tokenizer("llama3.2")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([[128000] + tok.encode(text, add_special_tokens=False).ids + [128001]])
+            total, count = total + merged(ids, labels=ids).loss.item() * (ids.shape[1] - 1), count + ids.shape[1] - 1
+    assert ours["target_tokens"] == count and ours["loss"] == pytest.approx(total / count, rel=1e-5)
+
+    proc = run_cli("generate", "--checkpoint", run, "--prompt", "你好", "--max-new-tokens", "6", check=True)
+    ids = prompt_ids(tok, "你好")
+    with torch.no_grad():
+        out = merged.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=list(STOP_IDS),
+                              pad_token_id=128004)
+    theirs = [t for t in out[0, len(ids):].tolist() if t not in STOP_IDS]
+    assert proc.stdout.rstrip("\n") == tok.decode(theirs).rstrip("\ufffd")
+
+
+def test_eval_generate_convert_options_are_documented_and_device_checked():
+    """Every option has a help text (the parser shows each default after it); asking for
+    an NPU the host does not have is one line, before anything is read."""
+    from llama_npu.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name in ("eval", "generate", "convert"):
+        undocumented = [a.dest for a in commands[name]._actions if not a.help]
+        assert not undocumented, f"{name}: {undocumented} have no help text"
+    proc = run_cli("eval", "--checkpoint", REPO / "no-such-run", "--data", REPO / "data" / "zh_instruct_eval.jsonl",
+                   "--device", "ascend")
+    assert proc.returncode == 2 and proc.stderr.startswith("llama-npu: error: --device ascend: MindSpore reports "
+                                                           "no usable Ascend device")

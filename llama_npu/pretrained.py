@@ -1,0 +1,254 @@
+"""Pretrained weights into a built network: the one loader train, eval, generate and
+ms-to-hf share.
+
+`check_pretrained(recipe)` checks model.checkpoint against the recipe (its config.json, then
+each tensor's name and shape, read from the file's record headers without building the
+model or reading the weights), so a mismatch is one line before anything is tokenized or
+written. It has no side effects.
+
+`load_weights` casts each tensor to the dtype its Parameter has in the network the recipe
+built, so a float32 or float16 conversion loads under any amp level, LoRA or not:
+MindFormers keeps the norms in float32 while O3 (and LoRA's frozen base) store the linear
+weights in the compute dtype.
+
+`resolve_weights` tells apart what eval, generate and ms-to-hf accept: a converted directory
+or a full fine-tune's step directory (both have config.json), and a run directory or a LoRA
+step directory, whose adapters are folded into the base its recipe names (model.checkpoint).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+from .checkpoint import CheckpointError, problem, step_dirs_newest_first
+from .convert import (CONFIG, LORA_A, WEIGHTS, ConvertError, expected_shapes, merge_adapters, read_checkpoint_dir,
+                      rename)
+from .model import LlamaShape
+
+
+def expected_tensors(shape: LlamaShape) -> Dict[str, tuple]:
+    """MindFormers parameter name -> shape of every weight a Llama 3.2 of `shape` has."""
+    return {rename(name, to_ms=True): dims for name, dims in expected_shapes(shape).items()}
+
+
+# ---------------------------------------------------------------- the file's record headers
+
+def _varint(fh) -> int:
+    shift = result = 0
+    while True:
+        byte = fh.read(1)
+        if not byte:
+            raise EOFError("truncated")
+        result |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return result
+        shift += 7
+
+
+def _tensor_dims(fh, end: int) -> list:
+    dims = []
+    while fh.tell() < end:
+        if _varint(fh) == 0x08:  # dims, proto2 unpacked: one varint each
+            dims.append(_varint(fh))
+        else:  # tensor_type or tensor_content: skipped, not read
+            fh.seek(_varint(fh), 1)
+    return dims
+
+
+def tensor_index(path: Path) -> Dict[str, tuple]:
+    """name -> shape of every tensor in a MindSpore .ckpt, seeking past the tensor data.
+
+    The file is a sequence of protobuf Checkpoint.Value records (mindspore/train/
+    checkpoint_pb2.py: Value{tag = 1, tensor = 2}, TensorProto{dims = 1, tensor_type = 2,
+    tensor_content = 3}); a large tensor is several records of one tag, each with the full
+    dims (mindspore/train/serialization.py _write_parameter_data). A CRC-checked file ends
+    with b"crc_num" and 10 bytes of CRC."""
+    path = Path(path)
+    size = path.stat().st_size
+    shapes: Dict[str, tuple] = {}
+    with open(path, "rb") as fh:
+        fh.seek(max(size - 17, 0))
+        end = size - 17 if fh.read(7) == b"crc_num" else size
+        fh.seek(0)
+        try:
+            while fh.tell() < end:
+                if _varint(fh) != 0x0A:  # Checkpoint.value
+                    raise ValueError("unexpected record")
+                value_end = _varint(fh) + fh.tell()
+                name, dims = None, None
+                while fh.tell() < value_end:
+                    key, length = _varint(fh), _varint(fh)
+                    if key == 0x0A:
+                        name = fh.read(length).decode()
+                    elif key == 0x12:
+                        dims = _tensor_dims(fh, fh.tell() + length)
+                    else:
+                        fh.seek(length, 1)
+                if name is None or fh.tell() != value_end:
+                    raise ValueError("malformed record")
+                shapes[name] = tuple(dims or ())
+        except (EOFError, ValueError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({exc})") from None
+    return shapes
+
+
+def check_tensors(path: Path, shape: LlamaShape) -> None:
+    """Every weight of a `shape` model is in `path` with its shape, or one line naming it."""
+    found = tensor_index(path)
+    expected = expected_tensors(shape)
+    missing = [name for name in expected if name not in found]
+    if missing:
+        raise CheckpointError(f"{path}: lacks tensor {missing[0]} ({len(missing)} of {len(expected)} model "
+                              f"tensors missing)")
+    for name, dims in expected.items():
+        if found[name] != dims:
+            raise CheckpointError(f"{path}: tensor {name} has shape {found[name]}, the model needs {dims}")
+
+
+def check_pretrained(recipe) -> None:
+    """Raise RecipeError / CheckpointError (one line) when model.checkpoint cannot start
+    `recipe`'s model. Reads config.json and the checkpoint's headers only."""
+    from .model import resolve_shape
+    from .recipe import RecipeError
+
+    if not recipe.model.checkpoint:
+        return
+    directory = Path(recipe.model.checkpoint)
+    if not directory.is_dir():
+        raise CheckpointError(f"model.checkpoint={directory}: no such directory (expected one written by "
+                              f"llama-npu convert hf-to-ms)")
+    try:
+        shape, _ = read_checkpoint_dir(directory)
+    except ConvertError as exc:
+        raise CheckpointError(f"model.checkpoint={exc}") from None
+    wanted = resolve_shape(recipe.model)
+    if shape != wanted:
+        raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
+                          f"{recipe.model.preset} is {wanted.describe()}")
+    if not (directory / WEIGHTS).is_file():
+        raise CheckpointError(f"model.checkpoint={directory}: no {WEIGHTS}")
+    check_tensors(directory / WEIGHTS, shape)
+
+
+# ---------------------------------------------------------------- reading and loading
+
+def read_weights(path: Path, meta: dict) -> dict:
+    """name -> Tensor of a model.ckpt; a quantized one's int8 weights dequantized."""
+    import mindspore as ms
+
+    try:
+        weights = ms.load_checkpoint(str(path))
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise CheckpointError(f"{path} is damaged or unreadable ({exc})") from None
+    if meta.get("quantization"):  # int8 + scales -> the float weights they stand for
+        from .quantize import dequantize
+
+        weights = {k: ms.Tensor(v) for k, v in dequantize({k: p.asnumpy() for k, p in weights.items()}).items()}
+    return weights
+
+
+def load_weights(net, weights: dict, shape: LlamaShape, source: Path) -> None:
+    """Load every Llama weight of `weights` into `net`, each cast to its Parameter's dtype.
+    Parameters the checkpoint does not describe (LoRA adapters) keep their values."""
+    import mindspore as ms
+
+    params = {p.name: p for p in net.get_parameters()}
+    cast = {}
+    for name, dims in expected_tensors(shape).items():
+        if name not in weights:
+            raise CheckpointError(f"{source}: lacks tensor {name}")
+        tensor = weights[name]
+        if tuple(tensor.shape) != dims:
+            raise CheckpointError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model needs {dims}")
+        dtype = params[name].dtype
+        cast[name] = ms.Parameter(tensor if tensor.dtype == dtype else tensor.astype(dtype), name=name)
+    # MindSpore's own loader still does the assignment (and a sliced Parameter's layout).
+    ms.load_param_into_net(net, cast, strict_load=True)
+
+
+def load_pretrained(net, recipe) -> None:
+    """model.checkpoint into the freshly built network of `recipe`."""
+    check_pretrained(recipe)
+    directory = Path(recipe.model.checkpoint)
+    shape, meta = read_checkpoint_dir(directory)
+    load_weights(net, read_weights(directory / WEIGHTS, meta), shape, directory / WEIGHTS)
+
+
+# ---------------------------------------------------------------- what eval / generate / export take
+
+@dataclass
+class ResolvedWeights:
+    base: Path  # a directory with config.json (shape, Hugging Face config)
+    weights: Path  # the model.ckpt holding the full model's tensors
+    adapters: Optional[Path] = None  # a LoRA step's model.ckpt, folded into `weights`
+    alpha: float = 0.0
+    tokenizer: str = "llama3.2"  # the run's data.tokenizer
+
+
+def _run_recipe(run_dir: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((run_dir / "recipe.yaml").read_text(encoding="utf-8")) or {}
+
+
+def _newest_step(run_dir: Path) -> Path:
+    for step in step_dirs_newest_first(run_dir / "checkpoints"):
+        if problem(step) is None:
+            return step
+    raise CheckpointError(f"{run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
+
+
+def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
+    recipe = _run_recipe(run_dir)
+    tokenizer = (recipe.get("data") or {}).get("tokenizer") or "llama3.2"
+    lora = (recipe.get("strategies") or {}).get("lora") or {}
+    if not lora.get("enabled"):
+        if not (step / CONFIG).is_file():
+            raise CheckpointError(f"{step}: no {CONFIG} (a sharded run's shards need llama-npu merge-checkpoints)")
+        return ResolvedWeights(step, step / WEIGHTS, tokenizer=tokenizer)
+    base = (recipe.get("model") or {}).get("checkpoint")
+    if not base:
+        raise CheckpointError(f"{run_dir}: a LoRA run from random weights (its recipe has no model.checkpoint) "
+                              f"saved only adapters, which are not a model without their base")
+    base = Path(base)
+    if not (base / CONFIG).is_file():
+        raise CheckpointError(f"{run_dir}: the base its recipe names, model.checkpoint={base}, has no {CONFIG}")
+    return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.get("alpha", 16)), tokenizer)
+
+
+def resolve_weights(path: Path) -> ResolvedWeights:
+    """A converted directory, a step directory, or a run directory (its newest complete step)."""
+    path = Path(path)
+    if (path / "recipe.yaml").is_file():
+        return _from_run(path, _newest_step(path))
+    if path.parent.name == "checkpoints" and (path.parent.parent / "recipe.yaml").is_file():
+        reason = problem(path)
+        if reason is not None:
+            raise CheckpointError(f"{path} is not a complete checkpoint ({reason})")
+        return _from_run(path.parent.parent, path)
+    if (path / CONFIG).is_file():
+        return ResolvedWeights(path, path / WEIGHTS)
+    raise CheckpointError(f"{path}: not a converted checkpoint, a run directory or a step directory "
+                          f"(no {CONFIG} or recipe.yaml)")
+
+
+def fold_adapters(weights: dict, adapters_path: Path, alpha: float) -> dict:
+    """`weights` with W + (alpha / rank) B A for every adapter pair in `adapters_path`."""
+    import mindspore as ms
+
+    adapters = {k: v.astype(ms.float32).asnumpy() for k, v in read_weights(adapters_path, {}).items()}
+    targets = {name[: -len(LORA_A)] + "weight" for name in adapters if name.endswith(LORA_A)}
+    base = {t: weights[t].astype(ms.float32).asnumpy() for t in targets if t in weights}
+    if not merge_adapters(base, adapters, alpha):
+        raise CheckpointError(f"{adapters_path}: no LoRA adapters ({LORA_A}) to merge")
+    return dict(weights, **{t: ms.Tensor(v) for t, v in base.items()})
+
+
+def model_weights(resolved: ResolvedWeights) -> tuple[LlamaShape, dict, dict]:
+    """(shape, config.json contents, name -> Tensor of the whole model, adapters folded)."""
+    shape, meta = read_checkpoint_dir(resolved.base)
+    weights = read_weights(resolved.weights, meta)
+    if resolved.adapters is not None:
+        weights = fold_adapters(weights, resolved.adapters, resolved.alpha)
+    return shape, meta, weights
