@@ -17,7 +17,7 @@ def build_network(recipe: Recipe, on_ascend: bool):
     from .model import build_model, llama_config, resolve_shape
     from .strategies.chunked_ce import head_loss
     from .strategies.lora import apply_lora, frozen_base_dtypes
-    from .strategies.parallel import mindformers_parallel_config
+    from .strategies.parallel import mindformers_model_options, mindformers_parallel_config
     from .strategies.precision import model_dtypes
     from .strategies.recompute import recompute_config
 
@@ -27,7 +27,7 @@ def build_network(recipe: Recipe, on_ascend: bool):
         dtypes = frozen_base_dtypes(dtypes)
     parallel_config = dict(mindformers_parallel_config(s.parallel), recompute=recompute_config(s.recompute))
     config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, on_ascend,
-                          parallel_config=parallel_config, **dtypes)
+                          parallel_config=parallel_config, **mindformers_model_options(s.parallel), **dtypes)
     net = build_model(config)
     if recipe.model.checkpoint:
         load_pretrained(net, recipe)

@@ -134,7 +134,7 @@ def run_plan(args) -> tuple[str, int]:
             raise RecipeError(f"--model: expected llama3.2-1b or llama3.2-3b, got {args.model!r}")
         recipe, preset = default_recipe(args.model, args.device), args.model
     else:
-        recipe = load_recipe(args.recipe, args.set)
+        recipe = load_recipe(args.recipe, args.set, workers=args.devices)  # parallel.data=auto resolves to it
         preset = recipe.model.preset
     base = strategy_from_recipe(recipe, args.device)
     if args.seq_len:
