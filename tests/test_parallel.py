@@ -332,3 +332,28 @@ def test_merge_uses_the_strategy_of_every_pipeline_stage(ms, tmp_path, pipeline)
     merged.ParseFromString(strategy.read_bytes())
     names = sorted(item.param_name for item in merged.parallel_layout_item)
     assert names == (["0-model.layers.0.w", "1-model.layers.1.w"] if pipeline > 1 else ["model.layers.0.w"])
+
+
+def test_mindformers_loss_of_the_sharded_step_equals_our_summed_token_loss(ms):
+    """What CPU can run of the sharded step's loss (unsharded, stand-alone mode): MindFormers'
+    Llama with calculate_per_token_loss gives our summed token loss and the target-token
+    count the wrapper divides by; the eval loss gives the same sum."""
+    from llama_npu.loss import CausalLMLoss
+    from llama_npu.model import build_model, llama_config, resolve_shape
+    from llama_npu.strategies.sharded_step import EvalLoss, TrainLoss
+
+    recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
+    net = build_model(llama_config(resolve_shape(recipe.model), 16, on_ascend=False, calculate_per_token_loss=True))
+    net.set_train(True)
+    ids = np.random.default_rng(0).integers(0, 1000, (4, 17)).astype(np.int32)
+    labels = ids.copy()
+    labels[:, :5] = -100  # prompt tokens carry no loss
+    labels[3, 9:] = -100
+    ids, labels = ms.Tensor(ids), ms.Tensor(labels)
+    ours = float(CausalLMLoss(net)(ids, labels).asnumpy())
+    numerator, denominator = TrainLoss(net, 1, 16)(ids, labels)
+    assert numerator.asnumpy().item() == pytest.approx(ours, rel=1e-5)
+    assert denominator.asnumpy().item() == pytest.approx(int((labels.asnumpy()[:, 1:] != -100).sum()), abs=1e-6)
+    eval_loss = EvalLoss(net, 1)
+    eval_loss.set_train(False)
+    assert float(eval_loss(ids, labels).asnumpy()) == pytest.approx(ours, rel=1e-5)

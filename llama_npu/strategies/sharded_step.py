@@ -187,9 +187,10 @@ class ShardedStep:
         loss, overflow, _, _, global_norm = self.train_network(*self._inputs(micro_batches))
         # With a pipeline only the last stage holds the loss (the others hold 0), and a stop
         # request must reach every rank: one MAX over all ranks settles both.
-        agreed, _ = all_reduce(Tensor([float(loss.asnumpy()), float(stop_requested)], ms.float32), ReduceOp.MAX)
+        agreed, _ = all_reduce(Tensor([loss.asnumpy().item(), float(stop_requested)], ms.float32), ReduceOp.MAX)
         loss, stops = (float(v) for v in agreed.asnumpy())
-        overflow = bool(overflow.asnumpy()) or not math.isfinite(loss)
-        grad_norm = float(global_norm.asnumpy()) if global_norm is not None else float("nan")
+        overflow = bool(overflow.asnumpy().item()) or not math.isfinite(loss)
+        # Without clipping (train.grad_clip 0) MindFormers' wrappers compute no norm.
+        grad_norm = global_norm.asnumpy().item() if global_norm is not None else float("nan")
         self.scaler.update(overflow)
         return StepResult(loss, tokens, grad_norm, overflow, scale, stops > 0)
