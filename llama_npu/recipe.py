@@ -172,7 +172,8 @@ def _coerce(value: Any, tp, key: str) -> Any:
     origin = typing.get_origin(tp)
     if origin is typing.Union:
         inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
-        # "auto": strategies.parallel.data is derived from the worker count (resolve_data_parallel).
+        # "auto" reads as null: the optional key takes its derived value (the preset's size;
+        # for strategies.parallel.data the workers left by model x pipeline).
         if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "", "auto")):
             return None
         return _coerce(value, inner, key)
