@@ -247,7 +247,8 @@ def test_sharded_layouts_train_through_mindformers_wrapper_chain(sharded_chains,
     assert chains[0]["pipeline2"]["layer_stages"] == [0, 1]
     assert chains[0]["model2"]["model_parallel"] == 2
     # Evaluation: MindFormers' loss in _VirtualDatasetCell, fed the whole data-parallel batch.
-    assert chains[0]["optimizer_shard"]["eval_chain"] == ["_VirtualDatasetCell", "EvalLoss", "LlamaForCausalLM"]
+    assert chains[0]["optimizer_shard"]["eval_chain"] == ["EvalKeepingTrainStrategy", "_VirtualDatasetCell", "EvalLoss",
+                                                          "LlamaForCausalLM"]
     assert chains[0]["optimizer_shard"]["eval_batch"] == 2
 
 
@@ -357,3 +358,21 @@ def test_mindformers_loss_of_the_sharded_step_equals_our_summed_token_loss(ms):
     eval_loss = EvalLoss(net, 1)
     eval_loss.set_train(False)
     assert float(eval_loss(ids, labels).asnumpy()) == pytest.approx(ours, rel=1e-5)
+
+
+def test_evaluation_leaves_the_train_graphs_strategy_file_alone(ms, tmp_path):
+    """Every semi-auto graph compiled while a strategy save file is set writes it; the eval
+    network switches saving off before it runs, keeping the train graph's file."""
+    from llama_npu.model import build_model, llama_config, resolve_shape
+    from llama_npu.strategies.sharded_step import eval_network
+
+    recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
+    net = build_model(llama_config(resolve_shape(recipe.model), 16, on_ascend=False, calculate_per_token_loss=True))
+    ids = ms.Tensor(np.random.default_rng(0).integers(0, 1000, (2, 17)).astype(np.int32))
+    try:
+        ms.set_auto_parallel_context(strategy_ckpt_config={"save_file": str(tmp_path / "strategy" / "rank_0.ckpt")})
+        evaluation = eval_network(net, 1).set_train(False)
+        assert float(evaluation(ids, ids).asnumpy()) > 0
+        assert ms.get_auto_parallel_context("strategy_ckpt_config")["save_file"] == ""
+    finally:
+        ms.reset_auto_parallel_context()

@@ -99,11 +99,31 @@ class EvalLoss(nn.Cell):
         return numerator
 
 
-def eval_network(llama, data_parallel: int):
+class EvalKeepingTrainStrategy:
+    """The eval network, called as evaluate() calls a loss cell. MindSpore saves the
+    strategy file for every semi-auto graph it compiles while strategy_ckpt_save_file is
+    set (CheckpointStrategy, mindspore/ccsrc/frontend/parallel/step_parallel.cc), so the eval
+    graph, compiled after the train graph, would replace the train graph's layouts (its
+    optimizer-shard information included) with its own; saving is switched off before it
+    compiles. Graph caching ignores that setting: the train graph is not recompiled."""
+
+    def __init__(self, network):
+        self.network = network
+
+    def set_train(self, mode: bool = True):
+        self.network.set_train(mode)
+        return self
+
+    def __call__(self, *inputs):
+        ms.set_auto_parallel_context(strategy_ckpt_config={"save_file": ""})
+        return self.network(*inputs)
+
+
+def eval_network(llama, data_parallel: int) -> EvalKeepingTrainStrategy:
     """As base_trainer.wrap_eval_network_with_tool_cells: _VirtualDatasetCell around it."""
     from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
 
-    return _VirtualDatasetCell(EvalLoss(llama, data_parallel))
+    return EvalKeepingTrainStrategy(_VirtualDatasetCell(EvalLoss(llama, data_parallel)))
 
 
 def loss_scale_manager(section: PrecisionSection):
