@@ -312,6 +312,8 @@ def write_stage_strategy(path, stage, param):
     layout.param_name = param
     layout.parallel_layouts.dev_matrix.add().dim.extend([1])
     layout.parallel_layouts.tensor_map.add().dim.extend([-1, -1])
+    layout.parallel_layouts.param_split_shape.add()  # no split
+    layout.parallel_layouts.indices_offset.add()
     layout.parallel_layouts.field, layout.parallel_layouts.opt_weight_shard_step = 0, 0
     layout.parallel_layouts.opt_weight_shard_size = 0
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -376,3 +378,23 @@ def test_evaluation_leaves_the_train_graphs_strategy_file_alone(ms, tmp_path):
         assert ms.get_auto_parallel_context("strategy_ckpt_config")["save_file"] == ""
     finally:
         ms.reset_auto_parallel_context()
+
+
+def test_merge_checkpoints_joins_the_shards_of_every_pipeline_stage(ms, tmp_path):
+    """Two pipeline stages of one rank each: rank 0 holds layer 0, rank 1 layer 1, each
+    with its stage's strategy file. The merged checkpoint has both layers' values."""
+    from llama_npu.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.yaml").write_text("strategies: {parallel: {pipeline: 2}}\n")
+    for rank in (0, 1):
+        name = f"model.layers.{rank}.w"
+        write_stage_strategy(run / "strategy" / f"rank_{rank}.ckpt", rank, name)
+        weight = ms.Parameter(ms.Tensor(np.full((4, 4), rank + 1.0, np.float32)), name=name)
+        save_checkpoint(run / "checkpoints" / f"rank_{rank}", 1, [weight], [], {}, keep_last=1)
+    proc = run_cli("merge-checkpoints", run, "--dst", tmp_path / "merged.ckpt")
+    assert proc.returncode == 0, proc.stderr
+    merged = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "merged.ckpt")).items()}
+    assert sorted(merged) == ["model.layers.0.w", "model.layers.1.w"]
+    assert merged["model.layers.0.w"].mean() == 1.0 and merged["model.layers.1.w"].mean() == 2.0
