@@ -150,18 +150,11 @@ def pipeline_micro_batches(section: ParallelSection) -> int:
 
 
 def wrap_loss_cell(loss_cell, section: ParallelSection, world: World):
-    """The cell TrainStep differentiates. Pipeline: MindSpore's PipelineCell cuts the batch
-    into micro-batches that flow through the stages (MindFormers' trainer wraps the same
-    way); semi-auto parallel: _VirtualDatasetCell marks the inputs as the full batch to split
-    by data parallel, as MindFormers does in graph mode."""
-    from mindspore import nn
-
-    if section.pipeline > 1:
-        loss_cell = nn.PipelineCell(loss_cell, section.micro_batches)
-    if world.sharded:
-        from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
-
-        loss_cell = _VirtualDatasetCell(loss_cell)
+    """The cell our TrainStep differentiates: the loss cell itself. Only single-device and
+    data-parallel runs take TrainStep; layouts that need MindSpore's wrappers (pipeline
+    stages, semi-auto parallel) train through MindFormers' chain (sharded_step.py)."""
+    if world.sharded or section.pipeline > 1:
+        raise ValueError("sharded layouts train through strategies/sharded_step.py, not TrainStep")
     return loss_cell
 
 
