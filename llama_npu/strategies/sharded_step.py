@@ -205,7 +205,8 @@ class ShardedStep:
         self.train_network.set_sense_scale(Tensor(scale, ms.float32))
         self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
         loss, overflow, _, _, global_norm = self.train_network(*self._inputs(micro_batches))
-        # With a pipeline only the last stage holds the loss (the others hold 0), and a stop
+        # With a pipeline only the last stage computes the loss (MindSpore broadcasts it to
+        # the other stages only with pipeline_result_broadcast, off by default), and a stop
         # request must reach every rank: one MAX over all ranks settles both.
         agreed, _ = all_reduce(Tensor([loss.asnumpy().item(), float(stop_requested)], ms.float32), ReduceOp.MAX)
         loss, stops = (float(v) for v in agreed.asnumpy())
