@@ -20,7 +20,7 @@ def build_network(recipe: Recipe, on_ascend: bool, variable_length: bool = False
     from .pretrained import load_pretrained
     from .strategies.chunked_ce import head_loss
     from .strategies.lora import apply_lora, frozen_base_dtypes
-    from .strategies.parallel import mindformers_parallel_config
+    from .strategies.parallel import mindformers_model_options, mindformers_parallel_config
     from .strategies.precision import model_dtypes
     from .strategies.recompute import recompute_config
 
@@ -30,7 +30,8 @@ def build_network(recipe: Recipe, on_ascend: bool, variable_length: bool = False
         dtypes = frozen_base_dtypes(dtypes)
     parallel_config = dict(mindformers_parallel_config(s.parallel), recompute=recompute_config(s.recompute))
     config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, on_ascend,
-                          parallel_config=parallel_config, is_dynamic=variable_length, **dtypes)
+                          parallel_config=parallel_config, is_dynamic=variable_length,
+                          **mindformers_model_options(s.parallel), **dtypes)
     net = build_model(config)
     if recipe.model.checkpoint:
         load_pretrained(net, recipe)

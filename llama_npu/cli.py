@@ -58,7 +58,7 @@ def cmd_validate(args) -> int:
     from .recipe import load_recipe
     from .strategies.parallel import check_workers, describe_layout
 
-    recipe = load_recipe(args.recipe, args.set)
+    recipe = load_recipe(args.recipe, args.set, workers=args.workers)
     if args.workers is not None:
         check_workers(recipe.strategies.parallel, args.workers)
     print(f"{args.recipe}: valid; {describe_layout(recipe)}")

@@ -1,8 +1,12 @@
 """Merge the per-rank weight shards of a semi-auto parallel run into one checkpoint, with
 MindSpore's checkpoint transformation (mindspore.transform_checkpoints) and the sharding
-strategy file the run saved (<run>/strategy.ckpt).
+strategy files the run saved.
 
-Layout it reads: <run>/checkpoints/rank_<R>/step_<N>/model.ckpt, one directory per rank.
+Layout it reads: <run>/checkpoints/rank_<R>/step_<N>/model.ckpt and
+<run>/strategy/rank_<R>.ckpt, one of each per rank. Without a pipeline every rank's
+strategy file describes the whole network; with one, each stage's file holds only its
+own parameters, and mindspore.merge_pipeline_strategys joins them first (as MindFormers'
+checkpoint transformation does, mindformers/tools/ckpt_transform/transform_checkpoint.py).
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional
+
+import yaml
 
 from .checkpoint import WEIGHTS, checkpoint_root, read_state
 
@@ -24,6 +30,29 @@ def rank_dirs(run_dir: Path) -> list[Path]:
     root = checkpoint_root(run_dir)
     found = sorted((int(m.group(1)), p) for p in root.glob("rank_*") if (m := re.fullmatch(r"rank_(\d+)", p.name)))
     return [p for _, p in found]
+
+
+def source_strategy(run_dir: Path, work_dir: Path) -> Path:
+    """The strategy file that describes every parameter of the run: rank 0's, or with
+    pipeline stages the per-rank files merged into <work_dir>/merged_strategy.ckpt."""
+    import mindspore as ms
+
+    strategy_dir = Path(run_dir) / "strategy"
+    files = sorted(strategy_dir.glob("rank_*.ckpt"))
+    if not files:
+        raise MergeError(f"{strategy_dir}: no rank_<R>.ckpt strategy files; each rank of a sharded run writes "
+                         f"its own when its train graph compiles")
+    try:
+        recipe = yaml.safe_load((Path(run_dir) / "recipe.yaml").read_text(encoding="utf-8"))
+        stages = int(recipe["strategies"]["parallel"]["pipeline"])
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
+        raise MergeError(f"{Path(run_dir) / 'recipe.yaml'}: cannot read strategies.parallel.pipeline "
+                         f"({exc}); the run writes it at start") from None
+    if stages == 1:
+        return strategy_dir / "rank_0.ckpt"
+    merged = Path(work_dir) / "merged_strategy.ckpt"
+    ms.merge_pipeline_strategys(str(strategy_dir), str(merged))
+    return merged
 
 
 def merge_shards(run_dir: Path, dst: Path, step: Optional[int] = None) -> Path:
@@ -40,10 +69,8 @@ def merge_shards(run_dir: Path, dst: Path, step: Optional[int] = None) -> Path:
         if not common:
             raise MergeError(f"{run_dir}: no step is complete on every rank")
         step = max(common)
-    strategy = run_dir / "strategy.ckpt"
-    if not strategy.is_file():
-        raise MergeError(f"{strategy}: the sharding strategy file is missing; it is written by the run")
     with tempfile.TemporaryDirectory() as tmp:
+        strategy = source_strategy(run_dir, Path(tmp))
         # transform_checkpoints wants <dir>/rank_<R>/<one .ckpt>: link the weights there.
         for index, rank in enumerate(ranks):
             shard = rank / f"step_{step}" / WEIGHTS

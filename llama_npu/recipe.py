@@ -109,7 +109,8 @@ class LoraSection:
 
 @dataclass
 class ParallelSection:
-    data: int = 1
+    # auto (null): the launched workers / (model x pipeline), resolved when the recipe loads.
+    data: Optional[int] = None
     model: int = 1  # tensor (operator) parallel; Ascend only
     pipeline: int = 1  # pipeline stages; Ascend only
     micro_batches: int = 1  # pipeline micro-batches per step
@@ -171,7 +172,9 @@ def _coerce(value: Any, tp, key: str) -> Any:
     origin = typing.get_origin(tp)
     if origin is typing.Union:
         inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
-        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "")):
+        # "auto" reads as null: the optional key takes its derived value (the preset's size;
+        # for strategies.parallel.data the workers left by model x pipeline).
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "", "auto")):
             return None
         return _coerce(value, inner, key)
     if origin in (list, List):
@@ -275,10 +278,12 @@ def _apply_override(tree: dict, assignment: str, cls=Recipe) -> None:
             node, node_cls = node[part], tp
 
 
-def load_recipe(path: str | Path, overrides: Optional[List[str]] = None) -> Recipe:
+def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
+                workers: Optional[int] = None) -> Recipe:
     """Read, override, coerce and validate a recipe. Relative data paths are left as
     written: they resolve against the current directory (the shipped recipes expect the
-    repository root)."""
+    repository root). `workers`: the processes the run will have (validate --workers, plan
+    --devices); by default the ones msrun launched, 1 for a plain process."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file not found: {path}")
@@ -293,6 +298,7 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None) -> Reci
     for assignment in overrides or []:
         _apply_override(tree, assignment)
     recipe = _build(Recipe, tree, "")
+    resolve_data_parallel(recipe, workers)
     validate(recipe)
     return recipe
 
@@ -303,8 +309,32 @@ def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None) -> Recip
     for assignment in overrides or []:
         _apply_override(tree, assignment)
     recipe = _build(Recipe, tree, "")
+    resolve_data_parallel(recipe, None)
     validate(recipe)
     return recipe
+
+
+def resolve_data_parallel(recipe: Recipe, workers: Optional[int]) -> None:
+    """strategies.parallel.data=auto -> workers / (model x pipeline). Without a worker count
+    (a plain process) auto is 1; the worker check (strategies/parallel.check_workers) then
+    says what a layout with model or pipeline > 1 needs."""
+    par = recipe.strategies.parallel
+    if par.data is not None:
+        return
+    if workers is None:
+        from .strategies.parallel import launched_workers  # imported here: it imports this module
+
+        workers = launched_workers()
+    for name in ("model", "pipeline"):
+        _positive(f"strategies.parallel.{name}", getattr(par, name))
+    replica = par.model * par.pipeline
+    if workers == 1:
+        par.data = 1
+    elif workers % replica:
+        raise RecipeError(f"strategies.parallel.data=auto: {workers} workers do not divide into model {par.model} "
+                          f"x pipeline {par.pipeline} = {replica}; launch a multiple of {replica} workers")
+    else:
+        par.data = workers // replica
 
 
 # ---------------------------------------------------------------- validation
@@ -439,9 +469,10 @@ def _validate_memory_strategies(recipe: Recipe) -> None:
 
 
 def _validate_parallel(recipe: Recipe) -> None:
+    """Every layout that cannot work is refused here, before anything is built."""
     from .model import resolve_shape
 
-    par, shape = recipe.strategies.parallel, resolve_shape(recipe.model)
+    par, shape, t = recipe.strategies.parallel, resolve_shape(recipe.model), recipe.train
     for name in ("data", "model", "pipeline", "micro_batches"):
         _positive(f"strategies.parallel.{name}", getattr(par, name))
     if shape.num_heads % par.model or shape.num_kv_heads % par.model:
@@ -450,6 +481,11 @@ def _validate_parallel(recipe: Recipe) -> None:
     if shape.intermediate_size % par.model:
         raise RecipeError(f"strategies.parallel.model={par.model} must divide the MLP size "
                           f"({shape.intermediate_size})")
+    if shape.vocab_size % par.model:
+        raise RecipeError(f"strategies.parallel.model={par.model} must divide the vocabulary ({shape.vocab_size})")
+    if par.sequence_parallel and recipe.data.max_seq_len % par.model:
+        raise RecipeError(f"strategies.parallel.sequence_parallel splits data.max_seq_len={recipe.data.max_seq_len} "
+                          f"across strategies.parallel.model={par.model} ranks; it must divide by {par.model}")
     if shape.num_layers % par.pipeline:
         raise RecipeError(f"strategies.parallel.pipeline={par.pipeline} must divide the layers "
                           f"({shape.num_layers})")
@@ -458,13 +494,20 @@ def _validate_parallel(recipe: Recipe) -> None:
                           f"strategies.parallel.pipeline={par.pipeline}, or stages sit idle")
     if par.sequence_parallel and par.model == 1:
         raise RecipeError("strategies.parallel.sequence_parallel needs strategies.parallel.model > 1")
-    if par.pipeline > 1 and par.optimizer_shard:
-        # With both, MindSpore hands back reduce-scattered gradient shards instead of filling
-        # the accu_grads buffers our step reads (see strategies/accumulation.py).
-        raise RecipeError("strategies.parallel.optimizer_shard=true with pipeline="
-                          f"{par.pipeline} is not supported by llama-npu's train step; use one of them")
     sharded = [f"{k}={v}" for k, v in (("model", par.model), ("pipeline", par.pipeline)) if v > 1]
     sharded += ["optimizer_shard=true"] if par.optimizer_shard else []
+    if sharded and recipe.strategies.chunked_ce.enabled:
+        # Sharded layouts compute the loss with MindFormers' sharded CrossEntropyLoss
+        # (strategies/sharded_step.py); our chunked loss has a custom backward whose ops
+        # carry no shard strategy.
+        raise RecipeError(f"strategies.chunked_ce.enabled=true with strategies.parallel.{sharded[0]}: chunked "
+                          f"cross-entropy has no sharded version (its custom backward has no shard strategy); "
+                          f"disable one of them")
+    if par.pipeline > 1 and (t.eval_every or recipe.data.eval_files):
+        key = f"train.eval_every={t.eval_every}" if t.eval_every else "data.eval_files"
+        raise RecipeError(f"{key} with strategies.parallel.pipeline={par.pipeline}: evaluation does not run "
+                          f"through pipeline stages (MindFormers' PipelineCell acts in training only); merge the "
+                          f"checkpoint (llama-npu merge-checkpoints) and run llama-npu eval on it")
     if sharded and recipe.device.target != "ascend":
         raise RecipeError(f"strategies.parallel.{sharded[0]} needs device.target=ascend: operator-sharded "
                           f"(semi_auto_parallel) training is not supported by MindSpore's CPU backend")

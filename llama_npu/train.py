@@ -90,6 +90,19 @@ def resume_state(candidates: list, net, optimizer) -> tuple[Optional[Path], Opti
     return None, None
 
 
+def compile_then_resume(step_fn, example_batches, candidates: list, net, optimizer):
+    """Resume in MindFormers' order (base_trainer.training_process: compile_model, then
+    load_checkpoint). A step that compiles ahead -- the sharded step, whose compile slices
+    every Parameter to this rank's shard (mindspore/parallel/_utils.py) -- compiles before a
+    rank_<R> shard is loaded into it; our own step has whole Parameters and compiles at its
+    first call. `example_batches()` gives one step's micro-batches of the run's shapes."""
+    compile_graph = getattr(step_fn, "compile", None)
+    if candidates and compile_graph is not None:
+        note("compiling the train graph before loading the checkpoint, so parameters have their sharded shapes")
+        compile_graph(example_batches())
+    return resume_state(candidates, net, optimizer)
+
+
 def _raw_samples(recipe: Recipe, tokenizer, files):
     from .data.readers import read_records
     from .data.samples import tokenize_records
@@ -194,7 +207,8 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     from .model import resolve_shape
     from .optim import build_optimizer, lr_at
     from .strategies.accumulation import TrainStep
-    from .strategies.parallel import gradient_reducer, init_parallel, stream_layout, wrap_loss_cell
+    from .strategies.parallel import (describe_layout, eval_layout, gradient_reducer, init_parallel, stream_layout,
+                                      wrap_loss_cell)
     from .strategies.precision import LossScaler
     from .stopping import NonFiniteStreak, RunFailure, StopSignals, all_finite
 
@@ -202,6 +216,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     k = accumulation_steps(recipe)
     length = recipe.data.max_seq_len + 1
     world = init_parallel(recipe.strategies.parallel, run_dir)
+    note(describe_layout(recipe))
 
     shape = resolve_shape(recipe.model)
     note(f"building the model{' and loading ' + recipe.model.checkpoint if recipe.model.checkpoint else ''}")
@@ -210,8 +225,14 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     optimizer = build_optimizer(params, t)
     scaler = LossScaler(recipe.strategies.precision)
     parallel = recipe.strategies.parallel
-    step_fn = TrainStep(wrap_loss_cell(loss_cell, parallel, world), optimizer, scaler, t.grad_clip,
-                        gradient_reducer(optimizer.parameters, world), framework_accumulates=parallel.pipeline > 1)
+    if world.sharded:  # MindFormers' wrapper chain, one semi-auto graph
+        from .strategies.sharded_step import ShardedStep
+
+        step_fn = ShardedStep(net, optimizer, scaler, recipe)
+    else:
+        step_fn = TrainStep(wrap_loss_cell(loss_cell, parallel, world), optimizer, scaler, t.grad_clip,
+                            gradient_reducer(optimizer.parameters, world), framework_accumulates=parallel.pipeline > 1)
+    eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
     ckpt_root = checkpoint_root(run_dir, world)
     planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
     # LoRA checkpoints hold adapters only: they are not a whole model to describe.
@@ -222,14 +243,19 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     start_step, samples_consumed = 0, 0
     if world.sharded:  # each rank resumes its own shard of the same step
         resume_candidates = [ckpt_root / path.name for path in resume_candidates]
-    resume_from, state = resume_state(resume_candidates, net, optimizer)
+    batch_size, rank, ranks = stream_layout(parallel, world, t.micro_batch_size)
+
+    def example_batches():
+        example = BatchStream(train_source, batch_size, length, t.seed, 0, rank, ranks)
+        return [example.next_batch() for _ in range(k)]
+
+    resume_from, state = compile_then_resume(step_fn, example_batches, resume_candidates, net, optimizer)
     if resume_from is not None:
         if state.get("recipe_hash") != recipe.digest():
             warn(f"the recipe differs from the one {resume_from} was trained with")
         start_step, samples_consumed = state["step"], state["samples_consumed"]
         scaler.load_state(state["loss_scale"])
         note(f"resumed from {resume_from} at step {start_step}")
-    batch_size, rank, ranks = stream_layout(parallel, world, t.micro_batch_size)
     stream = BatchStream(train_source, batch_size, length, t.seed, samples_consumed, rank, ranks)
     metrics = MetricLogger(run_dir, start_step) if world.is_main else None
     saves_checkpoints = world.is_main or world.sharded
@@ -281,7 +307,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
                       "samples_consumed": stream.samples_consumed, "peak_memory_bytes": peak,
                       "memory_source": source, "planned_peak_bytes": planned_peak, "host_rss_bytes": current_rss()}
             if eval_samples and t.eval_every and step % t.eval_every == 0:
-                record["eval_loss"] = evaluate(loss_cell, eval_samples, t.micro_batch_size, length)[0]
+                record["eval_loss"] = evaluate(eval_cell, eval_samples, eval_batch, length)[0]
             if metrics:
                 metrics.log(record)
             first_loss = result.loss if first_loss is None else first_loss
@@ -305,7 +331,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
                "tokens_per_s": timed_tokens * world.size / timed_seconds if timed_seconds else None}
     if eval_samples and not stopped_by:  # a preempted job has seconds left, not minutes
         summary["eval_loss"], summary["eval_tokens"] = evaluate(
-            loss_cell, eval_samples, t.micro_batch_size, length)
+            eval_cell, eval_samples, eval_batch, length)
     peak, source = peak_memory(on_ascend)
     summary.update({"peak_memory_bytes": peak, "memory_source": source,
                     "checkpoint": str(last_path) if last_path else None, "output_dir": str(run_dir)})

@@ -3,8 +3,10 @@
 #
 #   scripts/launch.sh RECIPE NUM_WORKERS [llama-npu train args ...]
 #
-# NUM_WORKERS is the total over all nodes and must equal data x model x pipeline of the
-# recipe's strategies.parallel. Environment overrides (multi-node: run once per node):
+# NUM_WORKERS is the total over all nodes. The recipe's strategies.parallel.data: auto (the
+# default) becomes NUM_WORKERS / (model x pipeline), printed by the check below; an explicit
+# data must make data x model x pipeline equal NUM_WORKERS.
+# Environment overrides (multi-node: run once per node):
 #   LOCAL_WORKERS  workers on this node         (default: NUM_WORKERS)
 #   MASTER_ADDR    address of node 0's scheduler (default: 127.0.0.1)
 #   MASTER_PORT    its port                      (default: 8118)

@@ -1,5 +1,7 @@
 """Multi-device: data parallel for real on CPU with msrun; the Ascend-only layouts checked
-through the configuration they generate and their validation messages."""
+through the configuration they generate, the MindFormers wrapper chain they build (under
+msrun, without compiling) and their validation messages."""
+import json
 import os
 import random
 import re
@@ -10,7 +12,7 @@ import pytest
 
 from llama_npu.recipe import RecipeError, load_recipe
 from llama_npu.strategies.parallel import (World, auto_parallel_context, check_workers, is_sharded,
-                                           mindformers_parallel_config, stream_layout, wrap_loss_cell)
+                                           mindformers_parallel_config, stream_layout)
 
 from conftest import REPO, SMOKE, TINY_RUN, read_metrics, run_cli
 
@@ -41,7 +43,7 @@ def single_process_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name, layout", [
-    ("dp2", ["--set", "strategies.parallel.data=2", "--set", "train.micro_batch_size=2"]),
+    ("dp2", ["--set", "train.micro_batch_size=2"]),  # strategies.parallel.data: auto -> 2
     ("dp2-accum2", ["--set", "strategies.parallel.data=2", "--set", "train.micro_batch_size=1",
                     "--set", "train.global_batch_size=4"]),
 ])
@@ -50,6 +52,7 @@ def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, tmp_pat
     out = tmp_path / name
     proc, logs = launch(out, 2, *layout, tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 worker(s), data parallel: data 2 x model 1 x pipeline 1" in proc.stdout
     digests = {line.split()[-1] for log in logs.values() for line in log.splitlines() if "weights sha256" in line}
     assert len(logs) == 2 and len(digests) == 1, "ranks must hold bit-identical weights"
     got, want = final_weights(ms, out), final_weights(ms, single)
@@ -74,20 +77,20 @@ def test_failing_worker_fails_the_launch_with_its_log_tail(tmp_path):
 
 
 def test_launch_refuses_a_layout_that_does_not_fill_the_workers(tmp_path):
-    proc, _ = launch(tmp_path / "run", 2, tmp_path=tmp_path)
+    proc, _ = launch(tmp_path / "run", 2, "--set", "strategies.parallel.data=1", tmp_path=tmp_path)
     assert proc.returncode == 2
     assert "data 1 x model 1 x pipeline 1 = 1 workers, but 2 are running" in proc.stderr
 
 
-def ascend(*overrides):
+def ascend(*overrides, workers=None):
     return load_recipe(SMOKE, ["device.target=ascend", "device.name=910b", "model.preset=llama3.2-3b",
-                               "data.max_seq_len=4096", "train.global_batch_size=0", *overrides])
+                               "data.max_seq_len=4096", "train.global_batch_size=0", *overrides], workers=workers)
 
 
 def test_semi_auto_configuration_for_model_and_pipeline_parallel(tmp_path):
     recipe = ascend("strategies.parallel.data=2", "strategies.parallel.model=2", "strategies.parallel.pipeline=2",
                     "strategies.parallel.micro_batches=4", "strategies.parallel.sequence_parallel=true",
-                    "train.micro_batch_size=1", "train.global_batch_size=8")
+                    "train.micro_batch_size=1", "train.global_batch_size=8", "data.eval_files=")
     par = recipe.strategies.parallel
     check_workers(par, 8)
     assert is_sharded(par)
@@ -120,12 +123,21 @@ def test_data_parallel_configuration():
     (["strategies.parallel.pipeline=3"], "strategies.parallel.pipeline=3 must divide the layers (28)"),
     (["strategies.parallel.pipeline=4", "strategies.parallel.micro_batches=2"],
      "strategies.parallel.micro_batches=2 must be at least strategies.parallel.pipeline=4"),
-    (["strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=4", "train.global_batch_size=12"],
+    (["strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=4", "train.global_batch_size=12",
+      "data.eval_files="],
      "train.global_batch_size=12: with pipeline stages it must equal train.micro_batch_size=4 x strategies.parallel.data=1 x "
      "strategies.parallel.micro_batches=4 = 16"),
     (["strategies.parallel.sequence_parallel=true"], "sequence_parallel needs strategies.parallel.model > 1"),
-    (["strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=2", "strategies.parallel.optimizer_shard=true"],
-     "strategies.parallel.optimizer_shard=true with pipeline=2 is not supported by llama-npu's train step"),
+    (["strategies.parallel.model=2", "strategies.chunked_ce.enabled=true"],
+     "strategies.chunked_ce.enabled=true with strategies.parallel.model=2: chunked cross-entropy has no sharded version"),
+    (["strategies.parallel.optimizer_shard=true", "strategies.chunked_ce.enabled=true"],
+     "strategies.chunked_ce.enabled=true with strategies.parallel.optimizer_shard=true: chunked cross-entropy"),
+    (["strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=2", "train.eval_every=10"],
+     "train.eval_every=10 with strategies.parallel.pipeline=2: evaluation does not run through pipeline stages"),
+    (["strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=2", "train.eval_every=0"],
+     "data.eval_files with strategies.parallel.pipeline=2: evaluation does not run through pipeline stages"),
+    (["strategies.parallel.model=2", "strategies.parallel.sequence_parallel=true", "data.max_seq_len=4095"],
+     "strategies.parallel.sequence_parallel splits data.max_seq_len=4095 across strategies.parallel.model=2 ranks"),
     (["strategies.parallel.data=2", "train.global_batch_size=12"],
      "train.global_batch_size=12 is not divisible by train.micro_batch_size=4 x data parallel 2 = 8"),
 ])
@@ -133,27 +145,6 @@ def test_layout_validation_names_the_numbers(overrides, message):
     with pytest.raises(RecipeError) as err:
         ascend(*overrides)
     assert message in str(err.value)
-
-
-def test_pipeline_micro_batches_of_our_loss_add_up_to_the_whole_batch(ms):
-    """What CPU can check of pipeline parallel: MindSpore's PipelineCell (our wrapper, unsharded
-    here) cuts the step's batch into micro-batches and sums their outputs; because our loss
-    cell returns a token-loss *sum*, that sum is the whole batch's, and TrainStep's
-    scale / target-tokens sensitivity gives the mean gradient. The stage split itself runs
-    only on Ascend."""
-    from llama_npu.build import build_network
-
-    recipe = load_recipe(SMOKE, ["data.max_seq_len=16", "train.global_batch_size=0"])
-    par = load_recipe(SMOKE, ["train.global_batch_size=0"]).strategies.parallel
-    par.pipeline, par.micro_batches = 2, 4  # layout only: validation would ask for Ascend
-    _, loss_cell = build_network(recipe, on_ascend=False)
-    pipelined = wrap_loss_cell(loss_cell, par, World())
-    assert isinstance(pipelined, ms.nn.PipelineCell) and pipelined.micro_size == 4
-    ids = np.random.default_rng(0).integers(0, 128000, (8, 17)).astype(np.int32)
-    labels = ids.copy()
-    labels[:, :5] = -100  # prompt tokens carry no loss
-    whole = float(loss_cell(ms.Tensor(ids), ms.Tensor(labels)).asnumpy())
-    assert float(pipelined(ms.Tensor(ids), ms.Tensor(labels)).asnumpy()) == pytest.approx(whole, rel=1e-6)
 
 
 def test_operator_sharding_is_refused_on_cpu():
@@ -175,3 +166,214 @@ def test_merge_checkpoints_explains_what_it_needs(tmp_path):
         (tmp_path / "checkpoints" / f"rank_{rank}" / "step_2").mkdir(parents=True)
     proc = run_cli("merge-checkpoints", tmp_path, "--dst", tmp_path / "m.ckpt")
     assert proc.returncode == 2 and "no step is complete on every rank" in proc.stderr
+
+
+@pytest.mark.parametrize("workers, overrides, data", [
+    (None, [], 1),  # a plain process
+    (8, [], 8),
+    (8, ["strategies.parallel.model=2", "strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=2",
+         "data.eval_files="], 2),
+])
+def test_data_parallel_auto_is_the_workers_left_by_model_and_pipeline(workers, overrides, data):
+    recipe = ascend(*overrides, workers=workers)
+    assert recipe.strategies.parallel.data == data
+    check_workers(recipe.strategies.parallel, workers or 1)
+
+
+def test_data_parallel_auto_refuses_workers_that_do_not_divide():
+    with pytest.raises(RecipeError, match=r"strategies.parallel.data=auto: 6 workers do not divide into model 4 "
+                                          r"x pipeline 1 = 4; launch a multiple of 4 workers"):
+        ascend("strategies.parallel.model=4", workers=6)
+    proc = run_cli("validate", SMOKE, "--workers", "3", "--set", "strategies.parallel.data=2")
+    assert proc.returncode == 2 and "data 2 x model 1 x pipeline 1 = 2 workers, but 3 are running" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def sharded_chains(tmp_path_factory):
+    """Each rank's description of the train steps it built for four sharded layouts
+    (tests/sharded_chain.py), from one two-worker msrun launch."""
+    out = tmp_path_factory.mktemp("chains")
+    env = {**os.environ, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "msrun"), "--worker_num=2", "--local_worker_num=2",
+                           f"--master_port={random.randint(20000, 40000)}", f"--log_dir={out / 'logs'}", "--join=True",
+                           "--cluster_time_out=60", str(REPO / "tests" / "sharded_chain.py"), str(out)],
+                          cwd=out, env=env, capture_output=True, text=True, timeout=600)
+    logs = "".join(p.read_text()[-3000:] for p in (out / "logs").glob("*.log"))
+    assert proc.returncode == 0, logs
+    return {rank: json.loads((out / f"rank_{rank}.json").read_text()) for rank in (0, 1)}, out
+
+
+@pytest.mark.parametrize("layout, chain, micro_batches, clip, manager, scale, data", [
+    ("model2", ["MFTrainOneStepCell", "_VirtualDatasetCell", "TrainLoss", "LlamaForCausalLM"], 1, 0.5, None, 1024, 1),
+    ("model2_accumulate4", ["MFPipelineWithLossScaleCell", "_VirtualDatasetCell", "GradAccumulationCellWithTwoOutput",
+                            "TrainLoss", "LlamaForCausalLM"], 4, 1.0, "DynamicLossScaleUpdateCell", 4096, 1),
+    ("pipeline2", ["MFPipelineWithLossScaleCell", "_VirtualDatasetCell", "PipelineCellWithTwoOutput", "TrainLoss",
+                   "LlamaForCausalLM"], 4, 1.0, "DynamicLossScaleUpdateCell", 256, 1),
+    ("optimizer_shard", ["MFTrainOneStepCell", "_VirtualDatasetCell", "TrainLoss", "LlamaForCausalLM"], 1, 2.0, None, 1, 2),
+])
+def test_sharded_layouts_train_through_mindformers_wrapper_chain(sharded_chains, layout, chain, micro_batches, clip,
+                                                                  manager, scale, data):
+    chains, out = sharded_chains
+    for rank in (0, 1):
+        built = chains[rank][layout]
+        assert built["sharded"] and built["chain"] == chain
+        # The wrapper and the cell that cuts the batch agree on the number of micro-batches.
+        assert built["wrapper_micro_batches"] == built["cut_into"] == micro_batches
+        assert built["per_token_loss"] and built["clip"] == clip
+        assert (built["loss_scale_manager"], built["loss_scale"]) == (manager, scale)
+        assert built["data"] == data and built["parallel_optimizer"] == (layout == "optimizer_shard")
+        assert built["strategy_file"] == str(out / "run" / "strategy" / f"rank_{rank}.ckpt")
+    assert chains[0]["pipeline2"]["layer_stages"] == [0, 1]
+    assert chains[0]["model2"]["model_parallel"] == 2
+    # Evaluation: MindFormers' loss in _VirtualDatasetCell, fed the whole data-parallel batch.
+    assert chains[0]["optimizer_shard"]["eval_chain"] == ["EvalKeepingTrainStrategy", "_VirtualDatasetCell", "EvalLoss",
+                                                          "LlamaForCausalLM"]
+    assert chains[0]["optimizer_shard"]["eval_batch"] == 2
+
+
+class CompilingStep:
+    """A step that compiles ahead, as the sharded step does: a real compile of the loss
+    cell on CPU, remembering what the weights held at that moment."""
+
+    def __init__(self, loss_cell, weight):
+        self.loss_cell, self.weight, self.weights_at_compile = loss_cell, weight, None
+
+    def compile(self, micro_batches):
+        self.loss_cell.compile(*(ms_tensor(a) for a in micro_batches[0]))
+        self.weights_at_compile = self.weight.asnumpy().copy()
+
+
+def ms_tensor(array):
+    import mindspore as ms
+
+    return ms.Tensor(array)
+
+
+def test_resume_compiles_the_train_graph_before_loading_the_checkpoint(ms, tmp_path, capsys):
+    from llama_npu.build import build_network
+    from llama_npu.checkpoint import optimizer_state_params, save_checkpoint
+    from llama_npu.optim import build_optimizer
+    from llama_npu.train import compile_then_resume
+
+    recipe = load_recipe(SMOKE, ["data.max_seq_len=16", "train.micro_batch_size=2"])
+    net, loss_cell = build_network(recipe, on_ascend=False)
+    params = net.trainable_params()
+    optimizer = build_optimizer(params, recipe.train)
+    saved = [p.asnumpy() + 1.0 for p in params]
+    for p, value in zip(params, saved):
+        p.set_data(ms.Tensor(value))
+    path = save_checkpoint(tmp_path / "ckpt", 3, params, optimizer_state_params(optimizer, params), {"step": 3},
+                           keep_last=1)
+    net, loss_cell = build_network(recipe, on_ascend=False)  # fresh weights
+    fresh = net.trainable_params()[0].asnumpy().copy()
+    optimizer = build_optimizer(net.trainable_params(), recipe.train)
+    step = CompilingStep(loss_cell, net.trainable_params()[0])
+    ids = np.random.default_rng(0).integers(0, 1000, (2, 17)).astype(np.int32)
+    resumed, state = compile_then_resume(step, lambda: [(ids, ids)], [path], net, optimizer)
+    assert resumed == path and state["step"] == 3
+    np.testing.assert_array_equal(step.weights_at_compile, fresh)  # compiled while the weights were unloaded
+    np.testing.assert_array_equal(net.trainable_params()[0].asnumpy(), saved[0])
+    out = capsys.readouterr().out
+    assert out.index("compiling the train graph before loading the checkpoint") < out.index(f"loading checkpoint {path}")
+
+
+def write_stage_strategy(path, stage, param):
+    """A strategy file as a pipeline stage's rank writes it (MindSpore's protobuf format)."""
+    import mindspore as ms
+
+    stra = ms.train.node_strategy_pb2.ParallelStrategyMap()
+    stra.current_stage = stage
+    item = stra.parallel_strategy_item.add()
+    item.node_name = f"MatMul-op{stage}"
+    item.parallel_strategys.stage = stage
+    item.parallel_strategys.parallel_strategy.add().dim.extend([1, 1])
+    layout = stra.parallel_layout_item.add()
+    layout.param_name = param
+    layout.parallel_layouts.dev_matrix.add().dim.extend([1])
+    layout.parallel_layouts.tensor_map.add().dim.extend([-1, -1])
+    layout.parallel_layouts.param_split_shape.add()  # no split
+    layout.parallel_layouts.indices_offset.add()
+    layout.parallel_layouts.field, layout.parallel_layouts.opt_weight_shard_step = 0, 0
+    layout.parallel_layouts.opt_weight_shard_size = 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(stra.SerializeToString())
+
+
+@pytest.mark.parametrize("pipeline", [1, 2])
+def test_merge_uses_the_strategy_of_every_pipeline_stage(ms, tmp_path, pipeline):
+    from llama_npu.merge import source_strategy
+
+    run = tmp_path / "run"
+    # Ranks 0 and 1 hold stage 0, ranks 2 and 3 stage 1 (without a pipeline all four hold everything).
+    for rank in range(4):
+        stage = rank // 2 if pipeline > 1 else 0
+        write_stage_strategy(run / "strategy" / f"rank_{rank}.ckpt", stage, f"model.layers.{stage}.w")
+    (run / "recipe.yaml").write_text(f"strategies: {{parallel: {{pipeline: {pipeline}}}}}\n")
+    strategy = source_strategy(run, tmp_path)
+    merged = ms.train.node_strategy_pb2.ParallelStrategyMap()
+    merged.ParseFromString(strategy.read_bytes())
+    names = sorted(item.param_name for item in merged.parallel_layout_item)
+    assert names == (["0-model.layers.0.w", "1-model.layers.1.w"] if pipeline > 1 else ["model.layers.0.w"])
+
+
+def test_mindformers_loss_of_the_sharded_step_equals_our_summed_token_loss(ms):
+    """What CPU can run of the sharded step's loss (unsharded, stand-alone mode): MindFormers'
+    Llama with calculate_per_token_loss gives our summed token loss and the target-token
+    count the wrapper divides by; the eval loss gives the same sum."""
+    from llama_npu.loss import CausalLMLoss
+    from llama_npu.model import build_model, llama_config, resolve_shape
+    from llama_npu.strategies.sharded_step import EvalLoss, TrainLoss
+
+    recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
+    net = build_model(llama_config(resolve_shape(recipe.model), 16, on_ascend=False, calculate_per_token_loss=True))
+    net.set_train(True)
+    ids = np.random.default_rng(0).integers(0, 1000, (4, 17)).astype(np.int32)
+    labels = ids.copy()
+    labels[:, :5] = -100  # prompt tokens carry no loss
+    labels[3, 9:] = -100
+    ids, labels = ms.Tensor(ids), ms.Tensor(labels)
+    ours = float(CausalLMLoss(net)(ids, labels).asnumpy())
+    numerator, denominator = TrainLoss(net, 1, 16)(ids, labels)
+    assert numerator.asnumpy().item() == pytest.approx(ours, rel=1e-5)
+    assert denominator.asnumpy().item() == pytest.approx(int((labels.asnumpy()[:, 1:] != -100).sum()), abs=1e-6)
+    eval_loss = EvalLoss(net, 1)
+    eval_loss.set_train(False)
+    assert float(eval_loss(ids, labels).asnumpy()) == pytest.approx(ours, rel=1e-5)
+
+
+def test_evaluation_leaves_the_train_graphs_strategy_file_alone(ms, tmp_path):
+    """Every semi-auto graph compiled while a strategy save file is set writes it; the eval
+    network switches saving off before it runs, keeping the train graph's file."""
+    from llama_npu.model import build_model, llama_config, resolve_shape
+    from llama_npu.strategies.sharded_step import eval_network
+
+    recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
+    net = build_model(llama_config(resolve_shape(recipe.model), 16, on_ascend=False, calculate_per_token_loss=True))
+    ids = ms.Tensor(np.random.default_rng(0).integers(0, 1000, (2, 17)).astype(np.int32))
+    try:
+        ms.set_auto_parallel_context(strategy_ckpt_config={"save_file": str(tmp_path / "strategy" / "rank_0.ckpt")})
+        evaluation = eval_network(net, 1).set_train(False)
+        assert float(evaluation(ids, ids).asnumpy()) > 0
+        assert ms.get_auto_parallel_context("strategy_ckpt_config")["save_file"] == ""
+    finally:
+        ms.reset_auto_parallel_context()
+
+
+def test_merge_checkpoints_joins_the_shards_of_every_pipeline_stage(ms, tmp_path):
+    """Two pipeline stages of one rank each: rank 0 holds layer 0, rank 1 layer 1, each
+    with its stage's strategy file. The merged checkpoint has both layers' values."""
+    from llama_npu.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.yaml").write_text("strategies: {parallel: {pipeline: 2}}\n")
+    for rank in (0, 1):
+        name = f"model.layers.{rank}.w"
+        write_stage_strategy(run / "strategy" / f"rank_{rank}.ckpt", rank, name)
+        weight = ms.Parameter(ms.Tensor(np.full((4, 4), rank + 1.0, np.float32)), name=name)
+        save_checkpoint(run / "checkpoints" / f"rank_{rank}", 1, [weight], [], {}, keep_last=1)
+    proc = run_cli("merge-checkpoints", run, "--dst", tmp_path / "merged.ckpt")
+    assert proc.returncode == 0, proc.stderr
+    merged = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "merged.ckpt")).items()}
+    assert sorted(merged) == ["model.layers.0.w", "model.layers.1.w"]
+    assert merged["model.layers.0.w"].mean() == 1.0 and merged["model.layers.1.w"].mean() == 2.0

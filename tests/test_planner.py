@@ -110,8 +110,10 @@ def test_fit_prefers_sharding_to_lora_when_devices_allow():
     (["--model", "llama3.2-7b", "--device", "910a"], "--model: expected llama3.2-1b or llama3.2-3b"),
     (["--model", "llama3.2-1b", "--device", "910z"], "invalid choice: '910z'"),
     (["--model", "llama3.2-1b", "--device", "910a", "--seq-len", "200000"], "--seq-len: expected 1 to 131072"),
-    ([str(REPO / "recipes" / "llama3_2_1b_zh_full_910b.yaml"), "--devices", "3"],
+    ([str(REPO / "recipes" / "llama3_2_1b_zh_full_910b.yaml"), "--set", "strategies.parallel.data=1", "--devices", "3"],
      "--devices 3: the layout is data 1 x model 1 x pipeline 1 = 1"),
+    ([str(REPO / "recipes" / "llama3_2_1b_zh_full_910b.yaml"), "--devices", "3"],  # data: auto -> 3
+     "train.global_batch_size=32 is not divisible by train.micro_batch_size=4 x data parallel 3 = 12"),
     (["--model", "llama3.2-1b"], "--model needs --device"),
     (["--model", "llama3.2-1b", "--device", "910a", "--set", "strategies.lora.enabeld=true"],
      "unknown key 'strategies.lora.enabeld' (did you mean 'strategies.lora.enabled'?)"),

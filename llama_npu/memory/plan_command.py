@@ -26,11 +26,11 @@ NEVER_RUN_NOTE = ("never run on an NPU: {parts} (semi_auto_parallel: no NPU in C
                   "cannot run it); try a short run first")
 
 
-def strategy_from_recipe(recipe: Recipe, device_name: str, data: Optional[int] = None) -> Strategy:
-    """The recipe's settings as a Strategy; `data` replaces strategies.parallel.data (its
-    `auto` resolved from a device count)."""
+def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
+    """The recipe's settings as a Strategy (strategies.parallel.data already resolved from
+    `auto` when the recipe loaded)."""
     t, s, p = recipe.train, recipe.strategies, recipe.strategies.parallel
-    data = p.data if data is None else data
+    data = p.data
     return Strategy(
         seq_len=recipe.data.max_seq_len, micro_batch=t.micro_batch_size,
         global_batch=t.global_batch_size or t.micro_batch_size * data,
@@ -189,7 +189,7 @@ def plan_recipe(args) -> Recipe:
     if args.model:
         recipe = default_recipe(args.model, args.device, args.devices or 1, args.set)
     else:
-        recipe = load_recipe(args.recipe, args.set)
+        recipe = load_recipe(args.recipe, args.set, workers=args.devices)  # parallel.data=auto resolves to it
     tree, changed = recipe.to_dict(), False
     if args.device and args.device != recipe.device.name:
         # another device: the recipe's max_device_memory was chosen for its own
@@ -212,23 +212,8 @@ def plan_recipe(args) -> Recipe:
     return recipe
 
 
-def data_parallel(recipe: Recipe, devices: Optional[int]) -> int:
-    """strategies.parallel.data, `auto` resolved as the launcher does: the devices over one
-    model x pipeline replica (one replica without --devices)."""
-    par = recipe.strategies.parallel
-    if par.data != "auto":
-        return par.data
-    replica = par.model * par.pipeline
-    if devices is None:
-        return 1
-    if devices % replica:
-        raise RecipeError(f"--devices {devices}: strategies.parallel.data is auto, so the devices must be a multiple "
-                          f"of model {par.model} x pipeline {par.pipeline} = {replica}")
-    return devices // replica
-
-
 def planned_strategy(recipe: Recipe, args, device_name: str) -> Strategy:
-    base = strategy_from_recipe(recipe, device_name, data_parallel(recipe, args.devices))
+    base = strategy_from_recipe(recipe, device_name)
     devices = args.devices or base.devices
     micro = args.micro_batch or base.micro_batch
     if recipe.train.global_batch_size:

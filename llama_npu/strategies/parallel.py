@@ -8,10 +8,12 @@ runtime: we configure and launch it (scripts/launch.sh runs msrun), we do not re
 - model / pipeline / optimizer sharding: `parallel_mode='semi_auto_parallel'` with
   MindFormers' parallel_config (data_parallel, model_parallel, pipeline_stage,
   micro_batch_num, use_seq_parallel, vocab_emb_dp), `full_batch=True` (every rank reads the
-  same batch; MindSpore splits it by the data-parallel strategy), and the framework inserts
-  the collectives. MindSpore supports this on Ascend/GPU only ("Invalid communication
-  backend: CPU for semi_auto_parallel"), so CI checks the generated configuration, never a
-  run.
+  same batch; MindSpore splits it by the data-parallel strategy), and MindFormers' wrapper
+  chain as the train step (strategies/sharded_step.py). Each rank saves the strategy of its
+  own graph, <run>/strategy/rank_<R>.ckpt (a pipeline stage's file holds only that stage's
+  parameters; merge.py merges them). MindSpore supports this on Ascend/GPU only ("Invalid
+  communication backend: CPU for semi_auto_parallel"), so CI checks the configuration and
+  the wrapper chain it builds, never a run.
 """
 from __future__ import annotations
 
@@ -75,6 +77,12 @@ def auto_parallel_context(section: ParallelSection, workers: int, strategy_file:
     return context
 
 
+def mindformers_model_options(section: ParallelSection) -> dict:
+    """LlamaConfig switches of sharded layouts: the loss returns (numerator, denominator),
+    which MindFormers' wrappers divide (strategies/sharded_step.py)."""
+    return {"calculate_per_token_loss": True} if is_sharded(section) else {}
+
+
 def mindformers_parallel_config(section: ParallelSection) -> dict:
     """The parallel part of MindFormers' parallel_config (recompute is added by build.py).
     Pure data parallel runs a full replica per rank: MindFormers' own layout stays 1."""
@@ -105,6 +113,13 @@ def describe_layout(recipe) -> str:
             f"micro-batch(es) of {t.micro_batch_size} per rank and step")
 
 
+def strategy_file(run_dir: Path, rank: int) -> Path:
+    """Where rank R saves the sharding strategy of its train graph: one file per rank, so
+    each pipeline stage's layout survives (with one shared path the ranks overwrite each
+    other's)."""
+    return Path(run_dir) / "strategy" / f"rank_{rank}.ckpt"
+
+
 def init_parallel(section: ParallelSection, run_dir: Path) -> World:
     """Initialise communication when msrun launched us, and check the layout fills it."""
     workers = launched_workers()
@@ -115,8 +130,9 @@ def init_parallel(section: ParallelSection, run_dir: Path) -> World:
     from mindspore.communication import get_group_size, get_rank, init
 
     init()
-    ms.set_auto_parallel_context(**auto_parallel_context(section, workers, Path(run_dir) / "strategy.ckpt"))
-    return World(rank=get_rank(), size=get_group_size(), sharded=is_sharded(section))
+    rank = get_rank()
+    ms.set_auto_parallel_context(**auto_parallel_context(section, workers, strategy_file(run_dir, rank)))
+    return World(rank=rank, size=get_group_size(), sharded=is_sharded(section))
 
 
 def stream_layout(section: ParallelSection, world: World, micro_batch_size: int):
@@ -134,19 +150,24 @@ def pipeline_micro_batches(section: ParallelSection) -> int:
 
 
 def wrap_loss_cell(loss_cell, section: ParallelSection, world: World):
-    """The cell TrainStep differentiates. Pipeline: MindSpore's PipelineCell cuts the batch
-    into micro-batches that flow through the stages (MindFormers' trainer wraps the same
-    way); semi-auto parallel: _VirtualDatasetCell marks the inputs as the full batch to split
-    by data parallel, as MindFormers does in graph mode."""
-    from mindspore import nn
-
-    if section.pipeline > 1:
-        loss_cell = nn.PipelineCell(loss_cell, section.micro_batches)
-    if world.sharded:
-        from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
-
-        loss_cell = _VirtualDatasetCell(loss_cell)
+    """The cell our TrainStep differentiates: the loss cell itself. Only single-device and
+    data-parallel runs take TrainStep; layouts that need MindSpore's wrappers (pipeline
+    stages, semi-auto parallel) train through MindFormers' chain (sharded_step.py)."""
+    if world.sharded or section.pipeline > 1:
+        raise ValueError("sharded layouts train through strategies/sharded_step.py, not TrainStep")
     return loss_cell
+
+
+def eval_layout(net, loss_cell, section: ParallelSection, world: World, micro_batch_size: int):
+    """(cell, batch size) for evaluation during training. Semi-auto parallel: MindFormers'
+    loss wrapped in _VirtualDatasetCell (base_trainer.wrap_eval_network_with_tool_cells),
+    fed the whole data-parallel batch, which divides by the data-parallel degree by
+    construction. Pipelines do not evaluate (recipe validation refuses it)."""
+    if not world.sharded:
+        return loss_cell, micro_batch_size
+    from .sharded_step import eval_network
+
+    return eval_network(net, section.data), micro_batch_size * section.data
 
 
 def gradient_reducer(params, world: World):

@@ -1,0 +1,86 @@
+"""Run under msrun by tests/test_parallel.py: each rank builds the train step of several
+sharded layouts exactly as train.py does (init_parallel, build_network, ShardedStep) and
+writes what it built to <out>/rank_<R>.json. Nothing is compiled: semi-auto parallel cannot
+compile on the CPU backend, but MindFormers' wrappers build there once communication is up
+(MFPipelineWithLossScaleCell creates a communication group in its constructor).
+
+    python tests/sharded_chain.py OUT_DIR
+"""
+import json
+import sys
+from pathlib import Path
+
+import mindspore as ms
+
+from llama_npu.build import build_network
+from llama_npu.optim import build_optimizer
+from llama_npu.recipe import load_recipe
+from llama_npu.strategies.parallel import (auto_parallel_context, eval_layout, init_parallel, is_scheduler,
+                                           run_scheduler, strategy_file)
+from llama_npu.strategies.precision import LossScaler
+from llama_npu.strategies.sharded_step import ShardedStep
+
+REPO = Path(__file__).resolve().parent.parent
+ASCEND_TINY = ["device.target=ascend", "device.name=910b", "model.preset=tiny", "data.max_seq_len=16",
+               "train.micro_batch_size=1", "train.global_batch_size=0", "train.eval_every=0"]
+LAYOUTS = {
+    "model2": ["strategies.parallel.model=2", "train.grad_clip=0.5", "strategies.precision.loss_scale=static:1024"],
+    "model2_accumulate4": ["strategies.parallel.model=2", "train.global_batch_size=4",
+                           "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=4096"],
+    "pipeline2": ["strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=4", "data.eval_files=",
+                  "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=256"],
+    "optimizer_shard": ["strategies.parallel.optimizer_shard=true", "train.grad_clip=2.0"],
+}
+
+
+def chain(cell) -> list:
+    """Class names from the outermost wrapper down to MindFormers' Llama."""
+    names = []
+    while cell is not None:
+        names.append(type(cell).__name__)
+        cell = next((getattr(cell, a) for a in ("network", "_backbone", "llama") if hasattr(cell, a)), None)
+    return names
+
+
+def describe(step: ShardedStep) -> dict:
+    wrapper = step.train_network
+    inner = wrapper.network._backbone
+    manager = wrapper.loss_scaling_manager
+    return {"chain": chain(wrapper),
+            "wrapper_micro_batches": getattr(wrapper, "micro_size", 1),
+            "cut_into": getattr(inner, "micro_size", 1),
+            "per_token_loss": wrapper.calculate_per_token_loss,
+            "clip": float(wrapper.clip_grad_norm.clip_norm.asnumpy()) if wrapper.use_clip_grad else 0.0,
+            "loss_scale_manager": type(manager).__name__ if manager is not None else None,
+            "loss_scale": float(wrapper.scale_sense.asnumpy()),
+            "parallel_optimizer": ms.get_auto_parallel_context("enable_parallel_optimizer"),
+            "strategy_file": ms.get_auto_parallel_context("strategy_ckpt_config")["save_file"]}
+
+
+def main(out: Path) -> None:
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    world, found = None, {}
+    for name, overrides in LAYOUTS.items():
+        recipe = load_recipe(REPO / "recipes" / "cpu_smoke.yaml", [*ASCEND_TINY, *overrides])
+        par = recipe.strategies.parallel
+        if world is None:
+            world = init_parallel(par, out / "run")
+        else:
+            ms.reset_auto_parallel_context()
+            ms.set_auto_parallel_context(**auto_parallel_context(par, world.size, strategy_file(out / "run", world.rank)))
+        net, loss_cell = build_network(recipe, on_ascend=False)
+        optimizer = build_optimizer(net.trainable_params(), recipe.train)
+        step = ShardedStep(net, optimizer, LossScaler(recipe.strategies.precision), recipe)
+        eval_cell, eval_batch = eval_layout(net, loss_cell, par, world, recipe.train.micro_batch_size)
+        found[name] = dict(describe(step), data=par.data, sharded=world.sharded, eval_chain=chain(eval_cell),
+                           eval_batch=eval_batch, layer_stages=[layer.pipeline_stage for layer in net.model.layers],
+                           model_parallel=net.config.parallel_config.model_parallel)
+    (out / f"rank_{world.rank}.json").write_text(json.dumps(found, indent=1))
+
+
+if __name__ == "__main__":
+    if is_scheduler():  # msrun runs the script as the cluster's scheduler too
+        run_scheduler()
+    else:
+        main(Path(sys.argv[1]))
