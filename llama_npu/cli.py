@@ -25,8 +25,9 @@ def _run_request(args):
     """(recipe, run dir, rehearsal report or None, problems found while getting them) of a
     `train` or `validate` command line. With --resume and --output-dir and no recipe file,
     the recipe is the run's own recipe.yaml."""
-    from .preflight import STORED_RECIPE, check_data, check_pretrained
+    from .preflight import STORED_RECIPE, check_rehearsed_recipe
     from .recipe import RecipeError, load_recipe
+    from .rehearse import rehearse
 
     if args.recipe is None:
         if not (args.resume and args.output_dir):
@@ -43,14 +44,7 @@ def _run_request(args):
     run_dir = Path(args.output_dir or Path("runs") / (f"{stem}-rehearsal" if args.rehearse else stem))
     if not args.rehearse:
         return recipe, run_dir, None, []
-    from .rehearse import rehearse
-
-    # The full recipe's data and weights are what the rehearsal stands in for: check them.
-    problems = check_data(recipe)
-    try:
-        check_pretrained(recipe)
-    except (RecipeError, ValueError, FileNotFoundError) as exc:
-        problems.append(str(exc))
+    problems = check_rehearsed_recipe(recipe)
     rehearsal, shrunk, not_rehearsed = rehearse(recipe)
     return rehearsal, run_dir, {"shrunk": shrunk, "not_rehearsed": not_rehearsed}, problems
 
@@ -75,8 +69,8 @@ def cmd_train(args) -> int:
         note(f"rehearsal on the CPU: {'; '.join(rehearsal['shrunk'])}")
         for item in rehearsal["not_rehearsed"]:
             note(f"not rehearsed: {item}")
-    summary = run_training(recipe, run_dir, resume=args.resume, overwrite=args.overwrite, force=args.force,
-                           signals=signals, rehearsal=rehearsal)
+    summary = run_training(recipe, run_dir, signals, resume=args.resume, overwrite=args.overwrite,
+                           force=args.force, rehearsal=rehearsal)
     print(format_summary(summary))
     if summary["stopped_by"]:
         print(f"llama-npu: stopped by {summary['stopped_by']} after step {summary['steps']}; newest checkpoint: "

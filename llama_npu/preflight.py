@@ -143,6 +143,13 @@ def check_pretrained(recipe: Recipe) -> None:
                           f"{recipe.model.preset} is {resolve_shape(recipe.model).describe()}")
 
 
+def check_rehearsed_recipe(recipe: Recipe) -> list:
+    """A rehearsal stands in for the full recipe: its data and weights are checked as given."""
+    problems = check_data(recipe)
+    _collect(problems, check_pretrained, recipe)
+    return problems
+
+
 # ---------------------------------------------------------------- output directory
 
 def _writable(run_dir: Path) -> Optional[str]:

@@ -116,9 +116,8 @@ def weights_digest(params) -> str:
     return digest.hexdigest()[:16]
 
 
-def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None, overwrite: bool = False,
-                 force: bool = False, signals: Optional[StopSignals] = None,
-                 rehearsal: Optional[dict] = None) -> dict:
+def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Optional[str] = None,
+                 overwrite: bool = False, force: bool = False, rehearsal: Optional[dict] = None) -> dict:
     """Check everything, then train. Nothing is written, deleted (--overwrite) or built
     before every pre-flight check and the tokenizing have passed; a start-up that fails or is
     interrupted (stopping.StopSignals) after that removes the run directory it created."""
@@ -142,7 +141,6 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None, ov
     tokenizer = load_tokenizer(recipe.data.tokenizer)
     train_source = training_source(recipe, tokenizer)  # a bad record deep in a file stops the run here
     eval_samples = _raw_samples(recipe, tokenizer, recipe.data.eval_files)[0] if recipe.data.eval_files else []
-    signals = signals or StopSignals().start()
     # Under msrun only rank 0 clears and writes the run directory; the others read.
     with signals.creating_run_dir():
         created = open_run_dir(run_dir, recipe, overwrite) if main_rank else False
