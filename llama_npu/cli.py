@@ -349,6 +349,9 @@ def main(argv=None) -> int:
     except RunFailure as exc:
         print(f"llama-npu: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C in a command other than train (train takes its signals itself)
+        print("llama-npu: error: interrupted (SIGINT)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 `train` runs these checks first and refuses on any problem (one line, exit 2) before it
 tokenizes, deletes (--overwrite) or writes anything; `validate` runs the same checks and
-lists every problem it finds. Each check returns the problems it found as one-line
-strings instead of raising, so that one bad key does not hide the next.
+lists every problem it finds. Problems are collected as one-line strings rather than
+raised, so that one bad key does not hide the next.
 
 Pure Python and file reads only: no MindSpore import, so a refused run costs a second.
 """

@@ -51,7 +51,7 @@ def _prepared_as_raw(prepared: str, seq_len: int) -> dict:
 def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
     """(the rehearsal recipe, what was changed, what cannot be rehearsed on this CPU)."""
     from .model import resolve_shape
-    from .strategies.parallel import describe_layout, is_sharded
+    from .strategies.parallel import is_sharded
 
     tree = recipe.to_dict()
     changed, not_rehearsed = [], []
@@ -66,10 +66,11 @@ def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
             node[name] = value
 
     m, d, t, s = recipe.model, recipe.data, recipe.train, recipe.strategies
-    tiny = resolve_shape(type(m)(preset="tiny"))
-    change("model.preset", "tiny")
-    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
-        change(f"model.{name}", None)
+    if m.preset != "tiny":  # a tiny recipe, size overrides and all, is small enough already
+        change("model.preset", "tiny")
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            change(f"model.{name}", None)
+    tiny = resolve_shape(type(m)(**tree["model"]))
     if m.checkpoint and _checkpoint_shape(m.checkpoint) != tiny:
         change("model.checkpoint", "", "it holds another shape; the tiny model starts from random weights")
         not_rehearsed.append(f"loading model.checkpoint={m.checkpoint} (its path and shape were checked "
@@ -112,8 +113,10 @@ def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
         not_rehearsed.append(f"data parallel over {par.data} processes: the rehearsal is one process "
                              f"(scripts/launch.sh runs data parallel on the CPU too)")
     if is_sharded(par):
-        not_rehearsed.append(f"the sharded layout, {describe_layout(recipe)}: semi_auto_parallel needs "
-                             f"Ascend; it was validated, and the rehearsal runs unsharded")
+        layout = (f"data {par.data} x model {par.model} x pipeline {par.pipeline}"
+                  f"{', optimizer sharded' if par.optimizer_shard else ''}")
+        not_rehearsed.append(f"the sharded layout ({layout}): semi_auto_parallel needs Ascend; it was "
+                             f"validated, and the rehearsal runs unsharded on one process")
     for key, value in (("data", 1), ("model", 1), ("pipeline", 1), ("micro_batches", 1),
                        ("optimizer_shard", False), ("sequence_parallel", False)):
         change(f"strategies.parallel.{key}", value)

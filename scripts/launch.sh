@@ -45,9 +45,14 @@ for arg in "$@"; do
     esac
     prev="$arg"
 done
-output_dir="${output_dir:-runs/$(basename "${RECIPE%.*}")}"
-"$ROOT/.venv/bin/llama-npu" validate "$RECIPE" --workers "$WORKERS" --output-dir "$output_dir" \
-    "${resume[@]}" "${sets[@]}" "${flags[@]}" >/dev/null || exit 2
+# Only node 0 holds rank 0, the one rank that writes the (shared) output directory: another
+# node started later would find it already in use by this very launch.
+output_args=()
+if [ "${NODE_RANK:-0}" = 0 ]; then
+    output_args=(--output-dir "${output_dir:-runs/$(basename "${RECIPE%.*}")}" "${resume[@]}")
+fi
+"$ROOT/.venv/bin/llama-npu" validate "$RECIPE" --workers "$WORKERS" "${output_args[@]}" \
+    "${sets[@]}" "${flags[@]}" >/dev/null || exit 2
 
 LOG_DIR="${LOG_DIR:-runs/msrun_logs/$(basename "${RECIPE%.*}")}"
 mkdir -p "$LOG_DIR"
