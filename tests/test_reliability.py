@@ -9,6 +9,7 @@ import signal
 
 import numpy as np
 import pytest
+import yaml
 
 from conftest import (REPO, SIX_STEPS, SMOKE, TINY_RUN, assert_same_steps, read_metrics, run_cli, run_launch,
                       start_training, wait_until)
@@ -74,6 +75,23 @@ def test_resume_may_extend_the_run_and_keeps_the_stored_recipe(six_step_run, tmp
     assert "resuming with train.max_steps 6 -> 7, unlike" in proc.stdout
     assert [r["step"] for r in read_metrics(out)] == list(range(1, 8))
     assert (out / "recipe.yaml").read_text() == stored
+
+
+def test_the_printed_command_carries_what_a_resume_changed(tmp_path):
+    from llama_npu.cli import _run_request, build_parser
+    from llama_npu.preflight import resume_command
+    from llama_npu.recipe import load_recipe
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.yaml").write_text(yaml.safe_dump(load_recipe(SMOKE, ["train.max_steps=6"]).to_dict()))
+    # What a run resumed with these changes (and --force for the seed) trains.
+    recipe = load_recipe(run / "recipe.yaml", ["train.max_steps=9", "train.optimizer.lr=1e-4", "train.seed=3",
+                                               "data.eval_files=[]", "strategies.precision.loss_scale=static:1024"])
+    command = shlex.split(resume_command(run, recipe))
+    assert command[:6] == ["llama-npu", "train", "--resume", "auto", "--output-dir", str(run)]
+    assert command[-1] == "--force"
+    assert _run_request(build_parser().parse_args(command[1:]))[0] == recipe
 
 
 @pytest.fixture(scope="module")
