@@ -36,8 +36,8 @@ class StopSignals:
 
     Why not signal.signal: every MindSpore graph run installs its own SIGINT handler, which
     re-sends the signal to the process as SIGTERM (SignalGuard / DefaultIntHandler in
-    mindspore/ccsrc/include/common/utils/signal_util.cc), so a Python handler sees Ctrl-C as
-    SIGTERM. Blocked in the main thread before any other thread exists (threads inherit the
+    MindSpore's C++ signal_util.cc; seen with 2.9.0 on CPU), so a Python handler sees Ctrl-C
+    as SIGTERM. Blocked in the main thread before any other thread exists (threads inherit the
     mask, so MindSpore's and the tokenizer's never run a handler), both signals wait for
     sigwaitinfo here and arrive with their real number.
 
