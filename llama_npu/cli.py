@@ -3,7 +3,8 @@
 Exit codes: 0 success, 2 bad input (recipe, arguments, data, output directory), 1 a
 failure during the run (non-finite streak, a checkpoint that cannot be written) or, for
 `plan`, a plan that does not fit, 75 (stopping.PREEMPTED) training stopped by
-SIGTERM/SIGINT after saving a checkpoint.
+SIGTERM/SIGINT after saving a checkpoint, 128+N signal N during start-up (nothing kept) or
+a second signal (exit at once).
 """
 from __future__ import annotations
 
@@ -21,22 +22,60 @@ def _fail(message: str) -> int:
     return BAD_INPUT
 
 
+def _run_request(args):
+    """(recipe, run dir, rehearsal report or None, problems found while getting them) of a
+    `train` or `validate` command line. With --resume and --output-dir and no recipe file,
+    the recipe is the run's own recipe.yaml."""
+    from .preflight import STORED_RECIPE, check_rehearsed_recipe
+    from .recipe import RecipeError, load_recipe
+    from .rehearse import rehearse
+
+    if args.recipe is None:
+        if not (args.resume and args.output_dir):
+            raise RecipeError(f"{args.command}: name a recipe file, or pass --resume and --output-dir to "
+                              f"continue a run with its own {STORED_RECIPE}")
+        path = Path(args.output_dir) / STORED_RECIPE
+        if not path.is_file():
+            raise RecipeError(f"--output-dir {args.output_dir} has no {STORED_RECIPE} to resume with; "
+                              f"name the recipe file")
+        recipe = load_recipe(path, args.set)
+    else:  # validate --workers N resolves strategies.parallel.data=auto as msrun's N workers will
+        recipe = load_recipe(args.recipe, args.set, workers=getattr(args, "workers", None))
+    stem = Path(args.recipe).stem if args.recipe else ""
+    run_dir = Path(args.output_dir or Path("runs") / (f"{stem}-rehearsal" if args.rehearse else stem))
+    if not args.rehearse:
+        return recipe, run_dir, None, []
+    problems = check_rehearsed_recipe(recipe)
+    rehearsal, shrunk, not_rehearsed = rehearse(recipe)
+    return rehearsal, run_dir, {"shrunk": shrunk, "not_rehearsed": not_rehearsed}, problems
+
+
 def cmd_train(args) -> int:
-    from .recipe import load_recipe
     from .strategies.parallel import is_scheduler, run_scheduler
-    from .train import format_summary, run_training
 
     if is_scheduler():
         run_scheduler()
         return 0
-    recipe = load_recipe(args.recipe, args.set)
-    run_dir = Path(args.output_dir or Path("runs") / Path(args.recipe).stem)
-    summary = run_training(recipe, run_dir, resume=args.resume, overwrite=args.overwrite)
+    from .stopping import StopSignals
+
+    signals = StopSignals().start()  # before anything starts a thread: see StopSignals
+    from .console import note
+    from .preflight import PreflightError, resume_command
+    from .train import format_summary, run_training
+
+    recipe, run_dir, rehearsal, problems = _run_request(args)
+    if problems:
+        raise PreflightError(problems)
+    if rehearsal:
+        note(f"rehearsal on the CPU: {'; '.join(rehearsal['shrunk'])}")
+        for item in rehearsal["not_rehearsed"]:
+            note(f"not rehearsed: {item}")
+    summary = run_training(recipe, run_dir, signals, resume=args.resume, overwrite=args.overwrite,
+                           force=args.force, rehearsal=rehearsal)
     print(format_summary(summary))
     if summary["stopped_by"]:
         print(f"llama-npu: stopped by {summary['stopped_by']} after step {summary['steps']}; newest checkpoint: "
-              f"{summary['checkpoint']}; continue with: llama-npu train {args.recipe} --output-dir {run_dir} "
-              f"--resume auto", file=sys.stderr)
+              f"{summary['checkpoint']}; continue with: {resume_command(run_dir, recipe)}", file=sys.stderr)
         return PREEMPTED
     return 0
 
@@ -55,13 +94,29 @@ def cmd_prepare_data(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .recipe import load_recipe
-    from .strategies.parallel import check_workers, describe_layout
+    from .preflight import check_output_dir, preflight
+    from .recipe import RecipeError
+    from .strategies.parallel import describe_layout
 
-    recipe = load_recipe(args.recipe, args.set, workers=args.workers)
-    if args.workers is not None:
-        check_workers(recipe.strategies.parallel, args.workers)
-    print(f"{args.recipe}: valid; {describe_layout(recipe)}")
+    try:
+        recipe, run_dir, rehearsal, problems = _run_request(args)
+    except RecipeError as exc:  # no recipe to check the rest against; the output directory still
+        problems = [str(exc)]
+        if args.output_dir:
+            problems += check_output_dir(Path(args.output_dir), args.resume, args.overwrite)[0]
+        recipe = None
+    if recipe is not None:
+        par = recipe.strategies.parallel
+        workers = args.workers if args.workers is not None else par.data * par.model * par.pipeline
+        # A recipe alone (no --output-dir): which directory it will write is train's to judge.
+        problems += preflight(recipe, run_dir if args.output_dir else None, args.resume, args.overwrite,
+                              args.force, workers)[0]
+    for problem in problems:
+        print(f"llama-npu: error: {problem}", file=sys.stderr)
+    if problems:
+        return BAD_INPUT
+    print(f"{args.recipe or run_dir / 'recipe.yaml'}: valid{' as a rehearsal' if rehearsal else ''}; "
+          f"{describe_layout(recipe)}")
     return 0
 
 
@@ -180,20 +235,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="fine-tune from a YAML recipe")
-    train.add_argument("recipe", help="recipe YAML file")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a recipe key, e.g. --set train.max_steps=20 (repeatable)")
-    train.add_argument("--output-dir", help="run directory (default: runs/<recipe name>)")
-    train.add_argument("--resume", metavar="auto|PATH",
-                       help="continue from the newest complete checkpoint (auto) or a step directory")
-    train.add_argument("--overwrite", action="store_true",
-                       help="delete an existing, non-empty output directory first")
+    check = sub.add_parser("validate", help="run train's pre-flight checks and list every problem, without training")
+    for command in (train, check):
+        command.add_argument("recipe", nargs="?",
+                             help="recipe YAML file (optional with --resume and --output-dir: the run's own "
+                                  "recipe.yaml)")
+        command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                             help="override a recipe key, e.g. --set train.max_steps=20 (repeatable)")
+        command.add_argument("--output-dir", help="run directory (default: runs/<recipe name>, "
+                                                  "runs/<recipe name>-rehearsal with --rehearse)")
+        command.add_argument("--resume", metavar="auto|PATH",
+                             help="continue from the newest complete checkpoint (auto) or a step directory")
+        command.add_argument("--overwrite", action="store_true",
+                             help="delete an existing, non-empty output directory first (once every check passed)")
+        command.add_argument("--force", action="store_true",
+                             help="resume although the recipe changes the model, data, batch, seed, LoRA or layout")
+        command.add_argument("--rehearse", action="store_true",
+                             help="shrink the recipe to the tiny model on the CPU, keep its strategies, train a "
+                                  "few steps, and say what was shrunk and what could not be rehearsed")
     train.set_defaults(func=cmd_train)
-
-    check = sub.add_parser("validate", help="check a recipe (and a worker count) without running it")
-    check.add_argument("recipe", help="recipe YAML file")
-    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    check.add_argument("--workers", type=int, help="processes it will be launched on")
+    check.add_argument("--workers", type=int, help="processes it will be launched on (default: its layout's)")
     check.set_defaults(func=cmd_validate)
 
     plan = sub.add_parser("plan", help="estimate device memory before a run, and find a plan that fits",
@@ -334,9 +395,9 @@ def user_errors() -> tuple:
     from .data.readers import RecordError
     from .merge import MergeError
     from .recipe import RecipeError
-    from .train import RunDirError
+    from .preflight import PreflightError, RunDirError
 
-    return (RecipeError, RunDirError, RecordError, CheckpointError, ConvertError, MergeError,
+    return (RecipeError, RunDirError, PreflightError, RecordError, CheckpointError, ConvertError, MergeError,
             FileExistsError, FileNotFoundError)
 
 
@@ -349,6 +410,9 @@ def main(argv=None) -> int:
     except RunFailure as exc:
         print(f"llama-npu: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C in a command other than train (train takes its signals itself)
+        print("llama-npu: error: interrupted (SIGINT)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

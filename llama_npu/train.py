@@ -17,59 +17,24 @@ from typing import Optional
 import yaml
 
 from .console import note, progress_bar, warn
+from .preflight import STORED_RECIPE, PreflightError, preflight, recipe_difference, stored_recipe
 from .recipe import Recipe, accumulation_steps
+from .stopping import StopSignals
 
 
-class RunDirError(RuntimeError):
-    """The output directory cannot be used as asked (exists, no checkpoint to resume...)."""
-
-
-def prepare_run_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
-                    check_empty: bool = True) -> list:
-    """Check the output directory and return the checkpoints to resume from, newest first
-    (the loop falls back to the next when one turns out damaged). Runs before anything is
-    built, so a refused run costs nothing."""
-    from .checkpoint import checkpoint_root, problem, read_state, step_dirs_newest_first
-
-    if resume and overwrite:
-        raise RunDirError("--resume and --overwrite exclude each other")
-    if resume == "auto":
-        root = checkpoint_root(run_dir)
-        if (root / "rank_0").is_dir():  # sharded run: every rank holds the same steps
-            root = root / "rank_0"
-        found = step_dirs_newest_first(root)
-        complete = [path for path in found if read_state(path) is not None]
-        if found and not complete:
-            reasons = "; ".join(f"{path.name}: {problem(path)}" for path in found)
-            raise RunDirError(f"resume: none of the checkpoints under {root} is complete ({reasons}); "
-                              f"pass --resume PATH to pick one, or --overwrite to start again")
-        if not found:
-            print(f"resume: no checkpoint under {run_dir}/checkpoints; starting at step 0")
-        return complete
-    if resume:
-        path = Path(resume)
-        if not path.is_dir() or read_state(path) is None:
-            raise RunDirError(f"--resume {path}: not a complete checkpoint directory "
-                              f"(expected a step_<N> directory holding model.ckpt, optimizer.ckpt "
-                              f"and state.json)")
-        return [path]
-    if check_empty and run_dir.exists() and any(run_dir.iterdir()):
-        if not overwrite:
-            raise RunDirError(f"output directory {run_dir} is not empty; pass --resume auto to "
-                              f"continue it or --overwrite to start again")
+def open_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool) -> bool:
+    """The point of no return, reached only once every check passed: clear the directory
+    (--overwrite), create it and store the recipe. A resumed run keeps the recipe.yaml it
+    was started with. Returns whether this run created the directory, so that a start-up
+    failure after this point can remove it again."""
+    if overwrite and run_dir.exists():
         shutil.rmtree(run_dir)
-    return []
-
-
-def check_writable(run_dir: Path) -> None:
-    """Fail before training, not at the first checkpoint, when the output cannot be written."""
-    probe = run_dir / ".write-probe"
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as exc:
-        raise RunDirError(f"output directory {run_dir} is not writable: {exc}") from exc
+    created = not run_dir.is_dir() or not any(run_dir.iterdir())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stored = run_dir / STORED_RECIPE
+    if not stored.exists():
+        stored.write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return created
 
 
 def resume_state(candidates: list, net, optimizer) -> tuple[Optional[Path], Optional[dict]]:
@@ -119,18 +84,10 @@ def training_source(recipe: Recipe, tokenizer):
     from .data.batches import ListSamples
     from .data.mindrecord import MindRecordSamples
     from .data.packing import pack, padding_share
-    from .data.tokenizer import tokenizer_identity
 
     d = recipe.data
     if d.prepared:
-        source = MindRecordSamples(Path(d.prepared))
-        meta = source.meta
-        if meta["max_seq_len"] != d.max_seq_len:
-            raise RunDirError(f"data.prepared={d.prepared} was prepared with --max-seq-len "
-                              f"{meta['max_seq_len']}, but data.max_seq_len={d.max_seq_len}")
-        if meta["tokenizer"]["sha256"] != tokenizer_identity(d.tokenizer)["sha256"]:
-            raise RunDirError(f"data.prepared={d.prepared} was tokenized with {meta['tokenizer']['name']}, "
-                              f"not data.tokenizer={d.tokenizer}")
+        source = MindRecordSamples(Path(d.prepared))  # its length and tokenizer: preflight.check_prepared
         note(f"{len(source)} {'packed rows' if source.packed else 'samples'} from {d.prepared}")
         return source
     note(f"tokenizing {', '.join(d.train_files)}")
@@ -174,25 +131,51 @@ def weights_digest(params) -> str:
     return digest.hexdigest()[:16]
 
 
-def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
-                 overwrite: bool = False) -> dict:
+def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Optional[str] = None,
+                 overwrite: bool = False, force: bool = False, rehearsal: Optional[dict] = None) -> dict:
+    """Check everything, then train. Nothing is written, deleted (--overwrite) or built
+    before every pre-flight check and the tokenizing have passed; a start-up that fails or is
+    interrupted (stopping.StopSignals) after that removes the run directory it created."""
     from .data.tokenizer import load_tokenizer
-    from .strategies.parallel import launched_rank
+    from .strategies.parallel import launched_rank, launched_workers
 
-    # Data problems surface before anything is written, deleted (--overwrite) or built.
-    tokenizer = load_tokenizer(recipe.data.tokenizer)
-    train_source = training_source(recipe, tokenizer)
-    eval_samples = _raw_samples(recipe, tokenizer, recipe.data.eval_files)[0] if recipe.data.eval_files else []
     run_dir = Path(run_dir)
     main_rank = launched_rank() == 0
-    # Under msrun only rank 0 checks, clears and writes the run directory; the others read.
-    resume_candidates = prepare_run_dir(run_dir, resume, overwrite and main_rank, check_empty=main_rank)
-    if main_rank:
-        check_writable(run_dir)
-        (run_dir / "recipe.yaml").write_text(
-            yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    problems, resume_candidates = preflight(recipe, run_dir, resume, overwrite, force, launched_workers(), main_rank)
+    if problems:
+        raise PreflightError(problems)
+    stored = stored_recipe(run_dir) if resume else None
+    if stored is not None:
+        difference = recipe_difference(stored, recipe)
+        if difference.changed:
+            note(f"resuming with {difference.describe(difference.changed)}, unlike {run_dir / STORED_RECIPE} "
+                 f"(kept as it was)")
+    if resume == "auto" and not resume_candidates:
+        note(f"resume: no checkpoint under {run_dir}/checkpoints; starting at step 0")
 
+    tokenizer = load_tokenizer(recipe.data.tokenizer)
+    train_source = training_source(recipe, tokenizer)  # a bad record deep in a file stops the run here
+    eval_samples = _raw_samples(recipe, tokenizer, recipe.data.eval_files)[0] if recipe.data.eval_files else []
+    # Under msrun only rank 0 clears and writes the run directory; the others read.
+    with signals.creating_run_dir():
+        created = open_run_dir(run_dir, recipe, overwrite) if main_rank else False
+        if created:
+            signals.remove_on_startup_signal(run_dir)
+    try:
+        return _train(recipe, run_dir, resume_candidates, train_source, eval_samples, signals,
+                      warn_recipe_hash=stored is None, rehearsal=rehearsal)
+    except BaseException:
+        if created and not signals.training_started:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source, eval_samples: list,
+           signals: StopSignals, warn_recipe_hash: bool, rehearsal: Optional[dict]) -> dict:
     from .runtime import init_runtime, quiet_frameworks
+    from .strategies.parallel import launched_rank
+
+    main_rank = launched_rank() == 0
 
     quiet_frameworks(run_dir / "logs" if main_rank else
                      Path(tempfile.gettempdir()) / "llama-npu-logs" / run_dir.name / f"rank_{launched_rank()}")
@@ -210,7 +193,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     from .strategies.parallel import (describe_layout, eval_layout, gradient_reducer, init_parallel, stream_layout,
                                       wrap_loss_cell)
     from .strategies.precision import LossScaler
-    from .stopping import NonFiniteStreak, RunFailure, StopSignals, all_finite
+    from .stopping import NonFiniteStreak, RunFailure, all_finite
 
     t = recipe.train
     k = accumulation_steps(recipe)
@@ -251,7 +234,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
 
     resume_from, state = compile_then_resume(step_fn, example_batches, resume_candidates, net, optimizer)
     if resume_from is not None:
-        if state.get("recipe_hash") != recipe.digest():
+        if warn_recipe_hash and state.get("recipe_hash") != recipe.digest():
             warn(f"the recipe differs from the one {resume_from} was trained with")
         start_step, samples_consumed = state["step"], state["samples_consumed"]
         scaler.load_state(state["loss_scale"])
@@ -288,7 +271,7 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     streak = NonFiniteStreak(t.max_nonfinite_steps, scaler)
     step, stopped_by = start_step, None
     progress = progress_bar(t.max_steps, "train", "step", initial=start_step, enabled=world.is_main)
-    with StopSignals() as signals, progress, metrics or nullcontext():
+    with signals.training(), progress, metrics or nullcontext():
         for step in range(start_step + 1, t.max_steps + 1):
             begin = time.perf_counter()
             batches = [stream.next_batch() for _ in range(k)]
@@ -335,6 +318,8 @@ def run_training(recipe: Recipe, run_dir: Path, resume: Optional[str] = None,
     peak, source = peak_memory(on_ascend)
     summary.update({"peak_memory_bytes": peak, "memory_source": source,
                     "checkpoint": str(last_path) if last_path else None, "output_dir": str(run_dir)})
+    if rehearsal:
+        summary["rehearsal"] = rehearsal
     if world.size > 1:
         summary.update({"rank": world.rank, "workers": world.size, "weights_sha256": weights_digest(params)})
         note(f"rank {world.rank} weights sha256 {summary['weights_sha256']}")
@@ -358,4 +343,7 @@ def format_summary(summary: dict) -> str:
     ]
     if "eval_loss" in summary:
         lines.insert(2, f"held-out loss  {summary['eval_loss']:.4f} over {summary['eval_tokens']} target tokens")
+    if "rehearsal" in summary:
+        lines += [f"rehearsal      on the CPU; shrunk: {'; '.join(summary['rehearsal']['shrunk'])}"]
+        lines += [f"not rehearsed  {item}" for item in summary["rehearsal"]["not_rehearsed"]]
     return "\n".join(lines)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -87,3 +88,11 @@ def six_step_run(tmp_path_factory):
     proc = run_cli("train", SMOKE, "--output-dir", out, *SIX_STEPS, check=True)
     return out, proc
 
+
+
+def run_launch(recipe, workers, *args, log_dir, env=None, timeout=300) -> subprocess.CompletedProcess:
+    """scripts/launch.sh on CPU workers; the timeout is far below msrun's default cluster
+    time-out (600 s), so a launch that waits it out fails the test."""
+    env = {**os.environ, "MASTER_PORT": str(random.randint(20000, 40000)), "LOG_DIR": str(log_dir), **(env or {})}
+    return subprocess.run(["bash", "scripts/launch.sh", str(recipe), str(workers), *map(str, args)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout)

@@ -3,13 +3,16 @@ and damaged files, on the tiny model through the real command line."""
 import json
 import re
 import resource
+import shlex
 import shutil
 import signal
 
 import numpy as np
 import pytest
+import yaml
 
-from conftest import SIX_STEPS, SMOKE, TINY_RUN, assert_same_steps, read_metrics, run_cli, start_training, wait_until
+from conftest import (REPO, SIX_STEPS, SMOKE, TINY_RUN, assert_same_steps, read_metrics, run_cli, run_launch,
+                      start_training, wait_until)
 
 PREEMPTED = 75
 
@@ -24,22 +27,71 @@ def copy_run(run, dst):
     return dst
 
 
-def test_sigterm_saves_a_checkpoint_exits_75_and_resume_continues_exactly(six_step_run, tmp_path):
+def test_sigint_saves_a_checkpoint_exits_75_and_the_printed_command_resumes_exactly(six_step_run, tmp_path):
     reference, _ = six_step_run
     out = tmp_path / "run"
     proc = start_training(out, *SIX_STEPS, log_dir=tmp_path / "logs")
     wait_until(lambda: metric_lines(out) >= 1, proc, "the first step")
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: MindSpore's own handler would report it as SIGTERM
     assert proc.wait(timeout=300) == PREEMPTED
     stopped = json.loads((out / "summary.json").read_text())["steps"]
     assert stopped < 6, "the run finished before the signal reached it"
-    stderr = (tmp_path / "logs" / "stderr").read_text()
-    assert f"stopped by SIGTERM after step {stopped}" in stderr and "--resume auto" in stderr
+    assert json.loads((out / "summary.json").read_text())["stopped_by"] == "SIGINT"
+    assert "SIGINT received: finishing this step" in (tmp_path / "logs" / "stdout").read_text()
+    last = (tmp_path / "logs" / "stderr").read_text().strip().splitlines()[-1]
+    assert last.startswith(f"llama-npu: stopped by SIGINT after step {stopped}; ")
     assert json.loads((out / "checkpoints" / f"step_{stopped}" / "state.json").read_text())["step"] == stopped
+    stored = (out / "recipe.yaml").read_text()
 
-    proc = run_cli("train", SMOKE, "--output-dir", out, "--resume", "auto", *SIX_STEPS, check=True)
+    # The printed command, as printed: no recipe, no --set; the run's own recipe.yaml.
+    command = shlex.split(last.split("continue with: ", 1)[1])
+    assert command == ["llama-npu", "train", "--resume", "auto", "--output-dir", str(out)]
+    proc = run_cli(*command[1:], check=True)
     assert f"resumed from {out / 'checkpoints' / f'step_{stopped}'}" in proc.stdout
     assert_same_steps(out, reference, range(stopped + 1, 7))
+    assert (out / "recipe.yaml").read_text() == stored
+
+
+def test_resume_with_a_recipe_that_changes_the_result_is_refused_and_names_the_keys(six_step_run, tmp_path):
+    out = copy_run(six_step_run[0], tmp_path / "run")
+    stored = (out / "recipe.yaml").read_text()
+    before = sorted(p.name for p in (out / "checkpoints").iterdir())
+    # The recipe file as given (not shrunk like the run) and a new seed: both change what is trained.
+    proc = run_cli("train", SMOKE, "--output-dir", out, "--resume", "auto", "--set", "train.seed=7")
+    assert proc.returncode == 2
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("llama-npu: error: resume: the recipe changes ")
+    for change in ("data.max_seq_len 32 -> 128", "train.micro_batch_size 2 -> 4", "train.seed 0 -> 7"):
+        assert change in error
+    assert "train.max_steps" not in error and "--force" in error  # refused only for what changes the result
+    assert (out / "recipe.yaml").read_text() == stored
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
+
+
+def test_resume_may_extend_the_run_and_keeps_the_stored_recipe(six_step_run, tmp_path):
+    out = copy_run(six_step_run[0], tmp_path / "run")
+    stored = (out / "recipe.yaml").read_text()
+    proc = run_cli("train", "--resume", "auto", "--output-dir", out, "--set", "train.max_steps=7", check=True)
+    assert "resuming with train.max_steps 6 -> 7, unlike" in proc.stdout
+    assert [r["step"] for r in read_metrics(out)] == list(range(1, 8))
+    assert (out / "recipe.yaml").read_text() == stored
+
+
+def test_the_printed_command_carries_what_a_resume_changed(tmp_path):
+    from llama_npu.cli import _run_request, build_parser
+    from llama_npu.preflight import resume_command
+    from llama_npu.recipe import load_recipe
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.yaml").write_text(yaml.safe_dump(load_recipe(SMOKE, ["train.max_steps=6"]).to_dict()))
+    # What a run resumed with these changes (and --force for the seed) trains.
+    recipe = load_recipe(run / "recipe.yaml", ["train.max_steps=9", "train.optimizer.lr=1e-4", "train.seed=3",
+                                               "data.eval_files=[]", "strategies.precision.loss_scale=static:1024"])
+    command = shlex.split(resume_command(run, recipe))
+    assert command[:6] == ["llama-npu", "train", "--resume", "auto", "--output-dir", str(run)]
+    assert command[-1] == "--force"
+    assert _run_request(build_parser().parse_args(command[1:]))[0] == recipe
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +124,7 @@ def test_second_signal_exits_at_once_and_keeps_the_last_checkpoint(long_run, ms)
     from llama_npu.checkpoint import read_state, step_dirs_newest_first
 
     out, returncode = long_run
-    assert returncode == -signal.SIGTERM  # killed by the signal, not a clean stop
+    assert returncode == 128 + signal.SIGTERM  # ended at once, as a shell reports a death by the signal
     assert not (out / "summary.json").exists()
     # The second signal may land while step 150 is being saved: what is visible must still be
     # complete (the partial save stays hidden), and hold the step before it at the least.
@@ -126,8 +178,8 @@ def test_unwritable_output_directory_is_refused_before_training(tmp_path):
     blocker.write_text("a file where the run directory's parent should be")
     proc = run_cli("train", SMOKE, "--output-dir", blocker / "run", *TINY_RUN)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == (f"llama-npu: error: output directory {blocker / 'run'} is not writable: "
-                                   f"[Errno 20] Not a directory: '{blocker / 'run'}'")
+    assert proc.stderr.strip().splitlines()[-1] == (f"llama-npu: error: output directory {blocker / 'run'} is not "
+                                                    f"writable: {blocker} is a file, not a directory")
 
 
 def test_damaged_checkpoints_are_skipped_on_resume(six_step_run, tmp_path):
@@ -167,3 +219,107 @@ def test_training_shows_progress_time_left_and_what_is_slow(six_step_run):
     assert re.search(r"tokenize: .*\d+/230 \[", proc.stderr)
     for phase in ("tokenizing data/zh_instruct_train.jsonl", "building the model", "the first step compiles"):
         assert phase in proc.stdout
+
+
+# ---------------------------------------------------------------- nothing written before the run can start
+
+def test_validate_lists_every_startup_problem_and_train_refuses_before_writing(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's own file")
+    no_record = tmp_path / "sharegpt.jsonl"
+    no_record.write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "config.json").write_text(json.dumps({"format": "llama-npu", "shape": {
+        "hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 256}}))
+    args = [SMOKE, "--output-dir", out, "--set", "device.target=ascend", "--set", "device.name=910b",
+            "--set", f"data.train_files=[{no_record}]", "--set", f"data.eval_files=[{tmp_path / 'gone.jsonl'}]",
+            "--set", f"model.checkpoint={weights}"]
+    proc = run_cli("validate", *args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 5 and all(line.startswith("llama-npu: error: ") for line in lines)
+    for line, expected in zip(lines, [
+            "device.target=ascend (device.name=910b): this host has no Ascend NPU",
+            f"data.format=alpaca: no record of {no_record} parses; the first: {no_record}:1: field 'instruction'",
+            f"{tmp_path / 'gone.jsonl'}: file not found",
+            f"model.checkpoint={weights} holds hidden 128",
+            f"output directory {out} is not empty"]):
+        assert expected in line
+
+    proc = run_cli("train", *args)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "llama-npu: error: device.target=ascend (device.name=910b): this host has no Ascend NPU")
+    assert "(and 4 more: llama-npu validate with the same arguments lists them all)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_prepared_data_made_for_another_length_is_refused_before_tokenizing(tmp_path):
+    from llama_npu.data.tokenizer import tokenizer_identity
+
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / "data.mindrecord").write_bytes(b"")
+    (prepared / "meta.json").write_text(json.dumps({"max_seq_len": 64, "tokenizer": tokenizer_identity("llama3.2")}))
+    proc = run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", "data.train_files=[]",
+                   "--set", f"data.prepared={prepared}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"llama-npu: error: data.prepared={prepared} was prepared with --max-seq-len 64, but data.max_seq_len=32")
+    assert "tokenizing" not in proc.stdout and not (tmp_path / "run").exists()
+
+
+def bad_after_three_good(tmp_path):
+    data = tmp_path / "late_error.jsonl"
+    good = (REPO / "data" / "zh_instruct_train.jsonl").read_text(encoding="utf-8").splitlines()[:3]
+    data.write_text("\n".join(good + ['{"instruction": "x", "output": 3}']) + "\n", encoding="utf-8")
+    return data
+
+
+def test_a_bad_record_deep_in_the_data_stops_the_run_before_anything_is_written(tmp_path):
+    data = bad_after_three_good(tmp_path)
+    proc = run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", f"data.train_files=[{data}]")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"llama-npu: error: {data}:4: field 'output' must be a string, got int")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_signal_during_start_up_is_one_line_and_leaves_nothing_behind(tmp_path):
+    out = tmp_path / "run"
+    proc = start_training(out, *TINY_RUN, log_dir=tmp_path / "logs")
+    # The run directory exists from the end of tokenizing; the model is built after it.
+    wait_until((out / "recipe.yaml").exists, proc, "the run directory")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 128 + signal.SIGINT
+    stderr = (tmp_path / "logs" / "stderr").read_text()
+    assert stderr.strip().splitlines()[-1] == ("llama-npu: error: SIGINT received during start-up, before the "
+                                               "first step; nothing of this run was kept")
+    assert "Traceback" not in stderr
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- scripts/launch.sh fails fast
+
+def test_launch_checks_the_output_directory_before_msrun(six_step_run, tmp_path):
+    proc = run_launch(SMOKE, 2, "--output-dir", six_step_run[0], "--set", "strategies.parallel.data=2",
+                      log_dir=tmp_path / "logs")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"llama-npu: error: output directory {six_step_run[0]} is not empty; pass --resume auto to continue it "
+        f"or --overwrite to start again")
+    assert not (tmp_path / "logs").exists()  # msrun never started
+
+
+def test_a_worker_failing_after_start_ends_the_launch_with_its_error(tmp_path):
+    data = bad_after_three_good(tmp_path)
+    # CLUSTER_TIME_OUT is left at its default, 600 s: the launch must not wait it out.
+    proc = run_launch(SMOKE, 2, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", "strategies.parallel.data=2",
+                      "--set", f"data.train_files=[{data}]", log_dir=tmp_path / "logs")
+    assert proc.returncode == 2  # the worker's own exit status
+    assert re.fullmatch(rf"launch: rank [01] failed: {re.escape(str(data))}:4: field 'output' must be a string, "
+                        rf"got int", proc.stderr.strip().splitlines()[-1])
+    assert not (tmp_path / "run").exists()

@@ -1,21 +1,25 @@
 """Every shipped recipe validates, fits its device by the planner with the margin, and
-trains 2 steps on CPU when shrunk to the tiny preset, so a recipe can never rot."""
+trains a few steps on CPU as its rehearsal (`train RECIPE --rehearse`), so a recipe can
+never rot."""
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 import yaml
 
-from llama_npu.recipe import load_recipe
+from llama_npu.recipe import Recipe, accumulation_steps, load_recipe
+from llama_npu.rehearse import rehearse
 
 from conftest import REPO, read_metrics, run_cli
 
 ASCEND_RECIPES = sorted((REPO / "recipes").glob("llama3_2_*.yaml"))
-SHRINK = ["model.preset=tiny", "device.target=cpu", "device.name=cpu", "device.max_device_memory=",
-          "strategies.precision.amp_level=O0", "strategies.parallel.data=1",
-          "strategies.parallel.optimizer_shard=false", "data.max_seq_len=32", "data.eval_files=[]",
-          "train.micro_batch_size=1", "train.global_batch_size=2", "strategies.chunked_ce.chunk_size=16",
-          "train.max_steps=2", "train.warmup_steps=0", "train.save_every=2"]
+
+
+def shrunk(path, *overrides) -> Recipe:
+    """The recipe `train PATH --rehearse [--set ...]` trains: the tiny model on the CPU with the
+    recipe's strategies (llama_npu/rehearse.py)."""
+    return rehearse(load_recipe(path, list(overrides)))[0]
 
 
 def test_the_five_ascend_recipes_are_shipped():
@@ -38,11 +42,34 @@ def test_recipe_fits_its_device_with_the_margin(path):
 
 
 @pytest.mark.parametrize("path", ASCEND_RECIPES, ids=lambda p: p.stem)
-def test_recipe_trains_two_steps_on_cpu_when_shrunk(tmp_path, path):
+def test_recipe_rehearses_on_cpu_with_its_strategies(tmp_path, path):
     out = tmp_path / path.stem
-    run_cli("train", path, "--output-dir", out, *[a for s in SHRINK for a in ("--set", s)], check=True)
+    proc = run_cli("train", path, "--rehearse", "--output-dir", out, check=True)
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) for r in rows)
-    saved = yaml.safe_load((out / "recipe.yaml").read_text())
-    original = yaml.safe_load(path.read_text())
-    assert saved["strategies"]["lora"]["enabled"] == original["strategies"].get("lora", {}).get("enabled", False)
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(np.isfinite(r["loss"]) for r in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["memory_source"] == "host_rss" and summary["peak_memory_bytes"] < 4 * 2**30
+    assert "eval_loss" in summary  # evaluation is rehearsed too
+    original, saved = load_recipe(path), yaml.safe_load((out / "recipe.yaml").read_text())
+    assert saved == shrunk(path).to_dict()
+    assert (saved["model"]["preset"], saved["device"]["target"], saved["data"]["max_seq_len"]) == ("tiny", "cpu", 32)
+    s, kept = original.strategies, saved["strategies"]
+    assert kept["lora"] == dataclasses.asdict(s.lora) and kept["recompute"]["mode"] == s.recompute.mode
+    assert kept["precision"]["amp_level"] == s.precision.amp_level
+    assert kept["precision"]["loss_scale"] == s.precision.loss_scale
+    assert kept["chunked_ce"]["enabled"] == s.chunked_ce.enabled
+    if s.chunked_ce.enabled:
+        assert kept["chunked_ce"]["chunk_size"] < saved["data"]["max_seq_len"]  # really cut into chunks
+    assert saved["train"]["global_batch_size"] == (2 if accumulation_steps(original) > 1 else 0)
+    # What was shrunk and what was not rehearsed, in the summary and the printed report.
+    report = summary["rehearsal"]
+    assert f"model.preset '{original.model.preset}' -> 'tiny'" in report["shrunk"]
+    assert any(item.startswith(f"the {original.device.name}'s kernels") for item in report["not_rehearsed"])
+    if s.precision.amp_level != "O0" and s.precision.dtype == "bfloat16":
+        assert "strategies.precision.dtype 'bfloat16' -> 'float16' (the CPU has no BF16 kernels)" in report["shrunk"]
+    if s.parallel.data > 1:
+        assert any(item.startswith(f"data parallel over {s.parallel.data} processes") for item in report["not_rehearsed"])
+    if s.parallel.optimizer_shard:
+        assert any(item.startswith("the sharded layout") for item in report["not_rehearsed"])
+    for item in report["not_rehearsed"]:
+        assert f"not rehearsed  {item}" in proc.stdout

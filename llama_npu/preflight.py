@@ -1,0 +1,307 @@
+"""Pre-flight: everything a run needs is checked before its output directory is touched.
+
+`train` runs these checks first and refuses on any problem (one line, exit 2) before it
+tokenizes, deletes (--overwrite) or writes anything; `validate` runs the same checks and
+lists every problem it finds. Problems are collected as one-line strings rather than
+raised, so that one bad key does not hide the next.
+
+Pure Python and file reads only: no MindSpore import, so a refused run costs a second.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import shlex
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from .recipe import Recipe, RecipeError, recipe_from_dict
+
+# Changing one of these on resume would train a different model, on different data, or
+# give each step different samples than the checkpoint's run did: refused without --force.
+# Everything else (max_steps, save/eval cadence, lr and schedule, precision, recompute,
+# chunked CE, device) may change: lowering the lr or enabling loss scaling is how a
+# diverged run is recovered (stopping.NonFiniteStreak says so), and memory strategies do
+# not change the maths.
+RESULT_KEYS = ("model.", "data.", "train.micro_batch_size", "train.global_batch_size", "train.seed",
+               "strategies.lora.", "strategies.parallel.")
+NOT_RESULT_KEYS = ("data.eval_files",)  # what is evaluated, not what is trained
+
+
+class RunDirError(RuntimeError):
+    """The output directory cannot be used as asked (exists, no checkpoint to resume...)."""
+
+
+class PreflightError(RuntimeError):
+    """Problems found before the run: one line for `train`, every line for `validate`."""
+
+    def __init__(self, problems: list):
+        self.problems = problems
+        more = (f" (and {len(problems) - 1} more: llama-npu validate with the same arguments lists them all)"
+                if len(problems) > 1 else "")
+        super().__init__(problems[0] + more)
+
+
+def _collect(problems: list, check: Callable, *args):
+    """Run one check; a user error it raises becomes one problem line."""
+    from .checkpoint import CheckpointError
+    from .convert import ConvertError
+    from .data.readers import RecordError
+
+    try:
+        return check(*args)
+    except (RecipeError, RecordError, ConvertError, CheckpointError, RunDirError, FileNotFoundError) as exc:
+        problems.append(str(exc))
+    return None
+
+
+# ---------------------------------------------------------------- device
+
+def ascend_devices() -> list:
+    """The NPUs' device nodes: the driver creates /dev/davinciN per card, and a container sees
+    only the cards passed to it (docker --device /dev/davinciN). Cheaper than `npu-smi info`,
+    which doctor runs, and true for the same hosts."""
+    return sorted(glob.glob("/dev/davinci[0-9]*"))
+
+
+def check_device(recipe: Recipe) -> list:
+    if recipe.device.target != "ascend" or ascend_devices():
+        return []
+    return [f"device.target=ascend (device.name={recipe.device.name}): this host has no Ascend NPU "
+            f"(no /dev/davinci* device); `llama-npu doctor` says what it can train, and "
+            f"`llama-npu train RECIPE --rehearse` rehearses the recipe on the CPU"]
+
+
+# ---------------------------------------------------------------- data
+
+def _first_record_parses(path: str, fmt: str) -> None:
+    """The file exists, is readable and at least one record parses as `fmt`; else raise the
+    first record's error (later bad records are found by tokenizing, still before writing)."""
+    from .data.readers import RecordError, iter_records
+
+    try:
+        first_error = None
+        for item in iter_records([path], fmt):
+            if not isinstance(item, RecordError):
+                return
+            first_error = first_error or item
+        raise RecordError(f"data.format={fmt}: no record of {path} parses; the first: {first_error}")
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read it ({exc.strerror})") from None
+
+
+def check_prepared(recipe: Recipe) -> None:
+    from .data.mindrecord import DATA_FILE, read_meta
+    from .data.tokenizer import tokenizer_identity
+
+    d = recipe.data
+    meta = read_meta(Path(d.prepared))
+    if not (Path(d.prepared) / DATA_FILE).is_file():
+        raise RunDirError(f"data.prepared={d.prepared}: {DATA_FILE} is missing; prepare it again")
+    if meta["max_seq_len"] != d.max_seq_len:
+        raise RecipeError(f"data.prepared={d.prepared} was prepared with --max-seq-len {meta['max_seq_len']}, "
+                          f"but data.max_seq_len={d.max_seq_len}")
+    if meta["tokenizer"]["sha256"] != tokenizer_identity(d.tokenizer)["sha256"]:
+        raise RecipeError(f"data.prepared={d.prepared} was tokenized with {meta['tokenizer']['name']}, "
+                          f"not data.tokenizer={d.tokenizer}")
+
+
+def check_data(recipe: Recipe) -> list:
+    from .data.tokenizer import tokenizer_path
+
+    d, problems = recipe.data, []
+    _collect(problems, tokenizer_path, d.tokenizer)
+    if d.prepared:
+        if not problems:  # the tokenizer comparison needs the tokenizer
+            _collect(problems, check_prepared, recipe)
+    for path in d.train_files + d.eval_files:
+        _collect(problems, _first_record_parses, path, d.format)
+    return problems
+
+
+# ---------------------------------------------------------------- pre-trained weights
+
+def check_pretrained(recipe: Recipe) -> None:
+    """model.checkpoint exists and describes the recipe's shape. A stand-in for
+    build.check_pretrained (issue 16 item 1), which also checks every tensor and dtype."""
+    from .convert import read_checkpoint_dir
+    from .model import resolve_shape
+
+    if not recipe.model.checkpoint:
+        return
+    directory = Path(recipe.model.checkpoint)
+    if not directory.is_dir():
+        raise RecipeError(f"model.checkpoint={directory}: no such directory (expected one written by "
+                          f"llama-npu convert hf-to-ms)")
+    shape, _ = read_checkpoint_dir(directory)
+    if shape != resolve_shape(recipe.model):
+        raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
+                          f"{recipe.model.preset} is {resolve_shape(recipe.model).describe()}")
+
+
+def check_rehearsed_recipe(recipe: Recipe) -> list:
+    """A rehearsal stands in for the full recipe: its data and weights are checked as given."""
+    problems = check_data(recipe)
+    _collect(problems, check_pretrained, recipe)
+    return problems
+
+
+# ---------------------------------------------------------------- output directory
+
+def _writable(run_dir: Path) -> Optional[str]:
+    """Why `run_dir` could not be created or written, without creating it."""
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    try:  # an unnamed temporary file: nothing is left even if we die here
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"cannot create files in {existing} ({exc.strerror})"
+    return None
+
+
+def resume_candidates(run_dir: Path, resume: Optional[str]) -> list:
+    """The checkpoints to resume from, newest first (the loop falls back to the next when
+    one turns out damaged); raises when there is none that could be."""
+    from .checkpoint import checkpoint_root, problem, read_state, step_dirs_newest_first
+
+    if resume == "auto":
+        root = checkpoint_root(run_dir)
+        if (root / "rank_0").is_dir():  # sharded run: every rank holds the same steps
+            root = root / "rank_0"
+        found = step_dirs_newest_first(root)
+        complete = [path for path in found if read_state(path) is not None]
+        if found and not complete:
+            reasons = "; ".join(f"{path.name}: {problem(path)}" for path in found)
+            raise RunDirError(f"resume: none of the checkpoints under {root} is complete ({reasons}); "
+                              f"pass --resume PATH to pick one, or --overwrite to start again")
+        return complete
+    path = Path(resume)
+    if not path.is_dir() or read_state(path) is None:
+        raise RunDirError(f"--resume {path}: not a complete checkpoint directory (expected a step_<N> "
+                          f"directory holding model.ckpt, optimizer.ckpt and state.json)")
+    return [path]
+
+
+def check_output_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
+                     main_rank: bool = True) -> tuple[list, list]:
+    """(problems, checkpoints to resume from). Under msrun only rank 0 writes the run
+    directory, so only it judges whether it may."""
+    problems, candidates = [], []
+    if resume and overwrite:
+        problems.append("--resume and --overwrite exclude each other")
+    elif resume:
+        candidates = _collect(problems, resume_candidates, run_dir, resume) or []
+    elif main_rank and run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
+        problems.append(f"output directory {run_dir} is not empty; pass --resume auto to continue it or "
+                        f"--overwrite to start again")
+    reason = _writable(run_dir) if main_rank else None
+    if reason:
+        problems.append(f"output directory {run_dir} is not writable: {reason}")
+    return problems, candidates
+
+
+# ---------------------------------------------------------------- resume with another recipe
+
+STORED_RECIPE = "recipe.yaml"
+
+
+def stored_recipe(run_dir: Path) -> Optional[Recipe]:
+    """The recipe a run was started with (its recipe.yaml), or None when it has none."""
+    path = Path(run_dir) / STORED_RECIPE
+    if not path.is_file():
+        return None
+    try:
+        return recipe_from_dict(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+    except (RecipeError, yaml.YAMLError) as exc:
+        raise RecipeError(f"{path}: cannot be read as a recipe ({exc})") from None
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changes_result(key: str) -> bool:
+    return key.startswith(RESULT_KEYS) and not key.startswith(NOT_RESULT_KEYS)
+
+
+@dataclass
+class RecipeDifference:
+    """How the recipe of a resume differs from the one the run was started with."""
+    changed: dict = field(default_factory=dict)  # key -> (stored value, new value)
+
+    @property
+    def refused(self) -> list:
+        return [key for key in self.changed if changes_result(key)]
+
+    def describe(self, keys) -> str:
+        return ", ".join(f"{k} {self.changed[k][0]!r} -> {self.changed[k][1]!r}" for k in keys)
+
+
+def recipe_difference(stored: Recipe, recipe: Recipe) -> RecipeDifference:
+    old, new = flatten(stored.to_dict()), flatten(recipe.to_dict())
+    return RecipeDifference({k: (old.get(k), new[k]) for k in new if old.get(k) != new[k]})
+
+
+def check_resume_recipe(recipe: Recipe, run_dir: Path, force: bool) -> list:
+    stored = stored_recipe(run_dir)
+    if stored is None:
+        return []
+    refused = recipe_difference(stored, recipe).refused
+    if not refused or force:
+        return []
+    return [f"resume: the recipe changes {recipe_difference(stored, recipe).describe(refused)} from "
+            f"{run_dir / STORED_RECIPE}, which changes what the run trains; resume without that change, "
+            f"or pass --force to continue anyway"]
+
+
+# ---------------------------------------------------------------- all of them
+
+def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], overwrite: bool,
+              force: bool = False, workers: int = 1, main_rank: bool = True) -> tuple[list, list]:
+    """(every problem that would stop this run, one line each, [] when it can start;
+    the checkpoints to resume from, newest first). Without a run_dir the output directory
+    is not judged (`validate RECIPE` alone)."""
+    from .strategies.parallel import check_workers
+
+    problems = check_device(recipe)
+    _collect(problems, check_workers, recipe.strategies.parallel, workers)
+    problems += check_data(recipe)
+    _collect(problems, check_pretrained, recipe)
+    if run_dir is None:
+        return problems, []
+    output_problems, candidates = check_output_dir(run_dir, resume, overwrite, main_rank)
+    problems += output_problems
+    if resume:
+        problems += _collect(problems, check_resume_recipe, recipe, run_dir, force) or []
+    return problems, candidates
+
+
+def _set_value(value) -> str:
+    """A recipe value as `--set` reads it back (YAML): strings bare, the rest as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def resume_command(run_dir: Path, recipe: Recipe) -> str:
+    """The command that continues this run exactly: its own recipe.yaml, plus a --set for
+    each key this run changed from it (and --force when one of them needed it)."""
+    difference = recipe_difference(stored_recipe(run_dir), recipe)
+    words = ["llama-npu", "train", "--resume", "auto", "--output-dir", str(run_dir)]
+    for key, (_, value) in difference.changed.items():
+        words += ["--set", f"{key}={_set_value(value)}"]
+    if difference.refused:
+        words.append("--force")
+    return " ".join(shlex.quote(word) for word in words)

@@ -1,0 +1,123 @@
+"""`train RECIPE --rehearse`: the recipe shrunk until it trains a few steps on a laptop's
+CPU, with every strategy the CPU can run kept as the recipe sets it.
+
+Shrunk: the model (the tiny preset), the sequence, the batch, the steps, the device.
+Kept: precision and loss scaling (BF16 becomes FP16: the CPU has no BF16 kernels), LoRA,
+recompute, chunked cross-entropy (in chunks smaller than the short sequence), gradient
+accumulation (at most 2 micro-batches), evaluation, the optimizer and its schedule.
+Not rehearsed, and said so: what needs an NPU (sharded layouts, flash attention, the
+910A's overflow registers, device memory) and more than one process (data parallel).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .recipe import Recipe, RecipeError, accumulation_steps, recipe_from_dict
+
+SEQ_LEN = 32
+STEPS = 3
+MAX_ACCUMULATION = 2
+CHUNK = 16  # chunked CE must still cut the rehearsal's 32-token sequences into pieces
+
+
+def _checkpoint_shape(directory: str):
+    """The shape a model.checkpoint directory describes, or None if it cannot be read
+    (pre-flight reports why against the full recipe)."""
+    from .model import LlamaShape
+
+    try:
+        return LlamaShape(**json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))["shape"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _prepared_as_raw(prepared: str, seq_len: int) -> dict:
+    """The raw files a prepared directory was made from, to tokenize at the rehearsal's length."""
+    from .data.mindrecord import read_meta
+
+    meta = read_meta(Path(prepared))
+    sources = [s["path"] for s in meta.get("sources", [])]
+    if meta["max_seq_len"] == seq_len:
+        return {}
+    if not sources or not all(Path(p).is_file() for p in sources):
+        raise RecipeError(f"--rehearse: data.prepared={prepared} holds {meta['max_seq_len']}-token rows and its "
+                          f"source files are not here; prepare a copy with llama-npu prepare-data --max-seq-len "
+                          f"{seq_len} and pass it with --set data.prepared=DIR")
+    return {"prepared": "", "train_files": sources, "format": meta["format"], "pack": meta["packed"],
+            "train_on_prompt": meta["train_on_prompt"]}
+
+
+def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
+    """(the rehearsal recipe, what was changed, what cannot be rehearsed on this CPU)."""
+    from .model import resolve_shape
+    from .strategies.parallel import is_sharded
+
+    tree = recipe.to_dict()
+    changed, not_rehearsed = [], []
+
+    def change(key: str, value, why: str = "") -> None:
+        *sections, name = key.split(".")
+        node = tree
+        for section in sections:
+            node = node[section]
+        if node[name] != value:
+            changed.append(f"{key} {node[name]!r} -> {value!r}" + (f" ({why})" if why else ""))
+            node[name] = value
+
+    m, d, t, s = recipe.model, recipe.data, recipe.train, recipe.strategies
+    if m.preset != "tiny":  # a tiny recipe, size overrides and all, is small enough already
+        change("model.preset", "tiny")
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            change(f"model.{name}", None)
+    tiny = resolve_shape(type(m)(**tree["model"]))
+    if m.checkpoint and _checkpoint_shape(m.checkpoint) != tiny:
+        change("model.checkpoint", "", "it holds another shape; the tiny model starts from random weights")
+        not_rehearsed.append(f"loading model.checkpoint={m.checkpoint} (its path and shape were checked "
+                             f"against the full recipe)")
+
+    if recipe.device.target != "cpu":
+        not_rehearsed.append(f"the {recipe.device.name}'s kernels (flash attention, the fused RmsNorm) and its "
+                             f"device memory: `llama-npu plan` estimates that memory")
+        if recipe.device.name == "910a" and s.precision.loss_scale != "none":
+            not_rehearsed.append("the 910A's overflow registers: on the CPU loss scaling checks gradients "
+                                 "with is-finite")
+    change("device.target", "cpu")
+    change("device.name", "cpu")
+    change("device.max_device_memory", "")
+    if s.precision.amp_level != "O0" and s.precision.dtype == "bfloat16":
+        change("strategies.precision.dtype", "float16", "the CPU has no BF16 kernels")
+
+    seq_len = min(d.max_seq_len, SEQ_LEN)
+    change("data.max_seq_len", seq_len)
+    if d.prepared:
+        for key, value in _prepared_as_raw(d.prepared, seq_len).items():
+            change(f"data.{key}", value, "its source files, tokenized at the rehearsal's length"
+                   if key == "train_files" else "")
+
+    par = s.parallel
+    accumulation = min(par.micro_batches if par.pipeline > 1 else accumulation_steps(recipe), MAX_ACCUMULATION)
+    change("train.micro_batch_size", 1)
+    change("train.global_batch_size", accumulation if accumulation > 1 else 0,
+           f"{accumulation} micro-batches accumulated per step" if accumulation > 1 else "")
+    change("train.max_steps", STEPS)
+    change("train.warmup_steps", min(t.warmup_steps, 1))
+    change("train.save_every", STEPS)
+    change("train.eval_every", 0, "evaluated once, at the end")
+    if s.chunked_ce.enabled:
+        change("strategies.chunked_ce.chunk_size", min(s.chunked_ce.chunk_size, CHUNK))
+    if s.recompute.layers > tiny.num_layers:
+        change("strategies.recompute.layers", tiny.num_layers)
+
+    if par.data > 1:
+        not_rehearsed.append(f"data parallel over {par.data} processes: the rehearsal is one process "
+                             f"(scripts/launch.sh runs data parallel on the CPU too)")
+    if is_sharded(par):
+        layout = (f"data {par.data} x model {par.model} x pipeline {par.pipeline}"
+                  f"{', optimizer sharded' if par.optimizer_shard else ''}")
+        not_rehearsed.append(f"the sharded layout ({layout}): semi_auto_parallel needs Ascend; it was "
+                             f"validated, and the rehearsal runs unsharded on one process")
+    for key, value in (("data", 1), ("model", 1), ("pipeline", 1), ("micro_batches", 1),
+                       ("optimizer_shard", False), ("sequence_parallel", False)):
+        change(f"strategies.parallel.{key}", value)
+    return recipe_from_dict(tree), changed, not_rehearsed
