@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import yaml
 
+from .pretrained import check_pretrained
 from .recipe import Recipe, RecipeError, recipe_from_dict
 
 # Changing one of these on resume would train a different model, on different data, or
@@ -124,24 +125,6 @@ def check_data(recipe: Recipe) -> list:
 
 
 # ---------------------------------------------------------------- pre-trained weights
-
-def check_pretrained(recipe: Recipe) -> None:
-    """model.checkpoint exists and describes the recipe's shape. A stand-in for
-    build.check_pretrained (issue 16 item 1), which also checks every tensor and dtype."""
-    from .convert import read_checkpoint_dir
-    from .model import resolve_shape
-
-    if not recipe.model.checkpoint:
-        return
-    directory = Path(recipe.model.checkpoint)
-    if not directory.is_dir():
-        raise RecipeError(f"model.checkpoint={directory}: no such directory (expected one written by "
-                          f"llama-npu convert hf-to-ms)")
-    shape, _ = read_checkpoint_dir(directory)
-    if shape != resolve_shape(recipe.model):
-        raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
-                          f"{recipe.model.preset} is {resolve_shape(recipe.model).describe()}")
-
 
 def check_rehearsed_recipe(recipe: Recipe) -> list:
     """A rehearsal stands in for the full recipe: its data and weights are checked as given."""

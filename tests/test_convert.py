@@ -8,10 +8,11 @@ import pytest
 
 from llama_npu.convert import read_safetensors
 
-from llama_npu.recipe import load_recipe
+from llama_npu.recipe import load_recipe, recipe_from_dict
+from llama_npu.rehearse import STEPS as REHEARSAL_STEPS
 
 from conftest import REPO, SMOKE, read_metrics, run_cli
-from test_shipped_recipes import SHRINK  # helper D turns this list into `train --rehearse`
+from test_shipped_recipes import shrunk
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -66,7 +67,7 @@ def conversions(hf_dir, tmp_path_factory):
 
 def test_converted_logits_equal_transformers(ms, hf_dir, conversions):
     from llama_npu.build import build_network
-    from llama_npu.recipe import load_recipe
+    from llama_npu.recipe import load_recipe, recipe_from_dict
 
     _, reference = hf_dir
     out = conversions["float32"]
@@ -100,11 +101,11 @@ def test_round_trip_is_bit_exact_and_transformers_loads_it(hf_dir, tmp_path):
 
 def test_fine_tune_exports_back_to_hugging_face(shrunk_run, conversions, tmp_path):
     """From the run directory (its newest step) or from --weights of that step: the same export."""
-    run, proc = shrunk_run(SMOKE, "float32")  # the smoke recipe fine-tuned 2 steps from the conversion
+    run, proc = shrunk_run(SMOKE, "float32")  # the smoke recipe's rehearsal, from the conversion
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_cli("convert", "ms-to-hf", "--src", run, "--dst", tmp_path / "tuned", check=True)
     run_cli("convert", "ms-to-hf", "--src", conversions["float32"], "--weights",
-            run / "checkpoints" / "step_2" / "model.ckpt", "--dst", tmp_path / "by-weights", check=True)
+            run / "checkpoints" / f"step_{REHEARSAL_STEPS}" / "model.ckpt", "--dst", tmp_path / "by-weights", check=True)
     assert json.loads((tmp_path / "tuned" / "config.json").read_text())["tie_word_embeddings"] is True
     assert (tmp_path / "tuned" / "model.safetensors").read_bytes() == \
         (tmp_path / "by-weights" / "model.safetensors").read_bytes()
@@ -192,8 +193,8 @@ def test_int8_quantization_size_and_loss(shrunk_run, conversions, tmp_path):
     from llama_npu.model import PRESETS
 
     base = conversions["float32"]
-    run, _ = shrunk_run(SMOKE, "float32")  # 2 steps at lr 0.05 from the conversion
-    tuned = run / "checkpoints" / "step_2"  # a step directory is a checkpoint eval/quantize take
+    run, _ = shrunk_run(SMOKE, "float32")  # its rehearsal at lr 0.05 from the conversion
+    tuned = run / "checkpoints" / f"step_{REHEARSAL_STEPS}"  # a step directory is a checkpoint eval/quantize take
     proc = run_cli("quantize", "--checkpoint", tuned, "--dst", tmp_path / "int8", check=True)
     split = split_params(PRESETS["tiny"])  # the test model has the tiny preset's shape
     linear = 2 * split["layer_matrices"]
@@ -212,16 +213,11 @@ def test_int8_quantization_size_and_loss(shrunk_run, conversions, tmp_path):
 
 # ---------------------------------------------------------------- shipped recipes from converted weights
 
-def recipe_overrides(path, checkpoint):
-    """The shrink of tests/test_shipped_recipes.py, keeping the recipe's own precision
-    (bfloat16, which the CPU has no kernels for, becomes float16: same parameter dtypes),
-    and a learning rate at which two steps visibly move LoRA adapters."""
-    recipe = load_recipe(path)
-    sets = [s for s in SHRINK if not s.startswith("strategies.precision.")]
-    if recipe.strategies.precision.dtype == "bfloat16":
-        sets.append("strategies.precision.dtype=float16")
-    sets += [f"model.checkpoint={checkpoint}", "train.optimizer.lr=0.05"]
-    return [a for s in sets for a in ("--set", s)]
+def rehearsal_sets(checkpoint) -> list:
+    """The --set of a shipped recipe's rehearsal (`train --rehearse`: tiny model, CPU, the
+    recipe's own precision with bfloat16 as float16) started from `checkpoint`, at a learning
+    rate at which a few steps visibly move LoRA adapters."""
+    return ["model.preset=tiny", f"model.checkpoint={checkpoint}", "train.optimizer.lr=0.05"]
 
 
 def precision_group(path) -> str:
@@ -249,7 +245,8 @@ def shrunk_run(conversions, tmp_path_factory):
         if (path, dtype) not in runs:
             out = tmp_path_factory.mktemp("shrunk") / f"{path.stem}-{dtype}"
             runs[path, dtype] = out, run_cli("train", path, "--output-dir", out,
-                                             *recipe_overrides(path, conversions[dtype]))
+                                             "--rehearse",
+                                             *[a for s in rehearsal_sets(conversions[dtype]) for a in ("--set", s)])
         return runs[path, dtype]
     return run
 
@@ -261,14 +258,15 @@ def test_shipped_recipes_train_from_float32_and_float16_conversions(shrunk_run, 
 
     To keep the suite short the recipes are grouped by what decides the dtype of each
     Parameter a checkpoint loads into (amp level, dtype, LoRA) and the first recipe of each
-    group trains 2 steps: O0 stores everything in float32; O2 stores float32 parameters and
+    group trains its rehearsal's steps: O0 stores everything in float32; O2 stores float32 parameters and
     computes in float16; O2 with LoRA stores the frozen base in float16 but the norms in
     float32. The bfloat16 recipes (910B) store what their float16 group stores and run as
     it here: the CPU has no bfloat16 kernels."""
     out, proc = shrunk_run(GROUPS[group][0], dtype)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) for r in rows)
+    assert [r["step"] for r in rows] == list(range(1, REHEARSAL_STEPS + 1))
+    assert all(np.isfinite(r["loss"]) for r in rows)
 
 
 def test_a_mismatched_checkpoint_is_one_line_naming_the_tensor(ms, conversions, tmp_path):
@@ -319,9 +317,9 @@ def test_a_lora_run_exports_merged_weights_and_its_tokenizer(ms, hf_dir, convers
     from llama_npu.data.tokenizer import load_tokenizer
 
     run, export = lora_export
-    step = run / "checkpoints" / "step_2" / "model.ckpt"
-    recipe = load_recipe(LORA_RECIPE, [a for a in recipe_overrides(LORA_RECIPE, conversions["float32"]) if a != "--set"]
-                         + ["strategies.precision.amp_level=O0", "data.max_seq_len=16"])
+    step = run / "checkpoints" / f"step_{REHEARSAL_STEPS}" / "model.ckpt"
+    rehearsal = shrunk(LORA_RECIPE, *rehearsal_sets(conversions["float32"]))
+    recipe = recipe_from_dict(rehearsal.to_dict(), ["strategies.precision.amp_level=O0", "data.max_seq_len=16"])
     net, _ = build_network(recipe, on_ascend=False)
     ms.load_param_into_net(net, ms.load_checkpoint(str(step)))
     tokens = np.random.default_rng(1).integers(0, 128000, (1, 16)).astype(np.int32)

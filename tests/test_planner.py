@@ -195,8 +195,8 @@ def test_fit_prints_one_table_and_marks_a_layout_never_run_on_an_npu(tmp_path):
 
 def test_the_written_recipe_trains_as_written_when_shrunk(tmp_path):
     """--model with --set and --data: the written recipe names the data, keeps the --set, and
-    trains 2 steps on CPU under the shipped recipes' shrinking overrides."""
-    from test_shipped_recipes import SHRINK
+    trains as its rehearsal on CPU (`train --rehearse`)."""
+    from llama_npu.rehearse import SEQ_LEN, STEPS
 
     out = tmp_path / "fit.yaml"
     proc = run_cli("plan", "--model", "llama3.2-1b", "--device", "910a", "--set", "data.pack=true", "--fit",
@@ -207,9 +207,9 @@ def test_the_written_recipe_trains_as_written_when_shrunk(tmp_path):
     assert recipe.data.pack and recipe.data.train_files == ["data/zh_instruct_train.jsonl"]
     assert (recipe.device.name, recipe.strategies.precision.dtype) == ("910a", "float16")
     run_dir = tmp_path / "run"
-    train = run_cli("train", out, "--output-dir", run_dir, *[a for s in SHRINK for a in ("--set", s)], check=True)
-    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
-    assert re.search(r"packed into \d+ rows of 33 tokens \(\d+\.\d% padding\)", train.stdout)
+    train = run_cli("train", out, "--rehearse", "--output-dir", run_dir, check=True)
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, STEPS + 1))
+    assert re.search(rf"packed into \d+ rows of {SEQ_LEN + 1} tokens \(\d+\.\d% padding\)", train.stdout)
 
 
 def _data_auto_supported() -> bool:
