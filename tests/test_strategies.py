@@ -200,6 +200,19 @@ def test_the_step_allocates_accumulators_only_when_it_accumulates(ms, k):
     assert sum(p.size for p in allocated if p.size == 1) == 3  # scale, loss and overflow flag
 
 
+@pytest.mark.parametrize("name, fused", [("llama3_2_1b_zh_full_910a.yaml", False),
+                                         ("llama3_2_1b_zh_full_910b.yaml", True)])
+def test_ascend_recipes_resolve_flash_attention_for_their_device(ms, name, fused):
+    """The 910A has neither flash attention nor the fused RmsNorm; its packed rows then take
+    the additive block-causal mask the CPU path uses (tests/test_data.py checks that path's
+    per-sample losses against unpacked samples)."""
+    from llama_npu.model import llama_config, resolve_shape
+
+    r = load_recipe(SMOKE.parent / name)
+    config = llama_config(resolve_shape(r.model), r.data.max_seq_len, on_ascend=True, device_name=r.device.name)
+    assert (config.use_flash_attention, config.fused_rms_norm, r.data.pack) == (fused, fused, True)
+
+
 def test_lora_trains_adapters_only_and_merges_exactly(ms):
     from llama_npu.strategies.lora import merge_lora
 
@@ -233,6 +246,9 @@ def test_lora_trains_adapters_only_and_merges_exactly(ms):
     (["strategies.precision.amp_level=O2", "strategies.precision.dtype=bfloat16"], "no BF16 kernels"),
     (["strategies.precision.amp_level=O3"], "O3 stores the weights and AdamW's moments in half precision"),
     (["strategies.precision.loss_scale=static:-1"], "expected none, dynamic or static:VALUE"),
+    (["strategies.precision.loss_scale=dynamic"], "amp_level O0 computes in fp32: nothing is in fp16 to scale"),
+    (["strategies.precision.amp_level=O2", "strategies.precision.dtype=bfloat16", "device.target=ascend",
+      "device.name=910b", "strategies.precision.loss_scale=static:1024"], "bfloat16 has fp32's exponent range"),
     (["strategies.chunked_ce.chunksize=8"], "did you mean 'strategies.chunked_ce.chunk_size'"),
 ])
 def test_impossible_combinations_are_refused_before_building(overrides, message):
