@@ -23,9 +23,10 @@ Overflow detection is the base class's, chosen from the SoC its __init__ reads
 mode: an overflow becomes the largest finite value, so only the registers see it) and on a
 910B with MS_ASCEND_CHECK_OVERFLOW_MODE=SATURATION_MODE; AllFinite / is-finite in the
 910B's default INFNAN mode. On the CPU backend, where neither the register kernels nor
-AllFinite exist and the base class would take the register branch, the base class's own
-INFNAN reduction over IsFinite is used. Under data parallel the flag is combined across
-ranks as the base class does.
+AllFinite exist and the base class would take the register branch, the check is whether
+the gradients' sum of squares (which the global norm needs anyway) is finite. Under data
+parallel the flag is combined across ranks as the base class does (on CPU the gradients are
+already all-reduced, so every rank computes the same flag).
 
 Sharded layouts (model / pipeline / optimizer sharding, semi-auto parallel) do not use this
 cell: they use MindFormers' wrapper chain (strategies/parallel.py).
@@ -38,7 +39,6 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from mindspore.nn.wrap.loss_scale import _ascend_grad_overflow
 
 from ..model import IGNORE_ID
 
@@ -84,13 +84,6 @@ class MicroStep(nn.TrainOneStepWithLossScaleCell):
         status, sens = self.start_overflow_check(loss, sens)
         grads = self.grad(self.network, self.weights)(*batch, sens.astype(loss.dtype))
         return loss, grads, status
-
-    def get_overflow_status(self, status, compute_output):
-        if self.overflow_check == ISFINITE:
-            return self._get_distributed_overflow_status_on_infnan_mode(_ascend_grad_overflow, compute_output)
-        # Explicit class: graph mode resolves a bare super() from type(self), which recurses
-        # here for a subclass of this class.
-        return super(MicroStep, self).get_overflow_status(status, compute_output)
 
 
 def overflow_check(cell: nn.TrainOneStepWithLossScaleCell) -> str:
@@ -160,10 +153,16 @@ class FinalMicroStep(MicroStep):
             # Each rank's gradients are its own token mean; weighting by the rank's share of the
             # step's target tokens and summing gives the mean over every target token.
             grads = self.grad_reducer(self.hyper_map(ops.partial(_times, token_count / ops.maximum(flags[1], 1.0)), grads))
-        overflow = self.get_overflow_status(status, grads)
+        square_sum = ops.addn(self.hyper_map(_square_sum, grads))
+        if self.overflow_check == ISFINITE:
+            # One reduction serves the norm and the check: the sum of squares is finite only
+            # if every gradient is (after the all-reduce, so every rank sees the same).
+            overflow = ops.logical_not(ops.isfinite(square_sum))
+        else:
+            overflow = self.get_overflow_status(status, grads)
         overflow = ops.logical_or(overflow, flags[3] > 0)
         overflow = ops.logical_or(overflow, ops.logical_not(ops.isfinite(flags[0])))
-        norm = ops.sqrt(ops.addn(self.hyper_map(_square_sum, grads))) / scale
+        norm = ops.sqrt(square_sum) / scale
         factor = 1.0 / scale
         if self.grad_clip > 0:
             factor = factor * ops.select(norm > self.grad_clip, self.grad_clip / (norm + 1e-6), ops.ones_like(norm))
