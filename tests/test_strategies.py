@@ -139,6 +139,19 @@ def test_dynamic_scale_drops_on_overflow_and_grows_back_after_its_window_on_the_
     assert step.loss_scale_state() == {"scale": 2.0 ** 40, "clean_steps": 0}
 
 
+def test_each_step_runs_with_its_own_learning_rate(ms):
+    """The graph compiles at the first step; a later step's learning rate must still apply."""
+    net, cell = build(ms)
+    step = train_step(ms, net, cell, "train.optimizer.lr=0.05", "train.warmup_steps=0")
+    step([batch(2, 1, seed=8)], lr=0.05)
+    before = weights(net)
+    assert not step([batch(2, 1, seed=8)], lr=0.0).overflow
+    for name, w in weights(net).items():
+        np.testing.assert_array_equal(w, before[name])
+    step([batch(2, 1, seed=8)], lr=0.05)
+    assert any(not np.array_equal(w, before[name]) for name, w in weights(net).items())
+
+
 class FakeSoC:
     """What MSContext.get_instance().get_ascend_soc_version() answers on an Ascend card."""
 
@@ -181,7 +194,7 @@ def test_overflow_detection_follows_the_soc_the_base_class_reads(ms, monkeypatch
         monkeypatch.setenv("MS_ASCEND_CHECK_OVERFLOW_MODE", saturation_env)
     step = FinalMicroStep(net, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0, ms.float32), 0.0, False)
     monkeypatch.undo()
-    run = lambda: step(Tensor(4.0), Tensor(0.0), Tensor(np.ones((2, 4), np.float32)))  # noqa: E731
+    run = lambda: step(Tensor(0.1), Tensor(4.0), Tensor(0.0), Tensor(np.ones((2, 4), np.float32)))  # noqa: E731
     if kernel:
         with pytest.raises(RuntimeError, match=f"Unsupported op \\[{kernel}\\] on CPU"):
             run()

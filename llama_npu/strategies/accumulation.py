@@ -140,8 +140,12 @@ class FinalMicroStep(MicroStep):
         self.accumulate = accumulate
         self.carry = Buffers(self.weights, self.scale_sense, accumulate)
 
-    def construct(self, token_count, stop, *batch):
-        scale = self.scale_sense * 1.0  # the scale this step used, read before the update below
+    def construct(self, lr, token_count, stop, *batch):
+        # The learning rate goes in as an input: a host-side set_data of a Parameter that only
+        # the `if not overflow` branch reads is not seen by the compiled graph (MindSpore 2.9.0,
+        # checked on CPU), so the schedule would freeze at the compiling step's value.
+        lr = ops.assign(self.optimizer.learning_rate, lr)
+        scale = ops.depend(self.scale_sense * 1.0, lr)  # the scale this step used, read before its update
         loss, grads, status = self.scaled_gradients(token_count, *batch)
         flags = ops.stack([self.carry.loss + loss.astype(ms.float32), token_count, stop,
                            self.carry.overflow])
@@ -209,10 +213,10 @@ class TrainStep:
         # Dividing by the step's token count inside the backward pass keeps fp16 gradients
         # at the magnitude of a mean loss (a sum over thousands of tokens would overflow).
         tokens = Tensor(sum(int((b[1][:, 1:] != IGNORE_ID).sum()) for b in micro_batches), ms.float32)
-        self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
         for batch in micro_batches[:-1]:  # (input_ids, labels[, segment_ids]) numpy arrays
             self.accumulating(tokens, *map(Tensor, batch))
-        out = self.final(tokens, Tensor(float(stop_requested), ms.float32), *map(Tensor, micro_batches[-1]))
+        out = self.final(Tensor(lr, ms.float32), tokens, Tensor(float(stop_requested), ms.float32),
+                         *map(Tensor, micro_batches[-1]))
         loss_sum, token_total, norm, overflow, scale, stops = (float(v) for v in out.asnumpy())
         token_total = int(round(token_total))
         return StepResult(loss_sum / max(token_total, 1), token_total, norm, overflow > 0, scale, stops > 0)
