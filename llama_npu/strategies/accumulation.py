@@ -118,7 +118,9 @@ class AccumulatingMicroStep(MicroStep):
 
 
 class Buffers(nn.Cell):
-    """State kept on the device between micro-steps (k > 1 only) and the loss scale."""
+    """What the device keeps between micro-steps -- the step's loss so far, the register
+    overflow flag and, only when accumulating, one fp32 gradient buffer per parameter -- and
+    the loss scale both micro-steps read."""
 
     def __init__(self, params, scale_sense: Parameter, accumulate: bool):
         super().__init__(auto_prefix=False)
@@ -156,7 +158,8 @@ class FinalMicroStep(MicroStep):
             flags = self.allreduce(flags)
             # Each rank's gradients are its own token mean; weighting by the rank's share of the
             # step's target tokens and summing gives the mean over every target token.
-            grads = self.grad_reducer(self.hyper_map(ops.partial(_times, token_count / ops.maximum(flags[1], 1.0)), grads))
+            share = token_count / ops.maximum(flags[1], 1.0)
+            grads = self.grad_reducer(self.hyper_map(ops.partial(_times, share), grads))
         square_sum = ops.addn(self.hyper_map(_square_sum, grads))
         if self.overflow_check == ISFINITE:
             # One reduction serves the norm and the check: the sum of squares is finite only
