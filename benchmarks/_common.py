@@ -45,14 +45,15 @@ def build_for_training(recipe):
     return net, loss_cell, build_optimizer(net.trainable_params(), recipe.train)
 
 
-def our_train_step(recipe):
+def our_train_step(recipe, accumulation_steps: int = 1):
     """(TrainStep, net): our step (strategies/accumulation.py) around a fresh build, as
-    train.py makes it on one device."""
+    train.py makes it on one device, for `accumulation_steps` micro-batches a step."""
     from llama_npu.strategies.accumulation import TrainStep
     from llama_npu.strategies.precision import LossScaler
 
     net, loss_cell, optimizer = build_for_training(recipe)
-    return TrainStep(loss_cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip), net
+    return TrainStep(loss_cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip,
+                     accumulation_steps), net
 
 
 def random_ids(rows: int, seq: int) -> np.ndarray:

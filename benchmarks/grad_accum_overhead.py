@@ -1,7 +1,9 @@
 """Step time of k accumulated micro-batches against one k-times-larger batch, measured
 side by side in one process (goal: ratio at most 1.05).
 
-Both paths run the same tiny Llama 3.2 model and the same samples through our TrainStep;
+Both paths run the same tiny Llama 3.2 model and the same samples through our TrainStep
+(strategies/accumulation.py): k-1 accumulating micro-steps and a final one against the
+single graph of k = 1;
 steps alternate between the two so machine noise hits both alike, and the medians are
 compared. CPU backend; the ratio, not the absolute time, is the result.
 
@@ -28,7 +30,7 @@ def main() -> None:
     rows = args.k * args.micro
     ids = random_ids(rows, args.seq)
     micro_batches = [(ids[i:i + args.micro], ids[i:i + args.micro]) for i in range(0, rows, args.micro)]
-    (accumulated_step, _), (single_step, _) = our_train_step(recipe), our_train_step(recipe)
+    (accumulated_step, _), (single_step, _) = our_train_step(recipe, args.k), our_train_step(recipe)
     medians = median_seconds({"accumulated": lambda: accumulated_step(micro_batches, lr=1e-4),
                               "one batch": lambda: single_step([(ids, ids)], lr=1e-4)}, args.steps)
     accumulated, single = medians["accumulated"], medians["one batch"]

@@ -2,9 +2,10 @@
 data, measured side by side in one process (goal: ratio at most 1.03).
 
 Ours is the TrainStep that train.py runs (strategies/accumulation.py) at one micro-batch
-per step: forward+backward into fp32 gradient accumulators, a second graph that unscales
-them and takes their global norm, the overflow check on the host, clipping, and a third
-graph that runs the optimizer and zeroes the accumulators. The bare path is
+per step, with the recipe's clipping on (train.grad_clip 1.0): one graph of a
+TrainOneStepWithLossScaleCell subclass -- forward, backward, the overflow check, the
+global norm, clipping, `if not overflow: optimizer(grads)` -- and one read of the step's
+loss, norm, overflow flag and scale. The bare path is
 `mindspore.nn.TrainOneStepCell(loss_cell, optimizer)`: one graph, forward, backward and the
 optimizer, no clipping, no overflow check. Both use our optimizer (AdamW from the recipe)
 and the tiny Llama 3.2 of recipes/cpu_smoke.yaml built from the same seed, and see the
@@ -12,8 +13,9 @@ same batch; steps alternate between the two and the medians are compared.
 
 Why not MindFormers' own MFTrainOneStepCell: on the CPU backend it does not run. Its
 overflow check treats every target other than GPU as an Ascend 910A and calls
-NPUGetFloatStatusV2, which has no CPU kernel (MindSpore 2.9.0, MindFormers 1.9.0). Its
-plain base, mindspore.nn.TrainOneStepCell, is the bare loop it extends.
+NPUGetFloatStatusV2, which has no CPU kernel (MindSpore 2.9.0, MindFormers 1.9.0); our
+subclass takes an is-finite reduction there instead. Its plain base,
+mindspore.nn.TrainOneStepCell, is the bare loop it extends.
 
 The per-step Python of train.py's loop around the step (metrics line, peak-memory read,
 batch assembly) is outside both timings. CPU backend; the ratio is the result.
@@ -45,6 +47,7 @@ def main() -> None:
     medians = median_seconds({"ours": lambda: ours([(ids, ids)], lr=1e-4),
                               "bare": lambda: bare(ms.Tensor(ids), ms.Tensor(ids)).asnumpy()}, args.steps)
     print(f"tiny Llama 3.2 (vocab 128,256), one batch of {args.micro} x {args.seq} tokens per step, AdamW, "
+          f"our clipping at {recipe.train.grad_clip}, "
           f"backend CPU, median of {args.steps} alternating steps")
     print(f"our TrainStep:                  {medians['ours'] * 1000:.0f} ms/step")
     print(f"bare nn.TrainOneStepCell:       {medians['bare'] * 1000:.0f} ms/step")

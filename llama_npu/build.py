@@ -30,8 +30,8 @@ def build_network(recipe: Recipe, on_ascend: bool, variable_length: bool = False
         dtypes = frozen_base_dtypes(dtypes)
     parallel_config = dict(mindformers_parallel_config(s.parallel), recompute=recompute_config(s.recompute))
     config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, on_ascend,
-                          parallel_config=parallel_config, is_dynamic=variable_length,
-                          **mindformers_model_options(s.parallel), **dtypes)
+                          device_name=recipe.device.name, parallel_config=parallel_config,
+                          is_dynamic=variable_length, **mindformers_model_options(s.parallel), **dtypes)
     net = build_model(config)
     if recipe.model.checkpoint:
         load_pretrained(net, recipe)

@@ -8,6 +8,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+# From MindFormers 1.9.0's package description ("Version Mapping"): the hardware it supports.
+MINDFORMERS_HARDWARE = "Atlas 800T A2, Atlas 800I A2 and Atlas 900 A3 SuperPoD (Atlas A2/A3)"
 CANN_VARIABLES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH",
                   "ASCEND_RT_VISIBLE_DEVICES", "HCCL_BUFFSIZE")
 
@@ -56,6 +58,9 @@ def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
     lines.append(f"host memory    {memory.available / 2**30:.1f} GiB free of {memory.total / 2**30:.1f} GiB")
     targets = ["CPU"] + (["Ascend"] if has_npu and cann else [])
     lines.append("device targets " + ", ".join(targets))
+    lines.append(f"supported      MindFormers 1.9 lists {MINDFORMERS_HARDWARE} as its hardware; "
+                 f"910A (Atlas training series) runs are outside that list: they train without flash "
+                 f"attention and the fused RmsNorm")
 
     from .recipe import RecipeError, load_recipe
 
@@ -72,5 +77,7 @@ def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
             verdict = f"needs {recipe.device.name}; NPUs present (check the model matches)"
         else:
             verdict = f"needs Ascend {recipe.device.name}: no NPU or CANN environment here"
+        if recipe.device.name == "910a":
+            verdict += " (910A: outside MindFormers 1.9's supported hardware)"
         lines.append(f"  {path.name:<40} {verdict}")
     return lines, (1 if cpu_error and not has_npu else 0)

@@ -67,14 +67,24 @@ def resolve_shape(section: ModelSection) -> LlamaShape:
     return shape
 
 
-def llama_config(shape: LlamaShape, seq_len: int, on_ascend: bool, compute_dtype: str = "float32",
-                 param_dtype: str = "float32", **extra):
-    """A MindFormers LlamaConfig for `shape`.
+def fused_kernels(on_ascend: bool, device_name: str = "") -> bool:
+    """Whether flash attention and the fused RmsNorm can run: on Ascend, except on the 910A
+    (Atlas training series), where CANN's FlashAttentionScore is not supported (it needs
+    Atlas A2/A3) and MindFormers itself turns the fused RmsNorm off
+    (mindformers/version_control.py, check_rmsnorm_big_kernel_valid)."""
+    return on_ascend and device_name != "910a"
 
-    Backend switches (FACTS.md): flash attention and the fused RmsNorm exist only on Ascend,
-    and the CPU backend rejects the broadcasting BatchMatMul of the default rotary path, so
-    CPU runs use the sliced rotary embedding instead.
+
+def llama_config(shape: LlamaShape, seq_len: int, on_ascend: bool, compute_dtype: str = "float32",
+                 param_dtype: str = "float32", device_name: str = "", **extra):
+    """A MindFormers LlamaConfig for `shape` on `device_name` (recipe device.name).
+
+    Backend switches (FACTS.md): flash attention and the fused RmsNorm need Ascend and not a
+    910A (fused_kernels); without flash attention packed rows keep their block-causal mask
+    through loss.py's additive mask. The CPU backend rejects the broadcasting BatchMatMul of
+    the default rotary path, so CPU runs use the sliced rotary embedding instead.
     """
+    fused = fused_kernels(on_ascend, device_name)
     from mindformers.models.llama import LlamaConfig
 
     return LlamaConfig(
@@ -88,7 +98,7 @@ def llama_config(shape: LlamaShape, seq_len: int, on_ascend: bool, compute_dtype
         compute_dtype=compute_dtype, param_init_type=param_dtype,
         # MindFormers keeps norms, softmax and rotary in fp32 under mixed precision.
         layernorm_compute_type="float32", softmax_compute_type="float32", rotary_dtype="float32",
-        use_flash_attention=on_ascend, fused_rms_norm=on_ascend, use_rope_slice=not on_ascend,
+        use_flash_attention=fused, fused_rms_norm=fused, use_rope_slice=not on_ascend,
         **extra)
 
 

@@ -429,7 +429,11 @@ def validate(recipe: Recipe) -> None:
         raise RecipeError("strategies.precision.amp_level=O3 with train.optimizer.name=adamw: O3 stores the "
                           "weights and AdamW's moments in half precision, where the update diverges (eps "
                           "underflows); use O2 (fp32 master weights), LoRA (fp32 adapters) or sgd")
-    parse_loss_scale(p.loss_scale)
+    if parse_loss_scale(p.loss_scale)[0] != "none" and (p.amp_level == "O0" or p.dtype == "bfloat16"):
+        why = ("amp_level O0 computes in fp32: nothing is in fp16 to scale" if p.amp_level == "O0" else
+               "bfloat16 has fp32's exponent range and needs no scaling")
+        raise RecipeError(f"strategies.precision.loss_scale={p.loss_scale} with amp_level {p.amp_level} and dtype "
+                          f"{p.dtype}: {why}; set loss_scale none")
     _positive("strategies.precision.loss_scale_init", p.loss_scale_init)
     if p.loss_scale_factor <= 1.0:
         raise RecipeError(f"strategies.precision.loss_scale_factor: expected a value > 1, "

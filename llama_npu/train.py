@@ -190,8 +190,7 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
     from .model import resolve_shape
     from .optim import build_optimizer, lr_at
     from .strategies.accumulation import TrainStep
-    from .strategies.parallel import (describe_layout, eval_layout, gradient_reducer, init_parallel, stream_layout,
-                                      wrap_loss_cell)
+    from .strategies.parallel import describe_layout, eval_layout, init_parallel, stream_layout, wrap_loss_cell
     from .strategies.precision import LossScaler
     from .stopping import NonFiniteStreak, RunFailure, all_finite
 
@@ -208,14 +207,7 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
     optimizer = build_optimizer(params, t)
     scaler = LossScaler(recipe.strategies.precision)
     parallel = recipe.strategies.parallel
-    if world.sharded:  # MindFormers' wrapper chain, one semi-auto graph
-        from .strategies.sharded_step import ShardedStep
-
-        step_fn = ShardedStep(net, optimizer, scaler, recipe)
-    else:
-        step_fn = TrainStep(wrap_loss_cell(loss_cell, parallel, world), optimizer, scaler, t.grad_clip,
-                            gradient_reducer(optimizer.parameters, world), framework_accumulates=parallel.pipeline > 1)
-    eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
+    from .strategies.parallel import describe_layout, eval_layout, init_parallel, stream_layout, wrap_loss_cell
     ckpt_root = checkpoint_root(run_dir, world)
     planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
     # LoRA checkpoints hold adapters only: they are not a whole model to describe.
@@ -237,7 +229,7 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
         if warn_recipe_hash and state.get("recipe_hash") != recipe.digest():
             warn(f"the recipe differs from the one {resume_from} was trained with")
         start_step, samples_consumed = state["step"], state["samples_consumed"]
-        scaler.load_state(state["loss_scale"])
+        step_fn.load_loss_scale_state(state["loss_scale"])
         note(f"resumed from {resume_from} at step {start_step}")
     stream = BatchStream(train_source, batch_size, length, t.seed, samples_consumed, rank, ranks)
     metrics = MetricLogger(run_dir, start_step) if world.is_main else None
@@ -252,7 +244,7 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
                              f"lower train.optimizer.lr and resume from it")
         state = {"samples_consumed": stream.samples_consumed,
                  "rng": {"seed": t.seed, "data_epoch": stream.epoch},
-                 "loss_scale": scaler.state(), "recipe_hash": recipe.digest()}
+                 "loss_scale": step_fn.loss_scale_state(), "recipe_hash": recipe.digest()}
         try:
             return save_checkpoint(ckpt_root, step, params, optimizer_state_params(optimizer, params),
                                    state, t.keep_last, model_description)

@@ -53,14 +53,16 @@ def training_rows():
         shape, params = PRESETS[name], cached_parameter_count(PRESETS[name])
         for label, changes in TRAINING:
             s = replace(Strategy(seq_len=512, micro_batch=1, global_batch=1), **changes)
-            plan = estimate(shape, params, DEVICES["910a"], s)
-            c = plan.components
+            cells = []
+            for device in (DEVICES["910a"], DEVICES["910b"]):  # the 910A runs without flash attention
+                plan = estimate(shape, params, device, s)
+                need = plan.total_bytes - plan.components["margin"]
+                fits = "yes" if need + device.usable_bytes // 10 <= device.usable_bytes else "no"
+                cells.append((plan.components, need, fits))
+            (c, need_a, fits_a), (c_b, need_b, fits_b) = cells
             states = c["weights"] + c["weight_compute_copies"] + c["gradients"] + c["optimizer_states"]
-            need = plan.total_bytes - c["margin"]
-            fits_a = "yes" if need + DEVICES["910a"].usable_bytes // 10 <= DEVICES["910a"].usable_bytes else "no"
-            fits_b = "yes" if need + DEVICES["910b"].usable_bytes // 10 <= DEVICES["910b"].usable_bytes else "no"
-            rows.append(f"| {name} | {label} | {g(states)} | {g(c['activations'])} | {g(c['logits_loss'])} | "
-                        f"{g(need)} | {fits_a} | {fits_b} |")
+            rows.append(f"| {name} | {label} | {g(states)} | {g(c['activations'])} / {g(c_b['activations'])} | "
+                        f"{g(c['logits_loss'])} | {g(need_a)} / {g(need_b)} | {fits_a} | {fits_b} |")
     return rows
 
 
@@ -92,9 +94,22 @@ does not quarter the weights: the 128,256 x hidden embedding is a large share of
 
 ## Full fine-tuning with AdamW, 512 tokens a sequence
 
-| model | settings | model states GB | activations GB | logits + loss GB | needs GB per card | fits 910A (29 GB) with 10% free | fits 910B (58 GB) |
+| model | settings | model states GB | activations GB 910A / 910B | logits + loss GB | needs GB per card 910A / 910B | fits 910A (29 GB) with 10% free | fits 910B (58 GB) |
 |---|---|---|---|---|---|---|---|
 {training}
+
+The 910A runs without flash attention (CANN supports it on Atlas A2/A3 only), so its
+activations include every layer's attention scores: fp32 probabilities and their
+half-precision cast, micro-batch x heads x tokens². The 910B keeps only flash attention's
+softmax statistics.
+
+Gradients are counted as they are alive in the train step. With one micro-batch a step the
+gradients exist once, in the trainable parameters' dtype (fp32 under O0-O2 and for LoRA
+adapters, the half dtype under O3), and no accumulation buffer is allocated; all of them are
+alive together at the overflow check and the clip by global norm, which read every
+gradient before the update. With accumulation the step keeps one fp32 accumulator per
+trainable parameter, and the last micro-batch adds its gradients into it in place before
+the clip: 4 bytes a parameter.
 
 ## Where the usual figures go wrong
 
@@ -129,9 +144,17 @@ INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道
 
 ## AdamW 全参数微调，每条序列 512 个 token
 
-| 模型 | 设置 | 模型状态 GB | 激活 GB | logits + loss GB | 每卡需要 GB | 910A（29 GB，留 10%）放得下 | 910B（58 GB）放得下 |
+| 模型 | 设置 | 模型状态 GB | 激活 GB 910A / 910B | logits + loss GB | 每卡需要 GB 910A / 910B | 910A（29 GB，留 10%）放得下 | 910B（58 GB）放得下 |
 |---|---|---|---|---|---|---|---|
 {training}
+
+910A 上不使用 flash attention（CANN 只在 Atlas A2/A3 上支持），因此激活包含每层的注意力分数：fp32 概率及其
+半精度副本，micro-batch × 头数 × token²。910B 只保留 flash attention 的 softmax 统计量。
+
+梯度按训练步中实际存活的量计算。每步只有一个 micro-batch 时，梯度只存在一份，类型与可训练参数相同（O0-O2 和
+LoRA 适配器为 fp32，O3 为半精度），不分配累积缓冲区；溢出检查和按全局范数裁剪会在更新前读取全部梯度，所以它们
+同时存活。梯度累积时，每个可训练参数有一个 fp32 累积缓冲区，最后一个 micro-batch 在裁剪前把梯度就地加进去：
+每参数 4 字节。
 
 ## 常见数字错在哪里
 

@@ -9,7 +9,9 @@ def test_doctor_reports_versions_and_which_recipes_run_here():
     assert proc.returncode == 0
     assert "mindspore 2.9.0, mindformers 1.9.0" in proc.stdout and "CPU backend    works" in proc.stdout
     assert re.search(r"cpu_smoke.yaml\s+runs here", proc.stdout)
-    assert re.search(r"llama3_2_1b_zh_full_910a.yaml\s+needs Ascend 910a", proc.stdout)
+    assert re.search(r"llama3_2_1b_zh_full_910a.yaml\s+needs Ascend 910a.*outside MindFormers 1.9's supported",
+                     proc.stdout)
+    assert "MindFormers 1.9 lists Atlas 800T A2, Atlas 800I A2 and Atlas 900 A3 SuperPoD" in proc.stdout
 
 
 def test_doctor_fails_when_mindspore_cannot_compute(tmp_path):

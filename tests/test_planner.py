@@ -30,8 +30,22 @@ def test_model_states_equal_the_byte_formulas(preset, amp, weight_bytes, copy_by
                                                                           amp_level=amp))
     c = plan.components
     assert (c["weights"], c["weight_compute_copies"], c["gradients"], c["optimizer_states"]) == \
-        (weight_bytes * P[preset], copy_bytes * P[preset], 4 * P[preset], 8 * P[preset])
+        (weight_bytes * P[preset], copy_bytes * P[preset], weight_bytes * P[preset], 8 * P[preset])
     assert plan.total_bytes == sum(c.values())
+    # One micro-batch: the gradients exist once, in the weights' dtype. Accumulating: fp32 buffers.
+    accumulating = estimate(PRESETS[preset], P[preset], DEVICES["910b"],
+                            Strategy(seq_len=512, micro_batch=1, global_batch=4, amp_level=amp))
+    assert accumulating.components["gradients"] == 4 * P[preset]
+
+
+def test_the_910a_plan_counts_the_attention_scores_flash_attention_avoids():
+    shape, s = PRESETS["llama3.2-1b"], Strategy(seq_len=1024, micro_batch=2, global_batch=2)
+    a, b = (estimate(shape, P["llama3.2-1b"], DEVICES[d], s) for d in ("910a", "910b"))
+    assert (a.strategy.flash_attention, b.strategy.flash_attention) == (False, True)
+    heads, t, tokens = shape.num_heads, 1024, 2 * 1024
+    scores = 2 * heads * t * t * (4 + 2) + tokens * 2 * shape.hidden_size * 2  # fp32 probabilities + cast, k/v
+    stats = 2 * heads * t * 8
+    assert a.components["activations"] - b.components["activations"] == shape.num_layers * (scores - stats)
 
 
 def test_optimizer_sharding_divides_the_states_by_data_parallel():
@@ -65,13 +79,13 @@ def test_planned_states_are_the_parameters_our_train_step_allocates(ms):
     net, cell = build_network(recipe, on_ascend=False)
     params = net.trainable_params()
     optimizer = build_optimizer(params, recipe.train)
-    step = TrainStep(cell, optimizer, LossScaler(recipe.strategies.precision), 1.0)
+    step = TrainStep(cell, optimizer, LossScaler(recipe.strategies.precision), 1.0, accumulation_steps=2)
     model_ids = {id(p) for p in params}
     states = sum(p.nbytes for p in optimizer.get_parameters() if id(p) not in model_ids and p.size > 1)
-    accumulators = sum(p.nbytes for p in step.forward_backward.accumulators)
+    accumulators = sum(p.nbytes for p in step.final.carry.gradients)
     shape = resolve_shape(recipe.model)
     plan = estimate(shape, sum(p.size for p in params), DEVICES["910b"],
-                    Strategy(seq_len=16, micro_batch=4, global_batch=4, amp_level="O0"))
+                    Strategy(seq_len=16, micro_batch=2, global_batch=4, amp_level="O0"))
     assert accumulators == plan.components["gradients"]
     assert states == plan.components["optimizer_states"]
     assert sum(p.nbytes for p in params) == plan.components["weights"]

@@ -42,14 +42,14 @@ def assert_grads_close(got, want, rtol):
         assert np.abs(g - w).max() / scale < rtol
 
 
-def train_step(ms, net, loss_cell, *overrides):
+def train_step(ms, net, loss_cell, *overrides, k=1):
     from llama_npu.optim import build_optimizer
     from llama_npu.strategies.accumulation import TrainStep
     from llama_npu.strategies.precision import LossScaler
 
     r = recipe(*overrides)
     optimizer = build_optimizer(net.trainable_params(), r.train)
-    return TrainStep(loss_cell, optimizer, LossScaler(r.strategies.precision), r.train.grad_clip)
+    return TrainStep(loss_cell, optimizer, LossScaler(r.strategies.precision), r.train.grad_clip, k)
 
 
 def weights(net):
@@ -66,7 +66,7 @@ def test_accumulated_micro_batches_equal_one_large_batch(ms):
 
     net_a, cell_a = build(ms)
     before = weights(net_a)
-    result_a = train_step(ms, net_a, cell_a, *sgd)([many, few], lr=0.5)
+    result_a = train_step(ms, net_a, cell_a, *sgd, k=2)([many, few], lr=0.5)
     net_b, cell_b = build(ms)
     result_b = train_step(ms, net_b, cell_b, *sgd)([together], lr=0.5)
 
@@ -104,19 +104,126 @@ def test_chunked_cross_entropy_matches_full_at_128256_vocab(ms, chunk):
     assert_grads_close(grads_c, grads, 1e-5)
 
 
-def test_forced_overflow_skips_step_and_lowers_scale(ms):
-    net, cell = build(ms)
+FP16 = ("strategies.precision.amp_level=O2", "strategies.precision.dtype=float16")
+
+
+def test_overflowed_fp16_step_leaves_the_weights_bit_identical(ms):
+    # scale / 64 tokens is far beyond fp16's 65504: the backward pass overflows.
+    net, cell = build(ms, *FP16)
     before = weights(net)
-    step = train_step(ms, net, cell, "strategies.precision.loss_scale=dynamic",
-                      "strategies.precision.loss_scale_init=3e38")
-    result = step([batch(2, 1, seed=5)], lr=1e-3)
-    assert result.overflow and result.loss_scale == 3e38
-    assert step.scaler.scale == pytest.approx(1.5e38)
+    result = train_step(ms, net, cell, *FP16, "strategies.precision.loss_scale=static:1e30")(
+        [batch(2, 1, seed=5)], lr=1e-3)
+    assert result.overflow and result.loss_scale == pytest.approx(1e30) and result.target_tokens == 64
     for name, w in weights(net).items():
         np.testing.assert_array_equal(w, before[name])
-    # the accumulators were discarded: the next, sane step trains normally
-    step.scaler.scale = 1024.0
-    assert not step([batch(2, 1, seed=5)], lr=1e-3).overflow
+
+
+def test_dynamic_scale_drops_on_overflow_and_grows_back_after_its_window_on_the_device(ms):
+    net, cell = build(ms, *FP16)
+    step = train_step(ms, net, cell, *FP16, "strategies.precision.loss_scale=dynamic",
+                      f"strategies.precision.loss_scale_init={2.0 ** 40}",
+                      f"strategies.precision.loss_scale_factor={2.0 ** 30}",
+                      "strategies.precision.loss_scale_window=2", k=2)
+    micro = [batch(1, 1, seed=6), batch(1, 9, seed=7)]
+    seen = []
+    for _ in range(4):
+        r = step(micro, lr=1e-3)
+        seen.append((r.loss_scale, r.overflow, step.loss_scale_state()))
+    assert seen == [(2.0 ** 40, True, {"scale": 2.0 ** 10, "clean_steps": 0}),
+                    (2.0 ** 10, False, {"scale": 2.0 ** 10, "clean_steps": 1}),
+                    (2.0 ** 10, False, {"scale": 2.0 ** 40, "clean_steps": 0}),
+                    (2.0 ** 40, True, {"scale": 2.0 ** 10, "clean_steps": 0})]
+    # A resumed run continues the count: one more clean step completes the window.
+    step.load_loss_scale_state({"scale": 2.0 ** 10, "clean_steps": 1})
+    assert not step(micro, lr=1e-3).overflow
+    assert step.loss_scale_state() == {"scale": 2.0 ** 40, "clean_steps": 0}
+
+
+def test_each_step_runs_with_its_own_learning_rate(ms):
+    """The graph compiles at the first step; a later step's learning rate must still apply."""
+    net, cell = build(ms)
+    step = train_step(ms, net, cell, "train.optimizer.lr=0.05", "train.warmup_steps=0")
+    step([batch(2, 1, seed=8)], lr=0.05)
+    before = weights(net)
+    assert not step([batch(2, 1, seed=8)], lr=0.0).overflow
+    for name, w in weights(net).items():
+        np.testing.assert_array_equal(w, before[name])
+    step([batch(2, 1, seed=8)], lr=0.05)
+    assert any(not np.array_equal(w, before[name]) for name, w in weights(net).items())
+
+
+class FakeSoC:
+    """What MSContext.get_instance().get_ascend_soc_version() answers on an Ascend card."""
+
+    def __init__(self, soc):
+        self.soc = soc
+
+    def get_instance(self):
+        return self
+
+    def get_ascend_soc_version(self):
+        return self.soc
+
+
+@pytest.mark.parametrize("soc, saturation_env, kernel", [
+    ("ascend910", None, "NPUClearFloatStatusV2"),  # 910A: saturation mode only
+    ("ascend910b", None, "AllFinite"),  # 910B default: INFNAN mode
+    ("ascend910b", "SATURATION_MODE", "NPUClearFloatStatusV2"),
+    (None, None, None),  # the CPU backend: an is-finite reduction, which runs here
+])
+def test_overflow_detection_follows_the_soc_the_base_class_reads(ms, monkeypatch, soc, saturation_env, kernel):
+    """The base class's __init__ derives its targets from the SoC; the graph it compiles then
+    holds that SoC's kernels, which the CPU backend names when it cannot select them."""
+    import mindspore.nn.wrap.loss_scale as loss_scale
+    from mindspore import Tensor, nn
+
+    from llama_npu.strategies.accumulation import FinalMicroStep
+
+    class SummedLoss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(4, 1)
+
+        def construct(self, x):
+            return self.dense(x).sum()
+
+    net = SummedLoss()
+    if soc:
+        monkeypatch.setattr(loss_scale, "MSContext", FakeSoC(soc))
+    if saturation_env:
+        monkeypatch.setenv("MS_ASCEND_CHECK_OVERFLOW_MODE", saturation_env)
+    step = FinalMicroStep(net, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0, ms.float32), 0.0, False)
+    monkeypatch.undo()
+    run = lambda: step(Tensor(0.1), Tensor(4.0), Tensor(0.0), Tensor(np.ones((2, 4), np.float32)))  # noqa: E731
+    if kernel:
+        with pytest.raises(RuntimeError, match=f"Unsupported op \\[{kernel}\\] on CPU"):
+            run()
+    else:
+        assert run().asnumpy()[3] == 0  # no overflow
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_step_allocates_accumulators_only_when_it_accumulates(ms, k):
+    net, cell = build(ms)
+    step = train_step(ms, net, cell, k=k)
+    known = {id(p) for p in step.optimizer.get_parameters()} | {id(p) for p in net.get_parameters()}
+    allocated = [p for p in step.final.get_parameters() if id(p) not in known]
+    buffers = sum(p.nbytes for p in allocated if p.size > 1)
+    assert buffers == (0 if k == 1 else 4 * sum(p.size for p in net.trainable_params()))
+    assert sum(p.size for p in allocated if p.size == 1) == 3  # scale, loss and overflow flag
+
+
+@pytest.mark.parametrize("name, fused", [("llama3_2_1b_zh_full_910a.yaml", False),
+                                         ("llama3_2_1b_zh_full_910b.yaml", True)])
+def test_ascend_recipes_resolve_flash_attention_for_their_device(ms, name, fused):
+    """The 910A has neither flash attention nor the fused RmsNorm; its packed rows then take
+    the additive block-causal mask the CPU path uses (tests/test_data.py checks that path's
+    per-sample losses against unpacked samples)."""
+    from llama_npu.model import llama_config, resolve_shape
+
+    r = load_recipe(SMOKE.parent / name)
+    config = llama_config(resolve_shape(r.model), r.data.max_seq_len, on_ascend=True, device_name=r.device.name)
+    assert (config.use_flash_attention, config.fused_rms_norm, r.data.pack) == (fused, fused, True)
 
 
 def test_lora_trains_adapters_only_and_merges_exactly(ms):
@@ -152,6 +259,9 @@ def test_lora_trains_adapters_only_and_merges_exactly(ms):
     (["strategies.precision.amp_level=O2", "strategies.precision.dtype=bfloat16"], "no BF16 kernels"),
     (["strategies.precision.amp_level=O3"], "O3 stores the weights and AdamW's moments in half precision"),
     (["strategies.precision.loss_scale=static:-1"], "expected none, dynamic or static:VALUE"),
+    (["strategies.precision.loss_scale=dynamic"], "amp_level O0 computes in fp32: nothing is in fp16 to scale"),
+    (["strategies.precision.amp_level=O2", "strategies.precision.dtype=bfloat16", "device.target=ascend",
+      "device.name=910b", "strategies.precision.loss_scale=static:1024"], "bfloat16 has fp32's exponent range"),
     (["strategies.chunked_ce.chunksize=8"], "did you mean 'strategies.chunked_ce.chunk_size'"),
 ])
 def test_impossible_combinations_are_refused_before_building(overrides, message):

@@ -7,7 +7,7 @@ rest goes to the runtime and HCCL (FACTS.md). `--device-memory` overrides it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..recipe import RecipeError
 
@@ -21,10 +21,13 @@ class Device:
     usable_bytes: int
     bf16: bool
     note: str
+    # CANN's FlashAttentionScore supports Atlas A2/A3 (910B and later), not the 910A; the
+    # CPU backend has none either (model.fused_kernels).
+    flash_attention: bool = True
 
 
 DEVICES = {
-    "910a": Device("910a", 32 * GB, 29 * GB, False, "Ascend 910A, 32 GB HBM, FP16 only"),
+    "910a": Device("910a", 32 * GB, 29 * GB, False, "Ascend 910A, 32 GB HBM, FP16 only, no flash attention", False),
     "910b": Device("910b", 64 * GB, 58 * GB, True, "Ascend 910B (B2/B3), 64 GB HBM, BF16"),
     "910b4": Device("910b4", 32 * GB, 29 * GB, True, "Ascend 910B4, 32 GB HBM, BF16"),
 }
@@ -34,7 +37,7 @@ def cpu_device() -> Device:
     import psutil
 
     total = psutil.virtual_memory().total
-    return Device("cpu", total, total, False, "host memory of this machine (CPU backend)")
+    return Device("cpu", total, total, False, "host memory of this machine (CPU backend)", False)
 
 
 def get_device(name: str, memory_override: str = "") -> Device:
@@ -45,8 +48,8 @@ def get_device(name: str, memory_override: str = "") -> Device:
     else:
         raise RecipeError(f"unknown device {name!r}; expected one of {', '.join([*DEVICES, 'cpu'])}")
     if memory_override:
-        device = Device(device.name, device.hbm_bytes, parse_bytes(memory_override), device.bf16,
-                        device.note + f", usable memory set to {memory_override}")
+        device = replace(device, usable_bytes=parse_bytes(memory_override),
+                         note=device.note + f", usable memory set to {memory_override}")
     return device
 
 

@@ -65,8 +65,8 @@ def default_recipe(preset: str, device_name: str, devices: int, overrides: List[
     placeholder --write-recipe refuses."""
     tree = {"model": {"preset": preset}, "data": {"train_files": ["-"], "max_seq_len": 2048},
             "train": {"micro_batch_size": 1},
-            "strategies": {"precision": {"amp_level": "O2", "dtype": "float16" if device_name in ("910a", "cpu")
-                                         else "bfloat16", "loss_scale": "dynamic"},
+            "strategies": {"precision": {"amp_level": "O2", "dtype": "float16", "loss_scale": "dynamic"}
+                           if device_name in ("910a", "cpu") else {"amp_level": "O2", "dtype": "bfloat16"},
                            "parallel": {"data": devices}},
             "device": {"target": DEVICE_NAMES[device_name], "name": device_name}}
     return recipe_from_dict(tree, overrides)

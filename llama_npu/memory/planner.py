@@ -6,8 +6,10 @@ follow this harness's implementation, not an idealised trainer:
 - weights: parameters in their stored dtype (fp32 under O0-O2, the half dtype under O3; a
   LoRA base in the compute dtype) plus, under O1/O2, the half-precision copies the matmuls
   use, which autodiff keeps for the backward pass;
-- gradients: the fp32 accumulation buffer of TrainStep, one float per trainable parameter
-  (a micro-batch's gradients are added into it as they are produced);
+- gradients: what is alive at the overflow check and the clip, which need every gradient at
+  once. One micro-batch a step: the gradients themselves, in the trainable parameters'
+  dtype (no accumulation buffer exists). Accumulating: the fp32 accumulators of the train
+  step, into which the last micro-batch adds its gradients in place before the clip;
 - optimizer states: AdamW's two fp32 moments; MindSpore's SGD keeps `accum` and `stat`
   buffers even without momentum, also 8 bytes a parameter; divided by data parallel with
   optimizer sharding;
@@ -110,7 +112,9 @@ def model_states(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
         weights = on_device * (2 if s.amp_level == "O3" else 4)
         copies = on_device * 2 if s.amp_level in ("O1", "O2") else 0
     shard = s.data if s.optimizer_shard else 1
-    return {"weights": weights, "weight_compute_copies": copies, "gradients": trainable * 4,
+    accumulates = s.accumulation > 1 or s.pipeline > 1
+    grad_bytes = 2 if s.amp_level == "O3" and not s.lora and not accumulates else 4
+    return {"weights": weights, "weight_compute_copies": copies, "gradients": trainable * grad_bytes,
             "optimizer_states": trainable * 8 // shard}
 
 
@@ -163,6 +167,8 @@ def logits_loss(shape: LlamaShape, s: Strategy) -> int:
 
 
 def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Plan:
+    if not device.flash_attention:  # the model is built without it there (model.fused_kernels)
+        s = replace(s, flash_attention=False)
     plan = Plan(params, device, s)
     plan.components.update(model_states(shape, s))
     plan.components["activations"] = activations(shape, s)
@@ -225,7 +231,7 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
         s = replace(base, data=data, model=model, pipeline=pipeline, optimizer_shard=shard, micro_batch=micro,
                     recompute=recompute, recompute_layers=0, chunked_ce=chunked, amp_level=amp, dtype=dtype,
                     lora=lora, sequence_parallel=base.sequence_parallel and model > 1,
-                    flash_attention=device.name != "cpu")
+                    flash_attention=device.flash_attention)
         plan = estimate(shape, params, device, s)
         if closest is None or plan.total_bytes < closest.total_bytes:
             closest = plan

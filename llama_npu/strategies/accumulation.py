@@ -1,127 +1,203 @@
-"""Our TrainOneStepCell, split so that k micro-batches make one optimizer step.
+"""The train step: a subclass of MindSpore's nn.TrainOneStepWithLossScaleCell that runs k
+micro-batches as one optimizer step, with overflow, clipping, the conditional update and
+the loss-scale update on the device.
 
-MindFormers' GradAccumulationCell only acts in semi-auto/auto parallel mode (FACTS.md), so
-a single card or a plain data-parallel job gets no accumulation from it. Here:
+Followed: mindspore/nn/wrap/loss_scale.py (TrainOneStepWithLossScaleCell.construct) and
+mindformers/wrapper/wrapper.py (MFTrainOneStepCell: clip by global norm, then
+`if not overflow: optimizer(grads)`).
 
-- `ForwardBackward` runs one micro-batch and adds the gradients of its *summed* token loss,
-  times loss scale / (target tokens of the whole step), into fp32 accumulators;
-- `NormalizeGradients` runs once per optimizer step: it all-reduces the accumulators when
-  data parallel (one all-reduce per step, not per micro-batch), removes the loss scale and
-  returns the global norm;
-- `ApplyGradients` clips by the coefficient the loop computed from that norm, runs the
-  optimizer and zeroes the accumulators; `ZeroGradients` discards an overflowed step.
+- k = 1 is one graph, `FinalMicroStep`: forward, backward of the micro-batch's *summed*
+  token loss times loss scale / (target tokens of the step), the data-parallel all-reduce,
+  the overflow check, clipping, the conditional update and the loss-scale update. No
+  accumulation buffer exists: the gradients exist once, as the input of the clip.
+- k > 1 is two graphs, each compiled once. `AccumulatingMicroStep` (micro-batches 1..k-1)
+  adds its gradients into fp32 accumulators and its loss into a scalar, and on the register
+  path ORs its overflow flag into a device flag. `FinalMicroStep` adds its own gradients
+  into the accumulators in place, then all-reduces once, checks, clips, updates and zeroes
+  the buffers.
+- The host reads one small vector per optimizer step (loss, tokens, norm, overflow, scale,
+  stop request), never per micro-batch.
 
-The loop decides between the last two from the norm's finiteness, in Python, which keeps
-the graphs free of control flow.
+Overflow detection is the base class's, chosen from the SoC its __init__ reads
+(MSContext.get_ascend_soc_version): the float-status registers on the 910A (saturation
+mode: an overflow becomes the largest finite value, so only the registers see it) and on a
+910B with MS_ASCEND_CHECK_OVERFLOW_MODE=SATURATION_MODE; AllFinite / is-finite in the
+910B's default INFNAN mode. On the CPU backend, where neither the register kernels nor
+AllFinite exist and the base class would take the register branch, the check is whether
+the gradients' sum of squares (which the global norm needs anyway) is finite. Under data
+parallel the flag is combined across ranks as the base class does (on CPU the gradients are
+already all-reduced, so every rank computes the same flag).
 
-Pipeline parallel (Ascend only, never run by CI): the loss cell arrives wrapped in
-MindSpore's PipelineCell (parallel.wrap_loss_cell), which splits the step's batch into
-`micro_batches` and sums their losses -- our summed token loss is what that sum needs. The
-framework then accumulates each micro-batch's gradient into the parameters named
-`accu_grads.<weight>` itself (as under nn.PipelineGradReducer and MindFormers'
-MFPipelineWithLossScaleCell), so there the accumulators are cloned from the weights and
-ForwardBackward does not add into them. Checked against one large-batch step within 4e-9 in
-FACTS.md's experiment; tests/test_accumulation.py checks it here.
+Sharded layouts (model / pipeline / optimizer sharding, semi-auto parallel) do not use this
+cell: they use MindFormers' wrapper chain (strategies/parallel.py).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ..model import IGNORE_ID
 
-
-def make_accumulators(params, framework_accumulates: bool) -> ParameterTuple:
-    # "accu_grads." is the prefix MindSpore's parallel passes recognise gradient buffers by.
-    if framework_accumulates:  # same dtype and layout as the weights, as the framework needs
-        return ParameterTuple(params).clone(prefix="accu_grads", init="zeros")
-    return ParameterTuple(
-        Parameter(ops.zeros(p.shape, ms.float32), name=f"accu_grads.{p.name}", requires_grad=False)
-        for p in params)
+REGISTERS, INFNAN, ISFINITE = "float-status registers", "INFNAN (AllFinite / IsFinite)", "is-finite reduction"
+_add_into = ops.MultitypeFuncGraph("add_into")
+_times = ops.MultitypeFuncGraph("times")
+_update_of = ops.MultitypeFuncGraph("update_of")
+_square_sum = ops.MultitypeFuncGraph("square_sum")
+_self_dot = ops.MultitypeFuncGraph("self_dot")
 
 
-class ForwardBackward(nn.Cell):
-    def __init__(self, loss_cell: nn.Cell, params, accumulators: ParameterTuple, framework_accumulates: bool):
+@_add_into.register("Tensor", "Tensor")
+def _add_into_tensor(accumulator, grad):
+    return ops.assign_add(accumulator, grad.astype(accumulator.dtype))
+
+
+@_times.register("Tensor", "Tensor")
+def _times_tensor(factor, grad):
+    return grad * factor.astype(grad.dtype)
+
+
+@_update_of.register("Tensor", "Tensor", "Tensor")
+def _update_of_tensor(factor, grad, weight):
+    """The gradient the optimizer applies: unscaled and clipped in fp32, in the weight's dtype."""
+    return ops.cast(grad.astype(ms.float32) * factor, ops.dtype(weight))
+
+
+@_square_sum.register("Tensor")
+def _square_sum_tensor(grad):
+    return ops.square(grad.astype(ms.float32)).sum()
+
+
+@_self_dot.register("Tensor")
+def _self_dot_tensor(grad):
+    """The same sum as one (1 x N) @ (N x 1) MatMul: on the CPU backend BLAS does it several
+    times faster than Square + ReduceSum (about 30 ms a step less for 8.3M gradients,
+    benchmarks/harness_overhead.py). Not on Ascend, where a float32 MatMul may run in fp16
+    (precision_mode allow_fp32_to_fp16 on the 910A) and overflow."""
+    flat = grad.astype(ms.float32).reshape(1, -1)
+    return ops.matmul(flat, flat.T).reshape(())
+
+
+class MicroStep(nn.TrainOneStepWithLossScaleCell):
+    """What both micro-steps share: the gradients of one micro-batch and the overflow check."""
+
+    def __init__(self, network, optimizer, scale_sense):
+        super().__init__(network, optimizer, scale_sense)
+        self.overflow_check = overflow_check(self)
+
+    def scaled_gradients(self, token_count, *batch):
+        """(summed loss, gradients of loss x scale / token_count, register status)."""
+        loss = self.network(*batch)
+        sens = self.scale_sense / ops.maximum(token_count, 1.0)
+        status, sens = self.start_overflow_check(loss, sens)
+        grads = self.grad(self.network, self.weights)(*batch, sens.astype(loss.dtype))
+        return loss, grads, status
+
+
+def overflow_check(cell: nn.TrainOneStepWithLossScaleCell) -> str:
+    """The detection the base class's SoC attributes select (its get_overflow_status sends
+    every target that is neither GPU nor a 910B to the registers, CPU included)."""
+    if cell.ascend_910a_target or (cell.ascend_910b_target and cell._ascend_check_overflow_mode == "SATURATION_MODE"):
+        return REGISTERS
+    if cell.ascend_910b_target or cell.gpu_target:
+        return INFNAN
+    return ISFINITE
+
+
+class AccumulatingMicroStep(MicroStep):
+    """Micro-batches 1..k-1 of a step: no collective, no update."""
+
+    def __init__(self, network, optimizer, buffers: "Buffers"):
+        super().__init__(network, optimizer, Tensor(1.0, ms.float32))
+        self.scale_sense = buffers.scale_sense  # the final step's (device-updated) scale
+        self.carry = buffers
+        # The flag is combined across ranks once, by the final micro-step.
+        self.is_distributed = False
+
+    def construct(self, token_count, *batch):
+        loss, grads, status = self.scaled_gradients(token_count, *batch)
+        added = self.hyper_map(_add_into, self.carry.gradients, grads)
+        loss = ops.depend(loss, added)
+        if self.overflow_check == REGISTERS:
+            # Saturated fp16 values stay finite in the sum: only the registers saw them.
+            flag = self.get_overflow_status(status, grads).astype(ms.float32)
+            loss = ops.depend(loss, ops.assign(self.carry.overflow, ops.maximum(self.carry.overflow, flag)))
+        return ops.depend(loss, ops.assign_add(self.carry.loss, loss.astype(ms.float32)))
+
+
+class Buffers(nn.Cell):
+    """What the device keeps between micro-steps -- the step's loss so far, the register
+    overflow flag and, only when accumulating, one fp32 gradient buffer per parameter -- and
+    the loss scale both micro-steps read."""
+
+    def __init__(self, params, scale_sense: Parameter, accumulate: bool):
         super().__init__(auto_prefix=False)
-        self.loss_cell = loss_cell
-        self.params = ParameterTuple(params)
-        self.accumulators = accumulators
-        self.framework_accumulates = framework_accumulates
-        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-
-    def construct(self, sens, *batch):
-        loss = self.loss_cell(*batch)
-        # Backpropagating `sens` gives the gradients of loss x sens in one pass.
-        grads = self.grad(self.loss_cell, self.params)(*batch, sens.astype(loss.dtype))
-        if self.framework_accumulates:
-            return ops.depend(loss, grads)
-        for acc, grad in zip(self.accumulators, grads):
-            ops.assign_add(acc, grad.astype(ms.float32))
-        return loss
+        self.scale_sense = scale_sense
+        # "accu_grads." is the prefix MindSpore's parallel passes recognise gradient buffers by.
+        self.gradients = ParameterTuple(
+            Parameter(np.zeros(p.shape, np.float32), name=f"accu_grads.{p.name}", requires_grad=False)
+            for p in params) if accumulate else ()
+        self.loss = Parameter(Tensor(0.0, ms.float32), name="accu_loss", requires_grad=False)
+        self.overflow = Parameter(Tensor(0.0, ms.float32), name="accu_overflow", requires_grad=False)
 
 
-class NormalizeGradients(nn.Cell):
-    def __init__(self, accumulators: ParameterTuple, reducer=None):
-        super().__init__(auto_prefix=False)
-        self.accumulators = accumulators
-        self.reducer = reducer
+class FinalMicroStep(MicroStep):
+    """The last (at k = 1 the only) micro-batch of a step, and the update."""
 
-    def construct(self, token_share, inverse_scale):
-        """token_share: this rank's target tokens / all ranks' (1 on one device)."""
-        grads = self.accumulators
-        if self.reducer is not None:
-            # Each rank's accumulator is its own token mean; weighting by the token share and
-            # summing gives the mean over every target token of the step.
-            grads = self.reducer(tuple(g * token_share for g in grads))
-        total = ops.zeros((), ms.float32)
-        for acc, grad in zip(self.accumulators, grads):
-            scaled = grad * inverse_scale
-            ops.assign(acc, scaled)
-            total = total + (scaled * scaled).sum()
-        return ops.sqrt(total)
+    def __init__(self, network, optimizer, scale_sense, grad_clip: float, accumulate: bool):
+        super().__init__(network, optimizer, scale_sense)
+        self.grad_clip = float(grad_clip)
+        self.accumulate = accumulate
+        self.carry = Buffers(self.weights, self.scale_sense, accumulate)
 
+    def construct(self, lr, token_count, stop, *batch):
+        # The learning rate goes in as an input: a host-side set_data of a Parameter that only
+        # the `if not overflow` branch reads is not seen by the compiled graph (MindSpore 2.9.0,
+        # checked on CPU), so the schedule would freeze at the compiling step's value.
+        lr = ops.assign(self.optimizer.learning_rate, lr)
+        scale = ops.depend(self.scale_sense * 1.0, lr)  # the scale this step used, read before its update
+        loss, grads, status = self.scaled_gradients(token_count, *batch)
+        flags = ops.stack([self.carry.loss + loss.astype(ms.float32), token_count, stop,
+                           self.carry.overflow])
+        if self.accumulate:
+            # In place: the accumulators are the step's gradients, no second fp32 copy.
+            grads = self.hyper_map(_add_into, self.carry.gradients, grads)
+        if self.is_distributed:
+            flags = self.allreduce(flags)
+            # Each rank's gradients are its own token mean; weighting by the rank's share of the
+            # step's target tokens and summing gives the mean over every target token.
+            share = token_count / ops.maximum(flags[1], 1.0)
+            grads = self.grad_reducer(self.hyper_map(ops.partial(_times, share), grads))
+        if self.overflow_check == ISFINITE:
+            square_sum = ops.addn(self.hyper_map(_self_dot, grads))
+            # One reduction serves the norm and the check: the sum of squares is finite only
+            # if every gradient is (after the all-reduce, so every rank sees the same).
+            overflow = ops.logical_not(ops.isfinite(square_sum))
+        else:
+            square_sum = ops.addn(self.hyper_map(_square_sum, grads))
+            overflow = self.get_overflow_status(status, grads)
+        overflow = ops.logical_or(overflow, flags[3] > 0)
+        overflow = ops.logical_or(overflow, ops.logical_not(ops.isfinite(flags[0])))
+        norm = ops.sqrt(square_sum) / scale
+        factor = 1.0 / scale
+        if self.grad_clip > 0:
+            factor = factor * ops.select(norm > self.grad_clip, self.grad_clip / (norm + 1e-6), ops.ones_like(norm))
+        grads = self.hyper_map(ops.partial(_update_of, factor), grads, self.weights)
+        overflow = self.process_loss_scale(overflow)
+        if not overflow:
+            norm = ops.depend(norm, self.optimizer(grads))
+        norm = ops.depend(norm, self.clear())
+        return ops.stack([flags[0], flags[1], norm, overflow.astype(ms.float32), scale, flags[2]])
 
-class SumAcrossRanks(nn.Cell):
-    """All-reduce (sum) of a small vector: the step's loss sum and token count."""
-
-    def __init__(self):
-        super().__init__()
-        self.all_reduce = ops.AllReduce()
-
-    def construct(self, values):
-        return self.all_reduce(values)
-
-
-class ZeroGradients(nn.Cell):
-    def __init__(self, accumulators: ParameterTuple):
-        super().__init__(auto_prefix=False)
-        self.accumulators = accumulators
-
-    def construct(self):
-        for acc in self.accumulators:
-            ops.assign(acc, ops.zeros_like(acc))
-        return True
-
-
-class ApplyGradients(nn.Cell):
-    def __init__(self, optimizer: nn.Optimizer, accumulators: ParameterTuple, params):
-        super().__init__(auto_prefix=False)
-        self.optimizer = optimizer
-        self.accumulators = accumulators
-        self.param_dtypes = tuple(p.dtype for p in params)
-        self.zero = ZeroGradients(accumulators)
-
-    def construct(self, clip_coefficient):
-        grads = ()
-        for acc, dtype in zip(self.accumulators, self.param_dtypes):
-            grads += ((acc * clip_coefficient).astype(dtype),)
-        # Auto-monad orders side effects as written: the update reads the accumulators
-        # before they are zeroed.
-        self.optimizer(grads)
-        return self.zero()
+    def clear(self):
+        done = ops.assign(self.carry.loss, ops.zeros_like(self.carry.loss))
+        done = ops.depend(done, ops.assign(self.carry.overflow, ops.zeros_like(self.carry.overflow)))
+        for acc in self.carry.gradients:
+            done = ops.depend(done, ops.assign(acc, ops.zeros_like(acc)))
+        return done
 
 
 @dataclass
@@ -135,48 +211,33 @@ class StepResult:
 
 
 class TrainStep:
-    """One optimizer step over a list of micro-batches (k = len(micro_batches))."""
+    """One optimizer step over a list of micro-batches: len(micro_batches) must be the
+    `accumulation_steps` the step was built for."""
 
-    def __init__(self, loss_cell, optimizer, scaler, grad_clip: float, reducer=None,
-                 framework_accumulates: bool = False):
-        # The optimizer may have regrouped the parameters; gradients must follow its order.
-        params = optimizer.parameters
-        accumulators = make_accumulators(params, framework_accumulates)
-        self.forward_backward = ForwardBackward(loss_cell, params, accumulators, framework_accumulates)
-        self.normalize = NormalizeGradients(accumulators, reducer)
-        self.apply = ApplyGradients(optimizer, accumulators, params)
-        self.discard = ZeroGradients(accumulators)
-        self.sum_across_ranks = SumAcrossRanks() if reducer is not None else None
+    def __init__(self, loss_cell, optimizer, scaler, grad_clip: float, accumulation_steps: int = 1):
+        self.final = FinalMicroStep(loss_cell, optimizer, scaler.sense(), grad_clip, accumulation_steps > 1)
+        self.accumulating = (AccumulatingMicroStep(loss_cell, optimizer, self.final.carry)
+                             if accumulation_steps > 1 else None)
         self.optimizer = optimizer
         self.scaler = scaler
-        self.grad_clip = grad_clip
+        self.accumulation_steps = accumulation_steps
 
     def __call__(self, micro_batches, lr: float, stop_requested: bool = False) -> StepResult:
-        scale = self.scaler.scale
-        tokens = sum(int((batch[1][:, 1:] != IGNORE_ID).sum()) for batch in micro_batches)
+        if len(micro_batches) != self.accumulation_steps:
+            raise ValueError(f"{len(micro_batches)} micro-batches for a step built for {self.accumulation_steps}")
         # Dividing by the step's token count inside the backward pass keeps fp16 gradients
-        # at the magnitude of a mean loss (a sum over thousands of tokens would overflow);
-        # the loss scale is taken out once the window is complete.
-        sens = Tensor(scale / max(tokens, 1), ms.float32)
-        loss_sum = 0.0
-        for batch in micro_batches:  # (input_ids, labels[, segment_ids]) numpy arrays
-            loss_sum += float(self.forward_backward(sens, *map(Tensor, batch)).asnumpy())
-        local_tokens = tokens
-        if self.sum_across_ranks is not None:
-            # The stop request rides along, so every rank sees the same answer for this step.
-            loss_sum, tokens, stops = (float(v) for v in self.sum_across_ranks(
-                Tensor([loss_sum, tokens, float(stop_requested)], ms.float32)).asnumpy())
-            tokens, stop_requested = int(round(tokens)), stops > 0
-        share = Tensor(local_tokens / max(tokens, 1), ms.float32)
-        grad_norm = float(self.normalize(share, Tensor(1.0 / scale, ms.float32)).asnumpy())
-        overflow = not math.isfinite(grad_norm) or not math.isfinite(loss_sum)
-        if overflow:
-            self.discard()
-        else:
-            coefficient = 1.0
-            if self.grad_clip > 0 and grad_norm > self.grad_clip:
-                coefficient = self.grad_clip / (grad_norm + 1e-6)
-            self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
-            self.apply(Tensor(coefficient, ms.float32))
-        self.scaler.update(overflow)
-        return StepResult(loss_sum / max(tokens, 1), tokens, grad_norm, overflow, scale, stop_requested)
+        # at the magnitude of a mean loss (a sum over thousands of tokens would overflow).
+        tokens = Tensor(sum(int((b[1][:, 1:] != IGNORE_ID).sum()) for b in micro_batches), ms.float32)
+        for batch in micro_batches[:-1]:  # (input_ids, labels[, segment_ids]) numpy arrays
+            self.accumulating(tokens, *map(Tensor, batch))
+        out = self.final(Tensor(lr, ms.float32), tokens, Tensor(float(stop_requested), ms.float32),
+                         *map(Tensor, micro_batches[-1]))
+        loss_sum, token_total, norm, overflow, scale, stops = (float(v) for v in out.asnumpy())
+        token_total = int(round(token_total))
+        return StepResult(loss_sum / max(token_total, 1), token_total, norm, overflow > 0, scale, stops > 0)
+
+    def loss_scale_state(self) -> dict:
+        return self.scaler.state(self.final)
+
+    def load_loss_scale_state(self, state: dict) -> None:
+        self.scaler.load_state(self.final, state)

@@ -168,13 +168,3 @@ def eval_layout(net, loss_cell, section: ParallelSection, world: World, micro_ba
     from .sharded_step import eval_network
 
     return eval_network(net, section.data), micro_batch_size * section.data
-
-
-def gradient_reducer(params, world: World):
-    """Sums gradients across data-parallel ranks; None when there is nothing to reduce or
-    when semi-auto parallel inserts the collectives itself."""
-    if world.size == 1 or world.sharded:
-        return None
-    from mindspore import nn
-
-    return nn.DistributedGradReducer(params, mean=False, degree=world.size)

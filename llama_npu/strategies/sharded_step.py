@@ -36,7 +36,7 @@ from mindspore import Tensor, nn
 from mindspore.ops import operations as P
 
 from ..model import IGNORE_ID
-from ..recipe import PrecisionSection, Recipe, accumulation_steps, parse_loss_scale
+from ..recipe import Recipe, accumulation_steps
 from .accumulation import StepResult
 
 
@@ -126,20 +126,11 @@ def eval_network(llama, data_parallel: int) -> EvalKeepingTrainStrategy:
     return EvalKeepingTrainStrategy(_VirtualDatasetCell(EvalLoss(llama, data_parallel)))
 
 
-def loss_scale_manager(section: PrecisionSection):
-    """The scale_sense MindFormers' wrappers take: the update cell MindFormers' configs name
-    for dynamic scaling (mindspore.nn.DynamicLossScaleUpdateCell), else a fixed value."""
-    kind, value = parse_loss_scale(section.loss_scale)
-    if kind == "dynamic":
-        return nn.DynamicLossScaleUpdateCell(loss_scale_value=section.loss_scale_init,
-                                             scale_factor=int(section.loss_scale_factor),
-                                             scale_window=section.loss_scale_window)
-    return Tensor(value if kind == "static" else 1.0, ms.float32)
-
-
-def build_train_network(llama, optimizer, recipe: Recipe) -> nn.Cell:
+def build_train_network(llama, optimizer, recipe: Recipe, scale_sense) -> nn.Cell:
     """The one train graph, as base_trainer.training_process assembles it. Needs the
-    semi-auto parallel context set (and, for the pipeline wrapper, communication)."""
+    semi-auto parallel context set (and, for the pipeline wrapper, communication).
+    `scale_sense`: LossScaler.sense(), the update cell MindFormers' configs name for dynamic
+    scaling (mindspore.nn.DynamicLossScaleUpdateCell) or a fixed value."""
     from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
     from mindformers.wrapper.wrapper import (GradAccumulationCellWithTwoOutput, MFPipelineWithLossScaleCell,
                                              MFTrainOneStepCell, PipelineCellWithTwoOutput)
@@ -157,7 +148,7 @@ def build_train_network(llama, optimizer, recipe: Recipe) -> nn.Cell:
         micro_batch_num = 1
     network = _VirtualDatasetCell(network)
     common = {"use_clip_grad": clip > 0, "max_grad_norm": clip or 1.0,
-              "scale_sense": loss_scale_manager(recipe.strategies.precision), "calculate_per_token_loss": True}
+              "scale_sense": scale_sense, "calculate_per_token_loss": True}
     # _reset_wrapper_for_pipeline_parallel / _reset_wrapper_for_grad_accu: the pipeline
     # wrapper for either, with micro_batch_num = the pipeline's micro-batches or k.
     if micro_batch_num > 1:
@@ -178,7 +169,7 @@ class ShardedStep:
     or pipeline cell cuts back into k (or micro_batches) pieces."""
 
     def __init__(self, llama, optimizer, scaler, recipe: Recipe):
-        self.train_network = build_train_network(llama, optimizer, recipe)
+        self.train_network = build_train_network(llama, optimizer, recipe, scaler.sense())
         self.train_network.set_train(True)
         self.optimizer = optimizer
         self.scaler = scaler
@@ -199,10 +190,8 @@ class ShardedStep:
         from mindspore.ops import ReduceOp
 
         tokens = sum(int((batch[1][:, 1:] != IGNORE_ID).sum()) for batch in micro_batches)
-        scale = self.scaler.scale
-        # The host scaler's value is what checkpoints carry; handing it to the graph each
-        # step keeps a resumed run on the scale it stopped with.
-        self.train_network.set_sense_scale(Tensor(scale, ms.float32))
+        # The scale this step uses; the wrapper updates it on the device (loss_scaling_manager).
+        scale = float(self.train_network.scale_sense.asnumpy())
         self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
         loss, overflow, _, _, global_norm = self.train_network(*self._inputs(micro_batches))
         # With a pipeline only the last stage computes the loss (MindSpore broadcasts it to
@@ -213,5 +202,12 @@ class ShardedStep:
         overflow = bool(overflow.asnumpy().item()) or not math.isfinite(loss)
         # Without clipping (train.grad_clip 0) MindFormers' wrappers compute no norm.
         grad_norm = global_norm.asnumpy().item() if global_norm is not None else float("nan")
-        self.scaler.update(overflow)
         return StepResult(loss, tokens, grad_norm, overflow, scale, stops > 0)
+
+    # The checkpoint sidecar's {scale, clean_steps}, read from and restored into the
+    # wrapper's own scale_sense and DynamicLossScaleUpdateCell, as for TrainStep.
+    def loss_scale_state(self) -> dict:
+        return self.scaler.state(self.train_network)
+
+    def load_loss_scale_state(self, state: dict) -> None:
+        self.scaler.load_state(self.train_network, state)
