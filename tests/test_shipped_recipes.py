@@ -3,6 +3,7 @@ trains a few steps on CPU as its rehearsal (`train RECIPE --rehearse`), so a rec
 never rot."""
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -31,14 +32,21 @@ def test_the_five_ascend_recipes_are_shipped():
 
 
 @pytest.mark.parametrize("path", ASCEND_RECIPES, ids=lambda p: p.stem)
-def test_recipe_fits_its_device_with_the_margin(path):
+def test_recipe_fits_its_device_with_the_margin_as_its_comment_says(path):
+    """`plan RECIPE` (the recipe's own device and layout) fits with the 10% margin, and the
+    header comment's "N GB spare beyond the margin" is what plan prints, to its last digit."""
     recipe = load_recipe(path)
     par = recipe.strategies.parallel
-    devices = par.data * par.model * par.pipeline
-    proc = run_cli("plan", path, "--device", recipe.device.name, "--devices", devices, "--json", check=True)
-    plan = json.loads(proc.stdout)
+    plan = json.loads(run_cli("plan", path, "--json", check=True).stdout)
+    assert (plan["device"], plan["devices"]) == (recipe.device.name, par.data * par.model * par.pipeline)
     assert plan["fits"], f"{path.name}: {plan['total_bytes'] / 1e9:.2f} GB > {plan['device_bytes'] / 1e9:.2f} GB"
     assert plan["components"]["margin"] >= 0.1 * plan["device_bytes"]
+    claimed = re.search(r"(\d+(?:\.(\d+))?) GB spare beyond the (?:10% )?margin", " ".join(
+        line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#")))
+    assert claimed, f"{path.name}: its header comment must say how much is spare"
+    digits = len(claimed.group(2) or "")
+    spare = (plan["device_bytes"] - plan["total_bytes"]) / 1e9
+    assert f"{spare:.{digits}f}" == claimed.group(1), f"{path.name}: comment says {claimed.group(1)}, plan {spare:.3f}"
 
 
 @pytest.mark.parametrize("path", ASCEND_RECIPES, ids=lambda p: p.stem)
