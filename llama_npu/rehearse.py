@@ -77,7 +77,11 @@ def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
                              f"against the full recipe)")
 
     if recipe.device.target != "cpu":
-        not_rehearsed.append(f"the {recipe.device.name}'s kernels (flash attention, the fused RmsNorm) and its "
+        from .model import fused_kernels
+
+        kernels = "flash attention, the fused RmsNorm" if fused_kernels(True, recipe.device.name) else \
+            "its attention and RmsNorm kernels"
+        not_rehearsed.append(f"the {recipe.device.name}'s kernels ({kernels}) and its "
                              f"device memory: `llama-npu plan` estimates that memory")
         if recipe.device.name == "910a" and s.precision.loss_scale != "none":
             not_rehearsed.append("the 910A's overflow registers: on the CPU loss scaling checks gradients "
