@@ -207,7 +207,13 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
     optimizer = build_optimizer(params, t)
     scaler = LossScaler(recipe.strategies.precision)
     parallel = recipe.strategies.parallel
-    from .strategies.parallel import describe_layout, eval_layout, init_parallel, stream_layout, wrap_loss_cell
+    if world.sharded:  # MindFormers' wrapper chain, one semi-auto graph
+        from .strategies.sharded_step import ShardedStep
+
+        step_fn = ShardedStep(net, optimizer, scaler, recipe)
+    else:
+        step_fn = TrainStep(wrap_loss_cell(loss_cell, parallel, world), optimizer, scaler, t.grad_clip, k)
+    eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
     ckpt_root = checkpoint_root(run_dir, world)
     planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
     # LoRA checkpoints hold adapters only: they are not a whole model to describe.
