@@ -23,12 +23,15 @@ from llama_npu.strategies.sharded_step import ShardedStep
 REPO = Path(__file__).resolve().parent.parent
 ASCEND_TINY = ["device.target=ascend", "device.name=910b", "model.preset=tiny", "data.max_seq_len=16",
                "train.micro_batch_size=1", "train.global_batch_size=0", "train.eval_every=0"]
+FP16 = ["strategies.precision.amp_level=O2"]  # loss scaling is refused with fp32 compute (O0)
 LAYOUTS = {
-    "model2": ["strategies.parallel.model=2", "train.grad_clip=0.5", "strategies.precision.loss_scale=static:1024"],
+    "model2": ["strategies.parallel.model=2", "train.grad_clip=0.5", "strategies.precision.loss_scale=static:1024",
+               *FP16],
     "model2_accumulate4": ["strategies.parallel.model=2", "train.global_batch_size=4",
-                           "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=4096"],
+                           "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=4096",
+                           *FP16],
     "pipeline2": ["strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=4", "data.eval_files=",
-                  "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=256"],
+                  "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=256", *FP16],
     "optimizer_shard": ["strategies.parallel.optimizer_shard=true", "train.grad_clip=2.0"],
 }
 
