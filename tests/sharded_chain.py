@@ -56,6 +56,7 @@ def describe(step: ShardedStep) -> dict:
             "clip": float(wrapper.clip_grad_norm.clip_norm.asnumpy()) if wrapper.use_clip_grad else 0.0,
             "loss_scale_manager": type(manager).__name__ if manager is not None else None,
             "loss_scale": float(wrapper.scale_sense.asnumpy()),
+            "lr_schedule": type(wrapper.learning_rate).__name__,
             "parallel_optimizer": ms.get_auto_parallel_context("enable_parallel_optimizer"),
             "strategy_file": ms.get_auto_parallel_context("strategy_ckpt_config")["save_file"]}
 
@@ -73,7 +74,7 @@ def main(out: Path) -> None:
             ms.reset_auto_parallel_context()
             ms.set_auto_parallel_context(**auto_parallel_context(par, world.size, strategy_file(out / "run", world.rank)))
         net, loss_cell = build_network(recipe, on_ascend=False)
-        optimizer = build_optimizer(net.trainable_params(), recipe.train)
+        optimizer = build_optimizer(net.trainable_params(), recipe.train, schedule_in_graph=True)
         step = ShardedStep(net, optimizer, LossScaler(recipe.strategies.precision), recipe)
         eval_cell, eval_batch = eval_layout(net, loss_cell, par, world, recipe.train.micro_batch_size)
         found[name] = dict(describe(step), data=par.data, sharded=world.sharded, eval_chain=chain(eval_cell),
