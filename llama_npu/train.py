@@ -204,7 +204,8 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
     note(f"building the model{' and loading ' + recipe.model.checkpoint if recipe.model.checkpoint else ''}")
     net, loss_cell = build_network(recipe, on_ascend)
     params = net.trainable_params()
-    optimizer = build_optimizer(params, t)
+    # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
+    optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
     scaler = LossScaler(recipe.strategies.precision)
     parallel = recipe.strategies.parallel
     if world.sharded:  # MindFormers' wrapper chain, one semi-auto graph
@@ -273,15 +274,14 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
         for step in range(start_step + 1, t.max_steps + 1):
             begin = time.perf_counter()
             batches = [stream.next_batch() for _ in range(k)]
-            lr = lr_at(step, t)
-            result = step_fn(batches, lr, stop_requested=signals.received is not None)
+            result = step_fn(batches, lr_at(step, t), stop_requested=signals.received is not None)
             seconds = time.perf_counter() - begin
             streak.update(step, result.overflow, result.loss_scale)
             input_tokens = sum(int((batch[0] != net.config.pad_token_id).sum()) for batch in batches)
             if step > start_step + 1:  # the first step of a process includes graph compilation
                 timed_tokens, timed_seconds = timed_tokens + input_tokens, timed_seconds + seconds
             peak, source = peak_memory(on_ascend)
-            record = {"step": step, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+            record = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                       "target_tokens": result.target_tokens, "tokens_per_s": input_tokens * world.size / seconds,
                       "step_seconds": seconds, "loss_scale": result.loss_scale,
                       "overflow": result.overflow, "nonfinite_in_a_row": streak.count,
@@ -293,7 +293,7 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
                 metrics.log(record)
             first_loss = result.loss if first_loss is None else first_loss
             last_loss = result.loss
-            progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}")
+            progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{result.lr:.2e}")
             progress.update(1)
             if streak.exhausted:
                 raise RunFailure(streak.message(step, last_path))

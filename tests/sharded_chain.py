@@ -23,12 +23,15 @@ from llama_npu.strategies.sharded_step import ShardedStep
 REPO = Path(__file__).resolve().parent.parent
 ASCEND_TINY = ["device.target=ascend", "device.name=910b", "model.preset=tiny", "data.max_seq_len=16",
                "train.micro_batch_size=1", "train.global_batch_size=0", "train.eval_every=0"]
+FP16 = ["strategies.precision.amp_level=O2"]  # loss scaling is refused with fp32 compute (O0)
 LAYOUTS = {
-    "model2": ["strategies.parallel.model=2", "train.grad_clip=0.5", "strategies.precision.loss_scale=static:1024"],
+    "model2": ["strategies.parallel.model=2", "train.grad_clip=0.5", "strategies.precision.loss_scale=static:1024",
+               *FP16],
     "model2_accumulate4": ["strategies.parallel.model=2", "train.global_batch_size=4",
-                           "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=4096"],
+                           "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=4096",
+                           *FP16],
     "pipeline2": ["strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=4", "data.eval_files=",
-                  "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=256"],
+                  "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=256", *FP16],
     "optimizer_shard": ["strategies.parallel.optimizer_shard=true", "train.grad_clip=2.0"],
 }
 
@@ -53,6 +56,7 @@ def describe(step: ShardedStep) -> dict:
             "clip": float(wrapper.clip_grad_norm.clip_norm.asnumpy()) if wrapper.use_clip_grad else 0.0,
             "loss_scale_manager": type(manager).__name__ if manager is not None else None,
             "loss_scale": float(wrapper.scale_sense.asnumpy()),
+            "lr_schedule": type(wrapper.learning_rate).__name__,
             "parallel_optimizer": ms.get_auto_parallel_context("enable_parallel_optimizer"),
             "strategy_file": ms.get_auto_parallel_context("strategy_ckpt_config")["save_file"]}
 
@@ -70,7 +74,7 @@ def main(out: Path) -> None:
             ms.reset_auto_parallel_context()
             ms.set_auto_parallel_context(**auto_parallel_context(par, world.size, strategy_file(out / "run", world.rank)))
         net, loss_cell = build_network(recipe, on_ascend=False)
-        optimizer = build_optimizer(net.trainable_params(), recipe.train)
+        optimizer = build_optimizer(net.trainable_params(), recipe.train, schedule_in_graph=True)
         step = ShardedStep(net, optimizer, LossScaler(recipe.strategies.precision), recipe)
         eval_cell, eval_batch = eval_layout(net, loss_cell, par, world, recipe.train.micro_batch_size)
         found[name] = dict(describe(step), data=par.data, sharded=world.sharded, eval_chain=chain(eval_cell),

@@ -210,6 +210,7 @@ def test_sharded_layouts_train_through_mindformers_wrapper_chain(sharded_chains,
         assert built["wrapper_micro_batches"] == built["cut_into"] == micro_batches
         assert built["per_token_loss"] and built["clip"] == clip
         assert (built["loss_scale_manager"], built["loss_scale"]) == (manager, scale)
+        assert built["lr_schedule"] == "WarmupCosineLR"  # the wrapper evaluates our schedule in its graph
         assert built["data"] == data and built["parallel_optimizer"] == (layout == "optimizer_shard")
         assert built["strategy_file"] == str(out / "run" / "strategy" / f"rank_{rank}.ckpt")
     assert chains[0]["pipeline2"]["layer_stages"] == [0, 1]
@@ -303,6 +304,100 @@ def test_merge_uses_the_strategy_of_every_pipeline_stage(ms, tmp_path, pipeline)
     merged.ParseFromString(strategy.read_bytes())
     names = sorted(item.param_name for item in merged.parallel_layout_item)
     assert names == (["0-model.layers.0.w", "1-model.layers.1.w"] if pipeline > 1 else ["model.layers.0.w"])
+
+
+SCHEDULE = ["train.warmup_steps=3", "train.max_steps=8", "train.min_lr_ratio=0.1"]
+
+
+@pytest.mark.parametrize("warmup", ["train.warmup_steps=3", "train.warmup_steps=0"])
+def test_sharded_lr_schedule_in_the_graph_equals_lr_at(ms, warmup):
+    """The optimizer reads the schedule with global_step (0 at the first update) before it
+    adds 1: the cell must give lr_at(global_step + 1), through warm-up, its last step, the
+    cosine, max_steps and beyond it."""
+    from llama_npu.optim import WarmupCosineLR, lr_at
+
+    train = load_recipe(SMOKE, [*SCHEDULE, warmup, "train.optimizer.lr=0.001"]).train
+    schedule = WarmupCosineLR(train)
+    for global_step in [0, 1, 2, 3, 4, 5, 7, 8, 20]:
+        got = float(schedule(ms.Tensor([global_step], ms.int32)).asnumpy().item())
+        assert abs(got - lr_at(global_step + 1, train)) < 1e-7, global_step
+
+
+def overflow_gated_step(ms, schedule=SCHEDULE):
+    """A Dense layer, SGD with the sharded layouts' schedule, and a step cell of the shape of
+    MindFormers' MFTrainOneStepCell.construct (mindformers/wrapper/wrapper.py): the
+    wrapper reads the LR from the schedule, then runs the optimizer only `if not overflow`."""
+    from mindspore import nn, ops
+
+    from llama_npu.optim import build_optimizer
+
+    class OverflowGatedStep(nn.Cell):
+        def __init__(self, net, optimizer):
+            super().__init__(auto_prefix=False)
+            self.net, self.optimizer, self.weights = net, optimizer, optimizer.parameters
+            self.grad = ops.GradOperation(get_by_list=True)
+
+        def construct(self, x, overflow):
+            loss = self.net(x).sum()
+            grads = self.grad(self.net, self.weights)(x)  # of the summed output
+            lr = self.optimizer.learning_rate(self.optimizer.global_step).reshape(())
+            if not overflow:
+                loss = ops.depend(loss, self.optimizer(grads))
+            return loss, lr
+
+    train = load_recipe(SMOKE, [*schedule, "train.optimizer.name=sgd", "train.optimizer.lr=0.1"]).train
+    ms.set_seed(0)
+    net = nn.Dense(4, 1, has_bias=False)
+    optimizer = build_optimizer(net.trainable_params(), train, schedule_in_graph=True)
+    return OverflowGatedStep(net, optimizer), net, optimizer, train
+
+
+X = np.arange(8, dtype=np.float32).reshape(2, 4) / 8  # the gradient of the summed output: X.sum(0)
+OVERFLOWS = [False, False, True, False, False, False, True, False]  # steps 3 and 7 are skipped
+
+
+def run_gated(ms, step, overflows):
+    return [float(step(ms.Tensor(X), ms.Tensor(flag)).__getitem__(1).asnumpy()) for flag in overflows]
+
+
+def test_sharded_optimizer_applies_the_scheduled_lr_of_each_update_behind_an_overflow_branch(ms):
+    """The learning rate changes from step to step inside the compiled graph (a host-set
+    Parameter stayed at its first value there), and a skipped step does not advance the
+    schedule: update u uses lr_at(u), as MindFormers' optimizers count."""
+    from llama_npu.optim import lr_at
+
+    step, net, optimizer, train = overflow_gated_step(ms)
+    weight = net.weight.asnumpy().copy()
+    applied = 0
+    for flag in OVERFLOWS:
+        lr = run_gated(ms, step, [flag])[0]
+        assert lr == pytest.approx(lr_at(applied + 1, train), abs=1e-7)  # what metrics.jsonl logs
+        if not flag:
+            applied += 1
+            weight = weight - lr_at(applied, train) * X.sum(0)
+        np.testing.assert_allclose(net.weight.asnumpy(), weight, rtol=0, atol=1e-6)
+    assert int(optimizer.global_step.asnumpy().item()) == applied == 6
+
+
+def test_sharded_resume_restores_the_schedules_step(ms, tmp_path):
+    """optimizer.ckpt carries global_step; loaded after the graph compiled (the sharded
+    resume order), the next update continues the schedule where the saved run stopped."""
+    from llama_npu.checkpoint import load_checkpoint, optimizer_state_params, save_checkpoint
+
+    whole, whole_net, _, _ = overflow_gated_step(ms)
+    whole_lrs = run_gated(ms, whole, OVERFLOWS)
+
+    first, net, optimizer, _ = overflow_gated_step(ms)
+    first_lrs = run_gated(ms, first, OVERFLOWS[:4])
+    params = net.trainable_params()
+    path = save_checkpoint(tmp_path, 4, params, optimizer_state_params(optimizer, params), {}, keep_last=1)
+
+    resumed, net, optimizer, _ = overflow_gated_step(ms)  # fresh weights, global_step 0
+    resumed.compile(ms.Tensor(X), ms.Tensor(False))
+    load_checkpoint(path, net, optimizer)
+    assert int(optimizer.global_step.asnumpy().item()) == 3  # step 3 was skipped
+    assert first_lrs + run_gated(ms, resumed, OVERFLOWS[4:]) == whole_lrs
+    np.testing.assert_array_equal(net.weight.asnumpy(), whole_net.weight.asnumpy())
 
 
 def test_mindformers_loss_of_the_sharded_step_equals_our_summed_token_loss(ms):

@@ -208,6 +208,7 @@ class StepResult:
     overflow: bool  # non-finite gradients: the update was skipped
     loss_scale: float  # the scale this step used
     stop_requested: bool  # some rank asked to stop after this step (a signal)
+    lr: float  # the learning rate of this step's update (the one it would have had, when skipped)
 
 
 class TrainStep:
@@ -234,7 +235,7 @@ class TrainStep:
                          *map(Tensor, micro_batches[-1]))
         loss_sum, token_total, norm, overflow, scale, stops = (float(v) for v in out.asnumpy())
         token_total = int(round(token_total))
-        return StepResult(loss_sum / max(token_total, 1), token_total, norm, overflow > 0, scale, stops > 0)
+        return StepResult(loss_sum / max(token_total, 1), token_total, norm, overflow > 0, scale, stops > 0, lr)
 
     def loss_scale_state(self) -> dict:
         return self.scaler.state(self.final)

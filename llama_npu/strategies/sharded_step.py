@@ -155,11 +155,6 @@ def build_train_network(llama, optimizer, recipe: Recipe, scale_sense) -> nn.Cel
         wrapper = MFPipelineWithLossScaleCell(network, optimizer, micro_batch_num=micro_batch_num, **common)
     else:
         wrapper = MFTrainOneStepCell(network, optimizer, **common)
-    # The wrappers deep-copy optimizer.learning_rate to report it. MindFormers' optimizers
-    # hold a schedule Cell there; ours holds the Parameter the loop sets each step, and a
-    # copy of it under the same name would make the graph's parameter names collide.
-    if isinstance(wrapper.learning_rate, ms.Parameter):
-        wrapper.learning_rate.name = "wrapper.learning_rate"
     return wrapper
 
 
@@ -169,9 +164,13 @@ class ShardedStep:
     or pipeline cell cuts back into k (or micro_batches) pieces."""
 
     def __init__(self, llama, optimizer, scaler, recipe: Recipe):
+        # The wrappers call the optimizer only inside `if not overflow`, where a host-side
+        # set_data of a learning-rate Parameter is not seen by the compiled graph (MindSpore
+        # 2.9.0, checked on CPU): the schedule must be a cell the optimizer evaluates itself.
+        if not optimizer.dynamic_lr:
+            raise ValueError("ShardedStep needs an optimizer from build_optimizer(..., schedule_in_graph=True)")
         self.train_network = build_train_network(llama, optimizer, recipe, scaler.sense())
         self.train_network.set_train(True)
-        self.optimizer = optimizer
         self.scaler = scaler
 
     @staticmethod
@@ -186,14 +185,18 @@ class ShardedStep:
         self.train_network.compile(*self._inputs(micro_batches))
 
     def __call__(self, micro_batches, lr: float, stop_requested: bool = False) -> StepResult:
+        """`lr`, the loop's lr_at(step), is not used: the optimizer's schedule cell gives
+        lr_at(updates applied so far + 1), so each step skipped for overflow puts the sharded
+        schedule one more step behind the loop's step number, as in MindFormers' training.
+        The result carries the rate the graph computed for this step (MindFormers' wrappers
+        return it, applied or, on overflow, skipped), which is what metrics.jsonl logs."""
         from mindspore.communication.comm_func import all_reduce
         from mindspore.ops import ReduceOp
 
         tokens = sum(int((batch[1][:, 1:] != IGNORE_ID).sum()) for batch in micro_batches)
         # The scale this step uses; the wrapper updates it on the device (loss_scaling_manager).
         scale = float(self.train_network.scale_sense.asnumpy())
-        self.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
-        loss, overflow, _, _, global_norm = self.train_network(*self._inputs(micro_batches))
+        loss, overflow, _, step_lr, global_norm = self.train_network(*self._inputs(micro_batches))
         # With a pipeline only the last stage computes the loss (MindSpore broadcasts it to
         # the other stages only with pipeline_result_broadcast, off by default), and a stop
         # request must reach every rank: one MAX over all ranks settles both.
@@ -202,7 +205,7 @@ class ShardedStep:
         overflow = bool(overflow.asnumpy().item()) or not math.isfinite(loss)
         # Without clipping (train.grad_clip 0) MindFormers' wrappers compute no norm.
         grad_norm = global_norm.asnumpy().item() if global_norm is not None else float("nan")
-        return StepResult(loss, tokens, grad_norm, overflow, scale, stops > 0)
+        return StepResult(loss, tokens, grad_norm, overflow, scale, stops > 0, float(step_lr.asnumpy()))
 
     # The checkpoint sidecar's {scale, clean_steps}, read from and restored into the
     # wrapper's own scale_sense and DynamicLossScaleUpdateCell, as for TrainStep.
