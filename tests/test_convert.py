@@ -319,7 +319,8 @@ def test_a_lora_run_exports_merged_weights_and_its_tokenizer(ms, hf_dir, convers
     run, export = lora_export
     step = run / "checkpoints" / f"step_{REHEARSAL_STEPS}" / "model.ckpt"
     rehearsal = shrunk(LORA_RECIPE, *rehearsal_sets(conversions["float32"]))
-    recipe = recipe_from_dict(rehearsal.to_dict(), ["strategies.precision.amp_level=O0", "data.max_seq_len=16"])
+    recipe = recipe_from_dict(rehearsal.to_dict(), ["strategies.precision.amp_level=O0",
+                                                      "strategies.precision.loss_scale=none", "data.max_seq_len=16"])
     net, _ = build_network(recipe, on_ascend=False)
     ms.load_param_into_net(net, ms.load_checkpoint(str(step)))
     tokens = np.random.default_rng(1).integers(0, 128000, (1, 16)).astype(np.int32)

@@ -46,7 +46,7 @@ def test_profile_writes_one_row_per_combination(profile_run):
         assert row["peak_memory_bytes"] > 0 and row["memory_source"] == "host_rss"
         assert row["loss_finite"] and row["timed_steps"] == 2 and row["error"] is None
     for row in failed:
-        assert "bad.jsonl:2: malformed JSON" in row["error"]
+        assert "bad.jsonl:2:2: malformed JSON" in row["error"]
     for row in skipped:
         assert "does not split into 4 micro-batches" in row["error"]
     # Each row's settings reached its run, and its checkpoints were not kept.

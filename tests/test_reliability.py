@@ -87,7 +87,8 @@ def test_the_printed_command_carries_what_a_resume_changed(tmp_path):
     (run / "recipe.yaml").write_text(yaml.safe_dump(load_recipe(SMOKE, ["train.max_steps=6"]).to_dict()))
     # What a run resumed with these changes (and --force for the seed) trains.
     recipe = load_recipe(run / "recipe.yaml", ["train.max_steps=9", "train.optimizer.lr=1e-4", "train.seed=3",
-                                               "data.eval_files=[]", "strategies.precision.loss_scale=static:1024"])
+                                               "data.eval_files=[]", "strategies.precision.amp_level=O2",
+                                               "strategies.precision.loss_scale=static:1024"])
     command = shlex.split(resume_command(run, recipe))
     assert command[:6] == ["llama-npu", "train", "--resume", "auto", "--output-dir", str(run)]
     assert command[-1] == "--force"
@@ -244,7 +245,8 @@ def test_validate_lists_every_startup_problem_and_train_refuses_before_writing(t
     assert len(lines) == 5 and all(line.startswith("llama-npu: error: ") for line in lines)
     for line, expected in zip(lines, [
             "device.target=ascend (device.name=910b): this host has no Ascend NPU",
-            f"data.format=alpaca: no record of {no_record} parses; the first: {no_record}:1: field 'instruction'",
+            f"data.format=alpaca: no record of {no_record} parses; the first: {no_record}:1: read as alpaca, but "
+            f"the record has 'conversations', a sharegpt field: pass --format sharegpt",
             f"{tmp_path / 'gone.jsonl'}: file not found",
             f"model.checkpoint={weights} holds hidden 128",
             f"output directory {out} is not empty"]):
