@@ -179,6 +179,10 @@ def test_a_plan_that_does_not_fit_exits_1_in_text_and_json():
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["fits"] is False
     nothing = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit", "--no-lora")
     assert nothing.returncode == 1 and "nothing fits on 1 x 910a" in nothing.stdout
+    lora = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit")
+    # flash attention is the device's, not a change to recommend (the 910A has none)
+    assert lora.returncode == 0 and "changed from the recipe: lora False -> True, recompute none -> selective\n" \
+        in lora.stdout
     assert run_cli("plan", "--model", "llama3.2-1b", "--device", "910b").returncode == 0
 
 

@@ -38,7 +38,7 @@ def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
         lora=s.lora.enabled, lora_rank=s.lora.rank, lora_targets=tuple(matched_layers(s.lora.target_modules)),
         recompute=s.recompute.mode, recompute_layers=s.recompute.layers,
         chunked_ce=s.chunked_ce.enabled, chunk_size=s.chunked_ce.chunk_size,
-        flash_attention=device_name != "cpu", data=data, model=p.model, pipeline=p.pipeline,
+        flash_attention=get_device(device_name).flash_attention, data=data, model=p.model, pipeline=p.pipeline,
         optimizer_shard=p.optimizer_shard, sequence_parallel=p.sequence_parallel, vocab_emb_dp=p.vocab_emb_dp)
 
 
