@@ -79,6 +79,8 @@ def main() -> None:
         write_checkpoint(work / "tiny")
         short, short_result = peak_rss_of_eval(work / "tiny", SHORT_TEXTS, work, "three_short_texts")
         long, long_result = peak_rss_of_eval(work / "tiny", [long_text(args.long_tokens)], work, "one_long_record")
+    print("llama-npu eval --device cpu with its defaults, tiny model; peak host RSS of the command on the MindSpore "
+          "CPU backend (not NPU memory)")
     print(f"eval, three short texts ({short_result['target_tokens']} target tokens): peak RSS {short / 2**30:.2f} GiB "
           f"({'under' if short < LIMIT_BYTES else 'OVER'} the 4 GiB bound)")
     print(f"eval, one {args.long_tokens}-token record ({long_result['target_tokens']} target tokens, "
