@@ -9,6 +9,7 @@ bfloat16 needs no torch and a round trip is bit-exact.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import struct
@@ -273,7 +274,7 @@ def _export_source(src: Path, weights: Path | None, merge_lora: bool):
         run = resolve_weights(Path(weights).parent)  # the step's run recipe: alpha, tokenizer
         if run.adapters is None:
             raise ConvertError(f"{weights}: not a step of a LoRA run (its recipe has strategies.lora.enabled false)")
-        return ResolvedWeights(src, src / WEIGHTS, run.adapters, run.alpha, run.tokenizer)
+        return dataclasses.replace(run, base=src, weights=src / WEIGHTS)  # src's base, the run's adapters
     if weights is not None:
         return ResolvedWeights(src, Path(weights))
     return resolve_weights(src)
@@ -300,7 +301,7 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
     tokenizer files, so transformers loads model and tokenizer from it."""
     import mindspore as ms
 
-    from .pretrained import model_weights
+    from .pretrained import model_weights, verify_tensors
 
     src, dst = Path(src), Path(dst)
     if dst.exists():
@@ -308,15 +309,10 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
     source = _export_source(src, weights, merge_lora)
     shape, meta, loaded = model_weights(source)
     dtype = dtype or {"BF16": "bfloat16", "F16": "float16"}.get((meta.get("source_dtypes") or ["F32"])[0], "float32")
-    expected = expected_shapes(shape)
+    verify_tensors({name: tuple(tensor.shape) for name, tensor in loaded.items()}, shape, source.weights)
     tensors = {}
-    for hf_name, hf_shape in tracked_items(expected, "convert"):
-        ms_name = rename(hf_name, to_ms=True)
-        if ms_name not in loaded:
-            raise ConvertError(f"{source.weights}: tensor {ms_name} is missing")
-        values = loaded[ms_name].astype(ms.float32).asnumpy()
-        if tuple(values.shape) != hf_shape:
-            raise ConvertError(f"{source.weights}: tensor {ms_name} has shape {values.shape}, expected {hf_shape}")
+    for hf_name, _ in tracked_items(expected_shapes(shape), "convert"):
+        values = loaded[rename(hf_name, to_ms=True)].astype(ms.float32).asnumpy()
         if dtype == "bfloat16":
             tensors[hf_name] = ("BF16", f32_to_bf16(values))
         else:

@@ -93,33 +93,30 @@ def tensor_index(path: Path) -> Dict[str, tuple]:
     return shapes
 
 
-def check_tensors(path: Path, shape: LlamaShape) -> None:
-    """Every weight of a `shape` model is in `path` with its shape, or one line naming it."""
-    found = tensor_index(path)
+def verify_tensors(found: Dict[str, tuple], shape: LlamaShape, source) -> None:
+    """Every weight of a `shape` model is in `found` (name -> shape) with its shape, or one
+    line naming the first that is not."""
     expected = expected_tensors(shape)
     missing = [name for name in expected if name not in found]
     if missing:
-        raise CheckpointError(f"{path}: lacks tensor {missing[0]} ({len(missing)} of {len(expected)} model "
+        raise CheckpointError(f"{source}: lacks tensor {missing[0]} ({len(missing)} of {len(expected)} model "
                               f"tensors missing)")
     for name, dims in expected.items():
         if found[name] != dims:
-            raise CheckpointError(f"{path}: tensor {name} has shape {found[name]}, the model needs {dims}")
+            raise CheckpointError(f"{source}: tensor {name} has shape {found[name]}, the model needs {dims}")
 
 
-def check_pretrained(recipe) -> None:
-    """Raise RecipeError / CheckpointError (one line) when model.checkpoint cannot start
-    `recipe`'s model. Reads config.json and the checkpoint's headers only."""
+def pretrained_source(recipe) -> tuple[Path, LlamaShape, dict]:
+    """(directory, shape, config) of model.checkpoint, checked against `recipe`'s model."""
     from .model import resolve_shape
     from .recipe import RecipeError
 
-    if not recipe.model.checkpoint:
-        return
     directory = Path(recipe.model.checkpoint)
     if not directory.is_dir():
         raise CheckpointError(f"model.checkpoint={directory}: no such directory (expected one written by "
                               f"llama-npu convert hf-to-ms)")
     try:
-        shape, _ = read_checkpoint_dir(directory)
+        shape, meta = read_checkpoint_dir(directory)
     except ConvertError as exc:
         raise CheckpointError(f"model.checkpoint={exc}") from None
     wanted = resolve_shape(recipe.model)
@@ -128,7 +125,15 @@ def check_pretrained(recipe) -> None:
                           f"{recipe.model.preset} is {wanted.describe()}")
     if not (directory / WEIGHTS).is_file():
         raise CheckpointError(f"model.checkpoint={directory}: no {WEIGHTS}")
-    check_tensors(directory / WEIGHTS, shape)
+    return directory, shape, meta
+
+
+def check_pretrained(recipe) -> None:
+    """Raise RecipeError / CheckpointError (one line) when model.checkpoint cannot start
+    `recipe`'s model. Reads config.json and the checkpoint's headers only."""
+    if recipe.model.checkpoint:
+        directory, shape, _ = pretrained_source(recipe)
+        verify_tensors(tensor_index(directory / WEIGHTS), shape, directory / WEIGHTS)
 
 
 # ---------------------------------------------------------------- reading and loading
@@ -153,25 +158,20 @@ def load_weights(net, weights: dict, shape: LlamaShape, source: Path) -> None:
     Parameters the checkpoint does not describe (LoRA adapters) keep their values."""
     import mindspore as ms
 
+    verify_tensors({name: tuple(tensor.shape) for name, tensor in weights.items()}, shape, source)
     params = {p.name: p for p in net.get_parameters()}
     cast = {}
-    for name, dims in expected_tensors(shape).items():
-        if name not in weights:
-            raise CheckpointError(f"{source}: lacks tensor {name}")
-        tensor = weights[name]
-        if tuple(tensor.shape) != dims:
-            raise CheckpointError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model needs {dims}")
-        dtype = params[name].dtype
+    for name in expected_tensors(shape):
+        tensor, dtype = weights[name], params[name].dtype
         cast[name] = ms.Parameter(tensor if tensor.dtype == dtype else tensor.astype(dtype), name=name)
     # MindSpore's own loader still does the assignment (and a sliced Parameter's layout).
     ms.load_param_into_net(net, cast, strict_load=True)
 
 
 def load_pretrained(net, recipe) -> None:
-    """model.checkpoint into the freshly built network of `recipe`."""
-    check_pretrained(recipe)
-    directory = Path(recipe.model.checkpoint)
-    shape, meta = read_checkpoint_dir(directory)
+    """model.checkpoint into the freshly built network of `recipe` (load_weights checks each
+    tensor as it loads, so the header read of check_pretrained is not repeated)."""
+    directory, shape, meta = pretrained_source(recipe)
     load_weights(net, read_weights(directory / WEIGHTS, meta), shape, directory / WEIGHTS)
 
 

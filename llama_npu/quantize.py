@@ -38,7 +38,7 @@ def dequantize(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         if name.endswith(SCALE):
             continue
         scale = weights.get(name + SCALE)
-        out[name] = value.astype(np.float32) * (scale[:, None] if scale is not None else 1.0)
+        out[name] = value.astype(np.float32) * scale[:, None] if scale is not None else value.astype(np.float32)
     return out
 
 
