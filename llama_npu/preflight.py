@@ -243,10 +243,10 @@ def check_resume_recipe(recipe: Recipe, run_dir: Path, force: bool) -> list:
     stored = stored_recipe(run_dir)
     if stored is None:
         return []
-    refused = recipe_difference(stored, recipe).refused
-    if not refused or force:
+    difference = recipe_difference(stored, recipe)
+    if not difference.refused or force:
         return []
-    return [f"resume: the recipe changes {recipe_difference(stored, recipe).describe(refused)} from "
+    return [f"resume: the recipe changes {difference.describe(difference.refused)} from "
             f"{run_dir / STORED_RECIPE}, which changes what the run trains; resume without that change, "
             f"or pass --force to continue anyway"]
 

@@ -295,21 +295,16 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
         raise RecipeError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(tree, dict):
         raise RecipeError(f"{path}: expected a mapping with sections model, data, train, strategies, device")
+    return recipe_from_dict(tree, overrides, workers)
+
+
+def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers: Optional[int] = None) -> Recipe:
+    """Build and validate a recipe from a mapping (changed in place by `overrides`, --set's
+    KEY=VALUE assignments); `workers` as for load_recipe."""
     for assignment in overrides or []:
         _apply_override(tree, assignment)
     recipe = _build(Recipe, tree, "")
     resolve_data_parallel(recipe, workers)
-    validate(recipe)
-    return recipe
-
-
-def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None) -> Recipe:
-    """Build and validate a recipe from a mapping (changed in place by `overrides`, --set's
-    KEY=VALUE assignments, as load_recipe applies them to a file's)."""
-    for assignment in overrides or []:
-        _apply_override(tree, assignment)
-    recipe = _build(Recipe, tree, "")
-    resolve_data_parallel(recipe, None)
     validate(recipe)
     return recipe
 

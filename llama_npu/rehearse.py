@@ -10,7 +10,6 @@ Not rehearsed, and said so: what needs an NPU (sharded layouts, flash attention,
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .recipe import Recipe, RecipeError, accumulation_steps, recipe_from_dict
@@ -24,11 +23,11 @@ CHUNK = 16  # chunked CE must still cut the rehearsal's 32-token sequences into 
 def _checkpoint_shape(directory: str):
     """The shape a model.checkpoint directory describes, or None if it cannot be read
     (pre-flight reports why against the full recipe)."""
-    from .model import LlamaShape
+    from .convert import ConvertError, read_checkpoint_dir
 
     try:
-        return LlamaShape(**json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))["shape"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return read_checkpoint_dir(Path(directory))[0]
+    except (ConvertError, OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -51,7 +50,7 @@ def _prepared_as_raw(prepared: str, seq_len: int) -> dict:
 def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
     """(the rehearsal recipe, what was changed, what cannot be rehearsed on this CPU)."""
     from .model import resolve_shape
-    from .strategies.parallel import is_sharded
+    from .strategies.parallel import is_sharded, pipeline_micro_batches
 
     tree = recipe.to_dict()
     changed, not_rehearsed = [], []
@@ -100,7 +99,8 @@ def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
                    if key == "train_files" else "")
 
     par = s.parallel
-    accumulation = min(par.micro_batches if par.pipeline > 1 else accumulation_steps(recipe), MAX_ACCUMULATION)
+    # a pipeline's micro-batches are its accumulation (accumulation_steps is 1 there)
+    accumulation = min(pipeline_micro_batches(par) * accumulation_steps(recipe), MAX_ACCUMULATION)
     change("train.micro_batch_size", 1)
     change("train.global_batch_size", accumulation if accumulation > 1 else 0,
            f"{accumulation} micro-batches accumulated per step" if accumulation > 1 else "")

@@ -190,7 +190,7 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
     from .model import resolve_shape
     from .optim import build_optimizer, lr_at
     from .strategies.accumulation import TrainStep
-    from .strategies.parallel import describe_layout, eval_layout, init_parallel, stream_layout, wrap_loss_cell
+    from .strategies.parallel import describe_layout, eval_layout, init_parallel, stream_layout
     from .strategies.precision import LossScaler
     from .stopping import NonFiniteStreak, RunFailure, all_finite
 
@@ -213,7 +213,7 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
 
         step_fn = ShardedStep(net, optimizer, scaler, recipe)
     else:
-        step_fn = TrainStep(wrap_loss_cell(loss_cell, parallel, world), optimizer, scaler, t.grad_clip, k)
+        step_fn = TrainStep(loss_cell, optimizer, scaler, t.grad_clip, k)
     eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
     ckpt_root = checkpoint_root(run_dir, world)
     planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
