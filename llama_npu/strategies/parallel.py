@@ -147,3 +147,15 @@ def stream_layout(section: ParallelSection, world: World, micro_batch_size: int)
 
 def pipeline_micro_batches(section: ParallelSection) -> int:
     return section.micro_batches if section.pipeline > 1 else 1
+
+
+def eval_layout(net, loss_cell, section: ParallelSection, world: World, micro_batch_size: int):
+    """(cell, batch size) for evaluation during training. Semi-auto parallel: MindFormers'
+    loss wrapped in _VirtualDatasetCell (base_trainer.wrap_eval_network_with_tool_cells),
+    fed the whole data-parallel batch, which divides by the data-parallel degree by
+    construction. Pipelines do not evaluate (recipe validation refuses it)."""
+    if not world.sharded:
+        return loss_cell, micro_batch_size
+    from .sharded_step import eval_network
+
+    return eval_network(net, section.data), micro_batch_size * section.data
