@@ -22,6 +22,12 @@ def _fail(message: str) -> int:
     return BAD_INPUT
 
 
+def default_run_dir(args) -> Path:
+    """--output-dir, else runs/<recipe name> (runs/<recipe name>-rehearsal with --rehearse)."""
+    stem = Path(args.recipe).stem if args.recipe else ""
+    return Path(args.output_dir or Path("runs") / (f"{stem}-rehearsal" if args.rehearse else stem))
+
+
 def _run_request(args):
     """(recipe, run dir, rehearsal report or None, problems found while getting them) of a
     `train` or `validate` command line. With --resume and --output-dir and no recipe file,
@@ -41,8 +47,7 @@ def _run_request(args):
         recipe = load_recipe(path, args.set)
     else:  # validate --workers N resolves strategies.parallel.data=auto as msrun's N workers will
         recipe = load_recipe(args.recipe, args.set, workers=getattr(args, "workers", None))
-    stem = Path(args.recipe).stem if args.recipe else ""
-    run_dir = Path(args.output_dir or Path("runs") / (f"{stem}-rehearsal" if args.rehearse else stem))
+    run_dir = default_run_dir(args)
     if not args.rehearse:
         return recipe, run_dir, None, []
     problems = check_rehearsed_recipe(recipe)
@@ -96,21 +101,18 @@ def cmd_prepare_data(args) -> int:
 def cmd_validate(args) -> int:
     from .preflight import check_output_dir, preflight
     from .recipe import RecipeError
-    from .strategies.parallel import describe_layout
+    from .strategies.parallel import describe_layout, launched_workers
 
     try:
         recipe, run_dir, rehearsal, problems = _run_request(args)
     except RecipeError as exc:  # no recipe to check the rest against; the output directory still
-        problems = [str(exc)]
-        if args.output_dir:
-            problems += check_output_dir(Path(args.output_dir), args.resume, args.overwrite)[0]
+        problems = list(exc.problems)
+        problems += check_output_dir(default_run_dir(args), args.resume, args.overwrite)[0]
         recipe = None
-    if recipe is not None:
-        par = recipe.strategies.parallel
-        workers = args.workers if args.workers is not None else par.data * par.model * par.pipeline
-        # A recipe alone (no --output-dir): which directory it will write is train's to judge.
-        problems += preflight(recipe, run_dir if args.output_dir else None, args.resume, args.overwrite,
-                              args.force, workers)[0]
+    if recipe is not None:  # train's checks with train's defaults: its output directory, one process
+        workers = args.workers if args.workers is not None else launched_workers()
+        problems += preflight(recipe, run_dir, args.resume, args.overwrite, args.force, workers)[0]
+    problems = list(dict.fromkeys(problems))  # a rehearsal checks the same files twice: each once
     for problem in problems:
         print(f"llama-npu: error: {problem}", file=sys.stderr)
     if problems:
@@ -393,12 +395,13 @@ def user_errors() -> tuple:
     from .checkpoint import CheckpointError
     from .convert import ConvertError
     from .data.readers import RecordError
+    from .data.tokenizer import TokenizerError
     from .merge import MergeError
     from .recipe import RecipeError
     from .preflight import PreflightError, RunDirError
 
-    return (RecipeError, RunDirError, PreflightError, RecordError, CheckpointError, ConvertError, MergeError,
-            FileExistsError, FileNotFoundError)
+    return (RecipeError, RunDirError, PreflightError, RecordError, TokenizerError, CheckpointError, ConvertError,
+            MergeError, FileExistsError, FileNotFoundError)
 
 
 def main(argv=None) -> int:

@@ -158,10 +158,13 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: int = 2048, b
     from .data.readers import read_records
     from .data.samples import tokenize_records
     from .data.tokenizer import load_tokenizer
+    from .pretrained import resolve_weights
 
-    _, loss_cell, tokenizer = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device)
+    # The tokenizer and the data are checked before the model is built.
+    tokenizer = load_tokenizer(resolve_weights(Path(checkpoint)).tokenizer)
     records = [r for f in data_files for r in read_records([f], detect_format(Path(f)))]
-    samples, report = tokenize_records(load_tokenizer(tokenizer), records, max_seq_len + 1)
+    _, loss_cell, _ = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device)
+    samples, report = tokenize_records(tokenizer, records, max_seq_len + 1)
     samples.sort(key=lambda s: len(s.input_ids))  # batches of similar length pad little
     loss, tokens = evaluate(ChunkwiseLoss(loss_cell, EVAL_CHUNK), samples, batch_size, max_seq_len + 1, bucketed=True)
     return {"checkpoint": str(checkpoint), "records": report.read, "evaluated": report.kept,

@@ -12,9 +12,10 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from .data.tokenizer import SPECIAL_TOKENS
 from .model import EOT_ID, PAD_ID
 
-STOP_IDS = (EOT_ID, 128001)  # <|eot_id|>, <|end_of_text|>
+STOP_IDS = (EOT_ID, SPECIAL_TOKENS["<|end_of_text|>"])
 
 
 def prompt_ids(tokenizer, prompt: str, system: Optional[str] = None) -> List[int]:

@@ -52,11 +52,13 @@ def _collect(problems: list, check: Callable, *args):
     from .checkpoint import CheckpointError
     from .convert import ConvertError
     from .data.readers import RecordError
+    from .data.tokenizer import TokenizerError
 
     try:
         return check(*args)
-    except (RecipeError, RecordError, ConvertError, CheckpointError, RunDirError, FileNotFoundError) as exc:
-        problems.append(str(exc))
+    except (RecipeError, RecordError, TokenizerError, ConvertError, CheckpointError, RunDirError,
+            FileNotFoundError) as exc:
+        problems.extend(getattr(exc, "problems", [str(exc)]))
     return None
 
 
@@ -79,20 +81,40 @@ def check_device(recipe: Recipe) -> list:
 
 # ---------------------------------------------------------------- data
 
-def _first_record_parses(path: str, fmt: str) -> None:
-    """The file exists, is readable and at least one record parses as `fmt`; else raise the
-    first record's error (later bad records are found by tokenizing, still before writing)."""
+BAD_RECORDS_LISTED = 20
+
+
+def _file_bad_records(path: str, fmt: str) -> list:
+    """Every bad record of one file, read with the reader train uses (data/readers.py); a
+    file of which no record parses (most often another format) is one error instead."""
     from .data.readers import RecordError, iter_records
 
+    bad, good = [], 0
     try:
-        first_error = None
         for item in iter_records([path], fmt):
-            if not isinstance(item, RecordError):
-                return
-            first_error = first_error or item
-        raise RecordError(f"data.format={fmt}: no record of {path} parses; the first: {first_error}")
+            if isinstance(item, RecordError):
+                bad.append(item)
+            else:
+                good += 1
     except OSError as exc:
         raise RecordError(f"{path}: cannot read it ({exc.strerror})") from None
+    if bad and not good:
+        raise RecordError(f"data.format={fmt}: no record of {path} parses; the first: {bad[0]}")
+    return bad
+
+
+def check_records(recipe: Recipe) -> list:
+    """Problems of data.train_files and data.eval_files: each bad record (the first
+    BAD_RECORDS_LISTED, then a count) unless data.on_bad_record is skip."""
+    d, problems, bad = recipe.data, [], []
+    for path in d.train_files + d.eval_files:
+        bad += _collect(problems, _file_bad_records, path, d.format) or []
+    if d.on_bad_record == "error":
+        problems += [str(error) for error in bad[:BAD_RECORDS_LISTED]]
+        if len(bad) > BAD_RECORDS_LISTED:
+            problems.append(f"data: {len(bad) - BAD_RECORDS_LISTED} more bad records ({len(bad)} in all); fix "
+                            f"them, or set data.on_bad_record: skip to train on the rest")
+    return problems
 
 
 def check_prepared(recipe: Recipe) -> None:
@@ -112,16 +134,14 @@ def check_prepared(recipe: Recipe) -> None:
 
 
 def check_data(recipe: Recipe) -> list:
-    from .data.tokenizer import tokenizer_path
+    from .data.tokenizer import load_tokenizer
 
     d, problems = recipe.data, []
-    _collect(problems, tokenizer_path, d.tokenizer)
+    _collect(problems, load_tokenizer, d.tokenizer)
     if d.prepared:
         if not problems:  # the tokenizer comparison needs the tokenizer
             _collect(problems, check_prepared, recipe)
-    for path in d.train_files + d.eval_files:
-        _collect(problems, _first_record_parses, path, d.format)
-    return problems
+    return problems + check_records(recipe)
 
 
 # ---------------------------------------------------------------- pre-trained weights

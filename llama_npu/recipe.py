@@ -19,7 +19,30 @@ import yaml
 
 
 class RecipeError(ValueError):
-    """A recipe problem the user must fix; the message names the key and what was expected."""
+    """Recipe problems the user must fix, each a line naming the key and what was expected.
+    The message is the first; `validate` prints every one of `problems`."""
+
+    def __init__(self, problem):
+        self.problems = list(problem) if isinstance(problem, list) else [str(problem)]
+        more = len(self.problems) - 1
+        super().__init__(self.problems[0] + (f" (and {more} more: llama-npu validate with the same arguments "
+                                             f"lists them all)" if more else ""))
+
+
+class _Problems(list):
+    """Problem lines collected, so that one bad key does not hide the next."""
+
+    def check(self, fn, *args):
+        """fn(*args), its RecipeError's problems collected; None then."""
+        try:
+            return fn(*args)
+        except RecipeError as exc:
+            self.extend(exc.problems)
+        return None
+
+    def raise_any(self) -> None:
+        if self:
+            raise RecipeError(list(dict.fromkeys(self)))  # each once
 
 
 @dataclass
@@ -44,6 +67,7 @@ class DataSection:
     max_seq_len: int = 64  # positions the model sees; a sample holds up to max_seq_len + 1 tokens
     train_on_prompt: bool = False
     pack: bool = False  # pack raw train_files into full rows (prepared data says it itself)
+    on_bad_record: str = "error"  # error: refuse the run, listing them | skip: train on the good records
 
 
 @dataclass
@@ -228,24 +252,29 @@ def _unknown_key(key: str, candidates) -> RecipeError:
     return RecipeError(f"unknown key '{key}'{hint}")
 
 
-def _build(cls, data: Any, prefix: str):
-    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+def _build(cls, data: Any, prefix: str, problems: _Problems):
+    """Build dataclass `cls` from a mapping; an unknown key or a wrong type is a problem,
+    and the key keeps its default so the rest can still be checked."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise RecipeError(f"{prefix or 'recipe'}: expected a mapping of keys, got {data!r}")
+        problems.append(f"{prefix or 'recipe'}: expected a mapping of keys, got {data!r}")
+        return cls()
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
-            raise _unknown_key(full, fields)
+            problems.append(str(_unknown_key(full, fields)))
+            continue
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, full)
+            kwargs[key] = _build(tp, value, full, problems)
         else:
-            kwargs[key] = _coerce(value, tp, full)
+            coerced = problems.check(_coerce, value, tp, full)
+            if coerced is not None or value is None:
+                kwargs[key] = coerced
     return cls(**kwargs)
 
 
@@ -301,11 +330,15 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
 def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers: Optional[int] = None) -> Recipe:
     """Build and validate a recipe from a mapping (changed in place by `overrides`, --set's
     KEY=VALUE assignments); `workers` as for load_recipe."""
+    problems = _Problems()
     for assignment in overrides or []:
-        _apply_override(tree, assignment)
-    recipe = _build(Recipe, tree, "")
-    resolve_data_parallel(recipe, workers)
-    validate(recipe)
+        problems.check(_apply_override, tree, assignment)
+    recipe = _build(Recipe, tree, "", problems)
+    # A key refused above keeps its default, so the checks below still see well-typed values.
+    if problems.check(resolve_data_parallel, recipe, workers) is None and recipe.strategies.parallel.data is None:
+        recipe.strategies.parallel.data = 1
+    problems.check(validate, recipe)
+    problems.raise_any()
     return recipe
 
 
@@ -367,76 +400,88 @@ def accumulation_steps(recipe: Recipe) -> int:
 
 
 def validate(recipe: Recipe) -> None:
+    """Raise RecipeError listing every problem of the recipe (checks that build on a value
+    run once that value passed)."""
     m, d, t, o = recipe.model, recipe.data, recipe.train, recipe.train.optimizer
     p, dev = recipe.strategies.precision, recipe.device
-    _choice("model.preset", m.preset, PRESETS)
+    problems = _Problems()
+    check = problems.check
+    check(_choice, "model.preset", m.preset, PRESETS)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
         value = getattr(m, name)
         if value is not None:
-            _positive(f"model.{name}", value)
+            check(_positive, f"model.{name}", value)
     from .model import resolve_shape  # imported here: model.py imports this module
 
-    resolve_shape(m)
-    _choice("data.format", d.format, ("alpaca", "sharegpt", "text"))
+    shape_ok = not problems and check(resolve_shape, m) is not None
+    check(_choice, "data.format", d.format, ("alpaca", "sharegpt", "text"))
+    check(_choice, "data.on_bad_record", d.on_bad_record, ("error", "skip"))
     if bool(d.train_files) == bool(d.prepared):
-        raise RecipeError("data: expected either data.train_files (raw files) or data.prepared (a "
-                          "prepare-data directory), not both or neither")
+        problems.append("data: expected either data.train_files (raw files) or data.prepared (a "
+                        "prepare-data directory), not both or neither")
     if d.prepared and d.pack:
-        raise RecipeError("data.pack applies to raw data.train_files; a prepared directory is packed "
-                          "or not by llama-npu prepare-data --pack")
-    _positive("data.max_seq_len", d.max_seq_len)
-    _positive("train.max_steps", t.max_steps)
-    _positive("train.micro_batch_size", t.micro_batch_size)
-    _positive("train.global_batch_size", t.global_batch_size, allow_zero=True)
-    _positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
+        problems.append("data.pack applies to raw data.train_files; a prepared directory is packed "
+                        "or not by llama-npu prepare-data --pack")
+    counted = len(problems)
+    check(_positive, "data.max_seq_len", d.max_seq_len)
+    check(_positive, "train.max_steps", t.max_steps)
+    check(_positive, "train.micro_batch_size", t.micro_batch_size)
+    check(_positive, "train.global_batch_size", t.global_batch_size, True)
+    check(_positive, "train.warmup_steps", t.warmup_steps, True)
     if not 0.0 <= t.min_lr_ratio <= 1.0:
-        raise RecipeError(f"train.min_lr_ratio: expected a value in [0, 1], got {t.min_lr_ratio}")
-    _positive("train.grad_clip", t.grad_clip, allow_zero=True)
-    _positive("train.save_every", t.save_every)
-    _positive("train.keep_last", t.keep_last)
-    _positive("train.max_nonfinite_steps", t.max_nonfinite_steps, allow_zero=True)
-    _positive("train.eval_every", t.eval_every, allow_zero=True)
-    _choice("train.mode", t.mode, ("graph", "pynative"))
-    _choice("train.optimizer.name", o.name, ("adamw", "sgd"))
-    _positive("train.optimizer.lr", o.lr)
-    _positive("train.optimizer.weight_decay", o.weight_decay, allow_zero=True)
+        problems.append(f"train.min_lr_ratio: expected a value in [0, 1], got {t.min_lr_ratio}")
+    check(_positive, "train.grad_clip", t.grad_clip, True)
+    check(_positive, "train.save_every", t.save_every)
+    check(_positive, "train.keep_last", t.keep_last)
+    check(_positive, "train.max_nonfinite_steps", t.max_nonfinite_steps, True)
+    check(_positive, "train.eval_every", t.eval_every, True)
+    sizes_ok = len(problems) == counted
+    check(_choice, "train.mode", t.mode, ("graph", "pynative"))
+    check(_choice, "train.optimizer.name", o.name, ("adamw", "sgd"))
+    check(_positive, "train.optimizer.lr", o.lr)
+    check(_positive, "train.optimizer.weight_decay", o.weight_decay, True)
     for name in ("beta1", "beta2"):
         value = getattr(o, name)
         if not 0.0 <= value < 1.0:
-            raise RecipeError(f"train.optimizer.{name}: expected a value in [0, 1), got {value}")
-    _positive("train.optimizer.eps", o.eps)
+            problems.append(f"train.optimizer.{name}: expected a value in [0, 1), got {value}")
+    check(_positive, "train.optimizer.eps", o.eps)
 
-    _choice("device.name", dev.name, tuple(DEVICE_NAMES))
-    _choice("device.target", dev.target, ("cpu", "ascend"))
-    if DEVICE_NAMES[dev.name] != dev.target:
-        raise RecipeError(f"device.name={dev.name} runs on target '{DEVICE_NAMES[dev.name]}', "
-                          f"but device.target={dev.target}")
+    check(_choice, "device.name", dev.name, tuple(DEVICE_NAMES))
+    check(_choice, "device.target", dev.target, ("cpu", "ascend"))
+    if DEVICE_NAMES.get(dev.name, dev.target) != dev.target:
+        problems.append(f"device.name={dev.name} runs on target '{DEVICE_NAMES[dev.name]}', "
+                        f"but device.target={dev.target}")
 
-    _choice("strategies.precision.amp_level", p.amp_level, ("O0", "O1", "O2", "O3"))
-    _choice("strategies.precision.dtype", p.dtype, ("float16", "bfloat16"))
+    check(_choice, "strategies.precision.amp_level", p.amp_level, ("O0", "O1", "O2", "O3"))
+    check(_choice, "strategies.precision.dtype", p.dtype, ("float16", "bfloat16"))
     if p.amp_level != "O0" and p.dtype == "bfloat16" and dev.name == "910a":
-        raise RecipeError("strategies.precision.dtype=bfloat16 with device.name=910a: the Ascend 910A "
-                          "has no BF16 kernels; use dtype float16 with loss_scale dynamic")
+        problems.append("strategies.precision.dtype=bfloat16 with device.name=910a: the Ascend 910A "
+                        "has no BF16 kernels; use dtype float16 with loss_scale dynamic")
     if p.amp_level != "O0" and p.dtype == "bfloat16" and dev.target == "cpu":
-        raise RecipeError("strategies.precision.dtype=bfloat16 with device.target=cpu: MindSpore's CPU "
-                          "backend has no BF16 kernels (Reshape fails); use float16 or amp_level O0 on CPU")
+        problems.append("strategies.precision.dtype=bfloat16 with device.target=cpu: MindSpore's CPU "
+                        "backend has no BF16 kernels (Reshape fails); use float16 or amp_level O0 on CPU")
     if p.amp_level == "O3" and o.name == "adamw" and not recipe.strategies.lora.enabled:
-        raise RecipeError("strategies.precision.amp_level=O3 with train.optimizer.name=adamw: O3 stores the "
-                          "weights and AdamW's moments in half precision, where the update diverges (eps "
-                          "underflows); use O2 (fp32 master weights), LoRA (fp32 adapters) or sgd")
-    if parse_loss_scale(p.loss_scale)[0] != "none" and (p.amp_level == "O0" or p.dtype == "bfloat16"):
+        problems.append("strategies.precision.amp_level=O3 with train.optimizer.name=adamw: O3 stores the "
+                        "weights and AdamW's moments in half precision, where the update diverges (eps "
+                        "underflows); use O2 (fp32 master weights), LoRA (fp32 adapters) or sgd")
+    scale = check(parse_loss_scale, p.loss_scale)
+    if scale is not None and scale[0] != "none" and (p.amp_level == "O0" or p.dtype == "bfloat16"):
         why = ("amp_level O0 computes in fp32: nothing is in fp16 to scale" if p.amp_level == "O0" else
                "bfloat16 has fp32's exponent range and needs no scaling")
-        raise RecipeError(f"strategies.precision.loss_scale={p.loss_scale} with amp_level {p.amp_level} and dtype "
-                          f"{p.dtype}: {why}; set loss_scale none")
-    _positive("strategies.precision.loss_scale_init", p.loss_scale_init)
+        problems.append(f"strategies.precision.loss_scale={p.loss_scale} with amp_level {p.amp_level} and dtype "
+                        f"{p.dtype}: {why}; set loss_scale none")
+    check(_positive, "strategies.precision.loss_scale_init", p.loss_scale_init)
     if p.loss_scale_factor <= 1.0:
-        raise RecipeError(f"strategies.precision.loss_scale_factor: expected a value > 1, "
-                          f"got {p.loss_scale_factor}")
-    _positive("strategies.precision.loss_scale_window", p.loss_scale_window)
-    _validate_memory_strategies(recipe)
-    _validate_parallel(recipe)
-    accumulation_steps(recipe)
+        problems.append(f"strategies.precision.loss_scale_factor: expected a value > 1, "
+                        f"got {p.loss_scale_factor}")
+    check(_positive, "strategies.precision.loss_scale_window", p.loss_scale_window)
+    if shape_ok:  # both need the model's shape
+        check(_validate_memory_strategies, recipe)
+        counted = len(problems)
+        check(_validate_parallel, recipe)
+        if sizes_ok and len(problems) == counted:  # global / (micro x data) needs both valid
+            check(accumulation_steps, recipe)
+    problems.raise_any()
 
 
 def _validate_memory_strategies(recipe: Recipe) -> None:

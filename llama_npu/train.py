@@ -69,13 +69,16 @@ def compile_then_resume(step_fn, example_batches, candidates: list, net, optimiz
 
 
 def _raw_samples(recipe: Recipe, tokenizer, files):
-    from .data.readers import read_records
+    from .data.readers import read_dataset
     from .data.samples import tokenize_records
 
+    records, skipped = read_dataset(files, recipe.data.format, recipe.data.on_bad_record)
+    if skipped.total:
+        note(f"data.on_bad_record=skip: skipped {skipped.total} of {len(records) + skipped.total} records of "
+             f"{', '.join(files)}: {skipped.describe()}")
     # A sample holds max_seq_len + 1 tokens: the model sees max_seq_len positions, each
     # predicting the next token.
-    return tokenize_records(tokenizer, read_records(files, recipe.data.format), recipe.data.max_seq_len + 1,
-                            recipe.data.train_on_prompt)
+    return tokenize_records(tokenizer, records, recipe.data.max_seq_len + 1, recipe.data.train_on_prompt)
 
 
 def training_source(recipe: Recipe, tokenizer):

@@ -15,8 +15,6 @@ from typing import Dict, List, Sequence, Tuple
 
 from ..model import BOS_ID, EOT_ID, IGNORE_ID
 
-START_HEADER_ID = 128006
-END_HEADER_ID = 128007
 ROLES = ("system", "user", "assistant")
 
 Message = Tuple[str, str]  # (role, content)
@@ -31,10 +29,12 @@ def render_text(messages: Sequence[Message]) -> str:
 
 
 def role_headers(tokenizer) -> Dict[str, List[int]]:
-    """<|start_header_id|>role<|end_header_id|>\\n\\n as ids, for each role."""
+    """<|start_header_id|>role<|end_header_id|>\\n\\n as ids, for each role, with the marker
+    ids the tokenizer gives (data/tokenizer.py checked them when it loaded)."""
+    start, end = tokenizer.token_to_id("<|start_header_id|>"), tokenizer.token_to_id("<|end_header_id|>")
     newlines = tokenizer.encode("\n\n", add_special_tokens=False).ids
-    return {role: [START_HEADER_ID] + tokenizer.encode(role, add_special_tokens=False).ids
-            + [END_HEADER_ID] + newlines for role in ROLES}
+    return {role: [start] + tokenizer.encode(role, add_special_tokens=False).ids + [end] + newlines
+            for role in ROLES}
 
 
 def assemble_chat(roles: Sequence[str], contents: Sequence[Sequence[int]], headers: Dict[str, List[int]],

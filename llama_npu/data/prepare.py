@@ -18,26 +18,9 @@ import numpy as np
 from ..atomic import staged_directory
 from .mindrecord import META_FILE, write_samples
 from .packing import assign_rows, pack, padding_share
-from .readers import RecordError, iter_records
+from .readers import RecordError, read_dataset
 from .samples import tokenize_records
 from .tokenizer import load_tokenizer, tokenizer_identity
-
-FIRST_LINES_KEPT = 5
-
-
-@dataclass
-class SkipReport:
-    by_reason: Dict[str, dict] = field(default_factory=dict)
-
-    def add(self, error: RecordError) -> None:
-        entry = self.by_reason.setdefault(error.reason, {"count": 0, "first": []})
-        entry["count"] += 1
-        if len(entry["first"]) < FIRST_LINES_KEPT:
-            entry["first"].append(str(error).split(": ", 1)[0])
-
-    @property
-    def total(self) -> int:
-        return sum(e["count"] for e in self.by_reason.values())
 
 
 def _sha256(path: Path) -> str:
@@ -64,15 +47,7 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     tok = load_tokenizer(tokenizer)
     length = max_seq_len + 1
 
-    skipped = SkipReport()
-    records = []
-    for item in iter_records(inputs, fmt):
-        if isinstance(item, RecordError):
-            if on_bad_record == "error":
-                raise item
-            skipped.add(item)
-            continue
-        records.append(item)
+    records, skipped = read_dataset(inputs, fmt, on_bad_record)
     if progress:
         progress(f"tokenizing {len(records)} records")
     samples, fit = tokenize_records(tok, records, length, train_on_prompt)

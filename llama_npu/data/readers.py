@@ -9,9 +9,9 @@ its `file:line` so that every error can point at it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from .chat_template import Message
 
@@ -43,17 +43,55 @@ def read_text(path: Path) -> str:
                           f"first: iconv -f GBK -t UTF-8 {path} > {path.stem}.utf8{path.suffix}") from None
 
 
+def _json_error(exc: json.JSONDecodeError) -> str:
+    """The decoder's message with the position it refers to ("Unterminated string starting
+    at" is cut off without it)."""
+    return f"{exc.msg} line {exc.lineno} column {exc.colno}" if exc.msg.endswith(" at") else exc.msg
+
+
+def _array_records(path: Path, text: str) -> Iterator[Tuple[int, object]]:
+    """(line the record starts on, parsed record) for each element of a JSON array, so a
+    bad record is named by its line as in JSONL. A syntax error ends the file: the decoder
+    cannot tell where the next record starts."""
+    decoder = json.JSONDecoder()
+    pos, line, counted = text.index("[") + 1, 1, 0
+
+    def skip_space(at: int) -> int:
+        while at < len(text) and text[at] in " \t\r\n":
+            at += 1
+        return at
+
+    def malformed(at: int, what: str) -> RecordError:
+        exc = json.JSONDecodeError(what, text, at)
+        return RecordError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON array ({_json_error(exc)})")
+
+    pos = skip_space(pos)
+    if text.startswith("]", pos):
+        return
+    while True:
+        line += text.count("\n", counted, pos)
+        counted = pos
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON array ({_json_error(exc)})") from None
+        yield line, item
+        pos = skip_space(pos)
+        if text.startswith("]", pos):
+            if text[pos + 1:].strip():
+                raise malformed(skip_space(pos + 1), "Extra data after the array")
+            return
+        if not text.startswith(",", pos):
+            raise malformed(pos, "Expecting ',' delimiter")
+        pos = skip_space(pos + 1)
+
+
 def _raw_records(path: Path) -> Iterator[Tuple[int, object]]:
     """(line number, parsed JSON or a RecordError) for each record of a JSON array or JSONL
     file; a malformed JSONL line is yielded as an error so skip mode can go on."""
     text = read_text(path)
     if text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON array ({exc.msg})") from None
-        # A JSON array has no per-record line; report the record's index (1-based) instead.
-        yield from enumerate(items, start=1)
+        yield from _array_records(path, text)
         return
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -61,8 +99,8 @@ def _raw_records(path: Path) -> Iterator[Tuple[int, object]]:
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
-            yield lineno, RecordError(f"{path}:{lineno}:{exc.colno}: malformed JSON ({exc.msg}); expected one "
-                                      f"object per line", "malformed JSON")
+            yield lineno, RecordError(f"{path}:{lineno}:{exc.colno}: malformed JSON ({_json_error(exc)}); expected "
+                                      f"one object per line", "malformed JSON")
 
 
 def _string(record: dict, key: str, where: str, required: bool, what: str = "") -> str:
@@ -178,11 +216,44 @@ def iter_records(paths, fmt: str) -> Iterator[Record | RecordError]:
             raise RecordError(f"{path}: no records (empty input)")
 
 
-def read_records(paths, fmt: str = "alpaca") -> List[Record]:
-    """All records, stopping at the first bad one."""
-    records = []
+BAD_RECORD_CHOICES = ("error", "skip")  # prepare-data --on-bad-record, a recipe's data.on_bad_record
+FIRST_LINES_KEPT = 5
+
+
+@dataclass
+class SkipReport:
+    """Skipped records counted by reason, with where the first few of each are."""
+    by_reason: Dict[str, dict] = field(default_factory=dict)
+
+    def add(self, error: RecordError) -> None:
+        entry = self.by_reason.setdefault(error.reason, {"count": 0, "first": []})
+        entry["count"] += 1
+        if len(entry["first"]) < FIRST_LINES_KEPT:
+            entry["first"].append(str(error).split(": ", 1)[0])
+
+    @property
+    def total(self) -> int:
+        return sum(e["count"] for e in self.by_reason.values())
+
+    def describe(self) -> str:
+        return "; ".join(f"{e['count']} x {reason} (first at {', '.join(e['first'])})"
+                         for reason, e in self.by_reason.items())
+
+
+def read_dataset(paths, fmt: str, on_bad_record: str = "error") -> Tuple[List[Record], SkipReport]:
+    """All good records; a bad one stops the read (error) or is counted and left out (skip).
+    prepare-data and train read through here, the pre-flight through iter_records."""
+    records, skipped = [], SkipReport()
     for item in iter_records(paths, fmt):
         if isinstance(item, RecordError):
-            raise item
-        records.append(item)
-    return records
+            if on_bad_record == "error":
+                raise item
+            skipped.add(item)
+        else:
+            records.append(item)
+    return records, skipped
+
+
+def read_records(paths, fmt: str = "alpaca") -> List[Record]:
+    """All records, stopping at the first bad one."""
+    return read_dataset(paths, fmt)[0]

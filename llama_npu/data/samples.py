@@ -11,8 +11,9 @@ from ..model import BOS_ID, IGNORE_ID
 from ..console import progress_bar
 from .chat_template import assemble_chat, role_headers
 from .readers import Record
+from .tokenizer import SPECIAL_TOKENS
 
-END_OF_TEXT_ID = 128001  # <|end_of_text|>, closes a plain-text document
+END_OF_TEXT_ID = SPECIAL_TOKENS["<|end_of_text|>"]  # closes a plain-text document
 TOKENIZE_BATCH = 1024  # records per tokenizer call: the Rust tokenizer parallelises a batch
 
 

@@ -96,9 +96,11 @@ def mindformers_parallel_config(section: ParallelSection) -> dict:
 def check_workers(section: ParallelSection, workers: int) -> None:
     needed = section.data * section.model * section.pipeline
     if needed != workers:
-        how = "launch it with scripts/launch.sh RECIPE N" if workers == 1 else "change the layout or the launch"
+        how = (f"launch it with scripts/launch.sh RECIPE {needed} (validate it with --workers {needed})"
+               if workers == 1 else "change the layout or the launch")
         raise RecipeError(f"strategies.parallel: data {section.data} x model {section.model} x pipeline "
-                          f"{section.pipeline} = {needed} workers, but {workers} are running; {how}")
+                          f"{section.pipeline} = {needed} workers, but {workers} {'is' if workers == 1 else 'are'} "
+                          f"running; {how}")
 
 
 def describe_layout(recipe) -> str:
