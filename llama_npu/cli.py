@@ -36,6 +36,10 @@ def _run_request(args):
     from .recipe import RecipeError, load_recipe
     from .rehearse import rehearse
 
+    from .strategies.parallel import launched_workers
+
+    workers = getattr(args, "workers", None)  # validate --workers; train runs on the ones launched
+    workers = launched_workers() if workers is None else workers
     if args.recipe is None:
         if not (args.resume and args.output_dir):
             raise RecipeError(f"{args.command}: name a recipe file, or pass --resume and --output-dir to "
@@ -46,12 +50,12 @@ def _run_request(args):
                               f"name the recipe file")
         recipe = load_recipe(path, args.set)
     else:  # validate --workers N resolves strategies.parallel.data=auto as msrun's N workers will
-        recipe = load_recipe(args.recipe, args.set, workers=getattr(args, "workers", None))
+        recipe = load_recipe(args.recipe, args.set, workers=workers)
     run_dir = default_run_dir(args)
     if not args.rehearse:
         return recipe, run_dir, None, []
     problems = check_rehearsed_recipe(recipe)
-    rehearsal, shrunk, not_rehearsed = rehearse(recipe)
+    rehearsal, shrunk, not_rehearsed = rehearse(recipe, workers)
     return rehearsal, run_dir, {"shrunk": shrunk, "not_rehearsed": not_rehearsed}, problems
 
 
@@ -107,11 +111,12 @@ def cmd_validate(args) -> int:
         recipe, run_dir, rehearsal, problems = _run_request(args)
     except RecipeError as exc:  # no recipe to check the rest against; the output directory still
         problems = list(exc.problems)
-        problems += check_output_dir(default_run_dir(args), args.resume, args.overwrite)[0]
+        problems += check_output_dir(default_run_dir(args), args.resume, args.overwrite, args.rank == 0)[0]
         recipe = None
     if recipe is not None:  # train's checks with train's defaults: its output directory, one process
         workers = args.workers if args.workers is not None else launched_workers()
-        problems += preflight(recipe, run_dir, args.resume, args.overwrite, args.force, workers)[0]
+        problems += preflight(recipe, run_dir, args.resume, args.overwrite, args.force, workers,
+                              main_rank=args.rank == 0, rehearsal=rehearsal is not None)[0]
     problems = list(dict.fromkeys(problems))  # a rehearsal checks the same files twice: each once
     for problem in problems:
         print(f"llama-npu: error: {problem}", file=sys.stderr)
@@ -256,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
                              help="shrink the recipe to the tiny model on the CPU, keep its strategies, train a "
                                   "few steps, and say what was shrunk and what could not be rehearsed")
     train.set_defaults(func=cmd_train)
-    check.add_argument("--workers", type=int, help="processes it will be launched on (default: its layout's)")
+    check.add_argument("--workers", type=int, help="processes it will be launched on (default: 1, as a plain "
+                                                   "`llama-npu train`)")
+    check.add_argument("--rank", type=int, default=0, help="check as this rank does: only rank 0 judges the "
+                                                           "output directory (scripts/launch.sh on nodes after 0)")
     check.set_defaults(func=cmd_validate)
 
     plan = sub.add_parser("plan", help="estimate device memory before a run, and find a plan that fits",
@@ -289,7 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--write-recipe", metavar="OUT.yaml", help="with --fit: write the recommended recipe")
     plan.add_argument("--data", nargs="+", metavar="FILE",
                       help="with --write-recipe: training files for the written recipe (replacing the recipe's; "
-                           "required with --model)")
+                           "required with --model); data.format is detected from their records")
+    plan.add_argument("--eval-data", nargs="+", metavar="FILE",
+                      help="with --write-recipe: held-out files for the written recipe's data.eval_files (in the "
+                           "format of --data, detected from their records)")
     plan.add_argument("--overwrite", action="store_true", help="with --write-recipe: replace an existing file")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)

@@ -9,7 +9,6 @@ per call, so one chunk of logits exists at a time.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -46,25 +45,6 @@ def evaluate(loss, samples, batch_size: int, length: int, bucketed: bool = False
         total += float(loss(Tensor(ids), Tensor(labels)))
     loss.set_train(True)
     return total / max(tokens, 1), tokens
-
-
-def detect_format(path: Path) -> str:
-    """text / alpaca / sharegpt from the keys of the file's first record."""
-    from .data.readers import RecordError, read_text
-
-    for line in read_text(path).splitlines():
-        if line.strip():
-            try:
-                keys = set(json.loads(line))
-            except (ValueError, TypeError):
-                raise RecordError(f"{path}:1: expected one JSON object per line") from None
-            for fmt, key in (("text", "text"), ("alpaca", "instruction"), ("sharegpt", "conversations"),
-                             ("sharegpt", "messages")):
-                if key in keys:
-                    return fmt
-            raise RecordError(f"{path}: records have keys {sorted(keys)}; expected 'text', 'instruction', "
-                              f"'conversations' or 'messages'")
-    raise RecordError(f"{path}: no records (empty input)")
 
 
 EVAL_CHUNK = 256  # tokens of logits at a time: 256 x 128,256 fp32 is 131 MB
@@ -155,7 +135,7 @@ def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 
 
 def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: int = 2048, batch_size: int = 4,
                         device: str = "auto") -> dict:
-    from .data.readers import read_records
+    from .data.readers import detect_format, read_records
     from .data.samples import tokenize_records
     from .data.tokenizer import load_tokenizer
     from .pretrained import resolve_weights

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import yaml
 
 from .pretrained import check_pretrained
-from .recipe import Recipe, RecipeError, recipe_from_dict
+from .recipe import Recipe, RecipeError, recipe_from_dict, with_absolute_paths
 
 # Changing one of these on resume would train a different model, on different data, or
 # give each step different samples than the checkpoint's run did: refused without --force.
@@ -117,7 +117,9 @@ def check_records(recipe: Recipe) -> list:
     return problems
 
 
-def check_prepared(recipe: Recipe) -> None:
+def check_prepared(recipe: Recipe, rehearsal: bool = False) -> None:
+    """data.prepared was made for this recipe: its length (a rehearsal reads longer rows cut
+    to its own, data/mindrecord.window) and its tokenizer."""
     from .data.mindrecord import DATA_FILE, read_meta
     from .data.tokenizer import tokenizer_identity
 
@@ -125,7 +127,7 @@ def check_prepared(recipe: Recipe) -> None:
     meta = read_meta(Path(d.prepared))
     if not (Path(d.prepared) / DATA_FILE).is_file():
         raise RunDirError(f"data.prepared={d.prepared}: {DATA_FILE} is missing; prepare it again")
-    if meta["max_seq_len"] != d.max_seq_len:
+    if meta["max_seq_len"] != d.max_seq_len and not (rehearsal and meta["max_seq_len"] > d.max_seq_len):
         raise RecipeError(f"data.prepared={d.prepared} was prepared with --max-seq-len {meta['max_seq_len']}, "
                           f"but data.max_seq_len={d.max_seq_len}")
     if meta["tokenizer"]["sha256"] != tokenizer_identity(d.tokenizer)["sha256"]:
@@ -133,14 +135,14 @@ def check_prepared(recipe: Recipe) -> None:
                           f"not data.tokenizer={d.tokenizer}")
 
 
-def check_data(recipe: Recipe) -> list:
+def check_data(recipe: Recipe, rehearsal: bool = False) -> list:
     from .data.tokenizer import load_tokenizer
 
     d, problems = recipe.data, []
     _collect(problems, load_tokenizer, d.tokenizer)
     if d.prepared:
         if not problems:  # the tokenizer comparison needs the tokenizer
-            _collect(problems, check_prepared, recipe)
+            _collect(problems, check_prepared, recipe, rehearsal)
     return problems + check_records(recipe)
 
 
@@ -255,7 +257,9 @@ class RecipeDifference:
 
 
 def recipe_difference(stored: Recipe, recipe: Recipe) -> RecipeDifference:
-    old, new = flatten(stored.to_dict()), flatten(recipe.to_dict())
+    # The stored recipe's paths are absolute (train.open_run_dir); the same file named
+    # relative to the current directory is no change.
+    old, new = flatten(with_absolute_paths(stored).to_dict()), flatten(with_absolute_paths(recipe).to_dict())
     return RecipeDifference({k: (old.get(k), new[k]) for k in new if old.get(k) != new[k]})
 
 
@@ -274,7 +278,8 @@ def check_resume_recipe(recipe: Recipe, run_dir: Path, force: bool) -> list:
 # ---------------------------------------------------------------- all of them
 
 def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], overwrite: bool,
-              force: bool = False, workers: int = 1, main_rank: bool = True) -> tuple[list, list]:
+              force: bool = False, workers: int = 1, main_rank: bool = True,
+              rehearsal: bool = False) -> tuple[list, list]:
     """(every problem that would stop this run, one line each, [] when it can start;
     the checkpoints to resume from, newest first). Without a run_dir the output directory
     is not judged (`validate RECIPE` alone)."""
@@ -282,7 +287,7 @@ def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], ov
 
     problems = check_device(recipe)
     _collect(problems, check_workers, recipe.strategies.parallel, workers)
-    problems += check_data(recipe)
+    problems += check_data(recipe, rehearsal)
     _collect(problems, check_pretrained, recipe)
     if run_dir is None:
         return problems, []

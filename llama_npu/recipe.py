@@ -175,6 +175,23 @@ class Recipe:
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def with_absolute_paths(recipe: Recipe) -> Recipe:
+    """The recipe with its file paths resolved against the current directory, as a run
+    stores it (its recipe.yaml), so that eval, generate, ms-to-hf and resume find the same
+    files from any directory. The tokenizer name llama3.2 is a name, not a path."""
+    import os
+
+    def absolute(path: str) -> str:
+        return os.path.abspath(path) if path else path
+
+    d = recipe.data
+    return dataclasses.replace(
+        recipe, model=dataclasses.replace(recipe.model, checkpoint=absolute(recipe.model.checkpoint)),
+        data=dataclasses.replace(d, train_files=[absolute(p) for p in d.train_files], prepared=absolute(d.prepared),
+                                 eval_files=[absolute(p) for p in d.eval_files],
+                                 tokenizer=d.tokenizer if d.tokenizer == "llama3.2" else absolute(d.tokenizer)))
+
+
 PRESETS = ("tiny", "llama3.2-1b", "llama3.2-3b")
 DEVICE_NAMES = {"cpu": "cpu", "910a": "ascend", "910b": "ascend", "910b4": "ascend"}
 

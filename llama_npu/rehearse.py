@@ -1,18 +1,20 @@
 """`train RECIPE --rehearse`: the recipe shrunk until it trains a few steps on a laptop's
 CPU, with every strategy the CPU can run kept as the recipe sets it.
 
-Shrunk: the model (the tiny preset), the sequence, the batch, the steps, the device.
+Shrunk: the model (the tiny preset), the sequence (a data.prepared directory is kept, its
+rows read as windows of the short sequence), the batch, the steps, the device.
 Kept: precision and loss scaling (BF16 becomes FP16: the CPU has no BF16 kernels), LoRA,
 recompute, chunked cross-entropy (in chunks smaller than the short sequence), gradient
 accumulation (at most 2 micro-batches), evaluation, the optimizer and its schedule.
 Not rehearsed, and said so: what needs an NPU (sharded layouts, flash attention, the
-910A's overflow registers, device memory) and more than one process (data parallel).
+910A's overflow registers, device memory), and data parallel unless it runs on several
+processes (scripts/launch.sh RECIPE N --rehearse: data parallel over N CPU workers).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .recipe import Recipe, RecipeError, accumulation_steps, recipe_from_dict
+from .recipe import Recipe, accumulation_steps, recipe_from_dict
 
 SEQ_LEN = 32
 STEPS = 3
@@ -31,24 +33,10 @@ def _checkpoint_shape(directory: str):
         return None
 
 
-def _prepared_as_raw(prepared: str, seq_len: int) -> dict:
-    """The raw files a prepared directory was made from, to tokenize at the rehearsal's length."""
-    from .data.mindrecord import read_meta
-
-    meta = read_meta(Path(prepared))
-    sources = [s["path"] for s in meta.get("sources", [])]
-    if meta["max_seq_len"] == seq_len:
-        return {}
-    if not sources or not all(Path(p).is_file() for p in sources):
-        raise RecipeError(f"--rehearse: data.prepared={prepared} holds {meta['max_seq_len']}-token rows and its "
-                          f"source files are not here; prepare a copy with llama-npu prepare-data --max-seq-len "
-                          f"{seq_len} and pass it with --set data.prepared=DIR")
-    return {"prepared": "", "train_files": sources, "format": meta["format"], "pack": meta["packed"],
-            "train_on_prompt": meta["train_on_prompt"]}
-
-
-def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
-    """(the rehearsal recipe, what was changed, what cannot be rehearsed on this CPU)."""
+def rehearse(recipe: Recipe, workers: int = 1) -> tuple[Recipe, list, list]:
+    """(the rehearsal recipe, what was changed, what cannot be rehearsed on this CPU).
+    `workers`: the processes it runs on; more than one (scripts/launch.sh RECIPE N
+    --rehearse) rehearses data parallel over them."""
     from .model import resolve_shape
     from .strategies.parallel import is_sharded, pipeline_micro_batches
 
@@ -93,16 +81,15 @@ def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
 
     seq_len = min(d.max_seq_len, SEQ_LEN)
     change("data.max_seq_len", seq_len)
-    if d.prepared:
-        for key, value in _prepared_as_raw(d.prepared, seq_len).items():
-            change(f"data.{key}", value, "its source files, tokenized at the rehearsal's length"
-                   if key == "train_files" else "")
+    if d.prepared and seq_len < d.max_seq_len:
+        changed.append(f"data.prepared={d.prepared}: its {d.max_seq_len + 1}-token rows read as windows of "
+                       f"{seq_len + 1} around their first target token")
 
     par = s.parallel
     # a pipeline's micro-batches are its accumulation (accumulation_steps is 1 there)
     accumulation = min(pipeline_micro_batches(par) * accumulation_steps(recipe), MAX_ACCUMULATION)
     change("train.micro_batch_size", 1)
-    change("train.global_batch_size", accumulation if accumulation > 1 else 0,
+    change("train.global_batch_size", accumulation * workers if accumulation > 1 else 0,
            f"{accumulation} micro-batches accumulated per step" if accumulation > 1 else "")
     change("train.max_steps", STEPS)
     change("train.warmup_steps", min(t.warmup_steps, 1))
@@ -113,15 +100,15 @@ def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
     if s.recompute.layers > tiny.num_layers:
         change("strategies.recompute.layers", tiny.num_layers)
 
-    if par.data > 1:
+    if par.data > 1 and workers == 1:
         not_rehearsed.append(f"data parallel over {par.data} processes: the rehearsal is one process "
-                             f"(scripts/launch.sh runs data parallel on the CPU too)")
+                             f"(scripts/launch.sh RECIPE N --rehearse rehearses it over N CPU processes)")
     if is_sharded(par):
         layout = (f"data {par.data} x model {par.model} x pipeline {par.pipeline}"
                   f"{', optimizer sharded' if par.optimizer_shard else ''}")
         not_rehearsed.append(f"the sharded layout ({layout}): semi_auto_parallel needs Ascend; it was "
-                             f"validated, and the rehearsal runs unsharded on one process")
-    for key, value in (("data", 1), ("model", 1), ("pipeline", 1), ("micro_batches", 1),
+                             f"validated, and the rehearsal runs unsharded on {workers} process(es)")
+    for key, value in (("data", workers), ("model", 1), ("pipeline", 1), ("micro_batches", 1),
                        ("optimizer_shard", False), ("sequence_parallel", False)):
-        change(f"strategies.parallel.{key}", value)
-    return recipe_from_dict(tree), changed, not_rehearsed
+        change(f"strategies.parallel.{key}", value, "the processes it runs on" if key == "data" else "")
+    return recipe_from_dict(tree, workers=workers), changed, not_rehearsed

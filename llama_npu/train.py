@@ -18,14 +18,14 @@ import yaml
 
 from .console import note, progress_bar, warn
 from .preflight import STORED_RECIPE, PreflightError, preflight, recipe_difference, stored_recipe
-from .recipe import Recipe, accumulation_steps
+from .recipe import Recipe, accumulation_steps, with_absolute_paths
 from .stopping import StopSignals
 
 
 def open_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool) -> bool:
     """The point of no return, reached only once every check passed: clear the directory
     (--overwrite), create it and store the recipe. A resumed run keeps the recipe.yaml it
-    was started with. Returns whether this run created the directory, so that a start-up
+    was started with; its paths are stored absolute. Returns whether this run created the directory, so that a start-up
     failure after this point can remove it again."""
     if overwrite and run_dir.exists():
         shutil.rmtree(run_dir)
@@ -33,7 +33,8 @@ def open_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool) -> bool:
     run_dir.mkdir(parents=True, exist_ok=True)
     stored = run_dir / STORED_RECIPE
     if not stored.exists():
-        stored.write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
+        stored.write_text(yaml.safe_dump(with_absolute_paths(recipe).to_dict(), sort_keys=False, allow_unicode=True),
+                          encoding="utf-8")
     return created
 
 
@@ -90,11 +91,18 @@ def training_source(recipe: Recipe, tokenizer):
 
     d = recipe.data
     if d.prepared:
-        source = MindRecordSamples(Path(d.prepared))  # its length and tokenizer: preflight.check_prepared
+        # its length and tokenizer: preflight.check_prepared; a rehearsal's rows are cut to its length
+        source = MindRecordSamples(Path(d.prepared), d.max_seq_len + 1)
         note(f"{len(source)} {'packed rows' if source.packed else 'samples'} from {d.prepared}")
         return source
     note(f"tokenizing {', '.join(d.train_files)}")
     samples, report = _raw_samples(recipe, tokenizer, d.train_files)
+    if not samples:  # known only once tokenized: the pre-flight reads records, it does not tokenize them
+        from .data.readers import RecordError
+
+        raise RecordError(f"no training sample left in {', '.join(d.train_files)}: all {report.read} records were "
+                          f"dropped, none has an answer token within {d.max_seq_len + 1} tokens; raise "
+                          f"data.max_seq_len")
     note(f"{report.kept} training samples ({report.truncated} truncated, "
          f"{report.dropped_no_answer} dropped: no answer token within {d.max_seq_len + 1} tokens)")
     if d.pack:
@@ -144,7 +152,8 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
 
     run_dir = Path(run_dir)
     main_rank = launched_rank() == 0
-    problems, resume_candidates = preflight(recipe, run_dir, resume, overwrite, force, launched_workers(), main_rank)
+    problems, resume_candidates = preflight(recipe, run_dir, resume, overwrite, force, launched_workers(), main_rank,
+                                            rehearsal=rehearsal is not None)
     if problems:
         raise PreflightError(problems)
     stored = stored_recipe(run_dir) if resume else None
@@ -318,7 +327,9 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
             eval_cell, eval_samples, eval_batch, length)
     peak, source = peak_memory(on_ascend)
     summary.update({"peak_memory_bytes": peak, "memory_source": source,
-                    "checkpoint": str(last_path) if last_path else None, "output_dir": str(run_dir)})
+                    # a rank that saves nothing would name the step it resumed from
+                    "checkpoint": str(last_path) if last_path and saves_checkpoints else None,
+                    "output_dir": str(run_dir)})
     if rehearsal:
         summary["rehearsal"] = rehearsal
     if world.size > 1:
@@ -340,7 +351,7 @@ def format_summary(summary: dict) -> str:
         f"tokens/s       {rate:,.0f} (excluding the compiling first step)" if rate else
         "tokens/s       n/a (too few steps to time)",
         f"peak memory    {summary['peak_memory_bytes'] / 2**30:.2f} GiB, {where}",
-        f"checkpoint     {summary['checkpoint']}",
+        f"checkpoint     {summary['checkpoint'] or ('rank 0 saves it' if summary.get('rank') else None)}",
     ]
     if "eval_loss" in summary:
         lines.insert(2, f"held-out loss  {summary['eval_loss']:.4f} over {summary['eval_tokens']} target tokens")

@@ -31,7 +31,7 @@ case "$WORKERS" in ''|*[!0-9]*|0) echo "launch: NUM_WORKERS must be a positive i
 # Pre-flight before queueing anyone: train's own checks (recipe against WORKERS, device,
 # data, model.checkpoint, and the output directory with --resume/--overwrite/--force as
 # given), so a refused run never reaches msrun.
-sets=(); flags=(); output_dir=""; resume=()
+sets=(); flags=(); output_dir=""; resume=(); rehearsal=""
 prev=""
 for arg in "$@"; do
     case "$prev" in
@@ -41,6 +41,7 @@ for arg in "$@"; do
     esac
     case "$arg" in
         --overwrite|--force) flags+=("$arg") ;;
+        --rehearse) flags+=("$arg"); rehearsal="-rehearsal" ;;  # data parallel over the CPU workers
         --set=*) sets+=(--set "${arg#--set=}") ;;
         --output-dir=*) output_dir="${arg#--output-dir=}" ;;
         --resume=*) resume=(--resume "${arg#--resume=}") ;;
@@ -48,10 +49,10 @@ for arg in "$@"; do
     prev="$arg"
 done
 # Only node 0 holds rank 0, the one rank that writes the (shared) output directory: another
-# node started later would find it already in use by this very launch.
-output_args=()
-if [ "${NODE_RANK:-0}" = 0 ]; then
-    output_args=(--output-dir "${output_dir:-runs/$(basename "${RECIPE%.*}")}" "${resume[@]}")
+# node started later would find it already in use by this very launch, so it checks as rank 1.
+output_args=(--output-dir "${output_dir:-runs/$(basename "${RECIPE%.*}")$rehearsal}" "${resume[@]}")
+if [ "${NODE_RANK:-0}" != 0 ]; then
+    output_args+=(--rank 1)
 fi
 "$ROOT/.venv/bin/llama-npu" validate "$RECIPE" --workers "$WORKERS" "${output_args[@]}" \
     "${sets[@]}" "${flags[@]}" >/dev/null || exit 2

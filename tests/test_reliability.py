@@ -319,11 +319,15 @@ def test_launch_checks_the_output_directory_before_msrun(six_step_run, tmp_path)
 
 
 def test_a_worker_failing_after_start_ends_the_launch_with_its_error(tmp_path):
-    data = bad_after_three_good(tmp_path)
+    # Records that parse (the pre-flight passes) but whose prompts fill the 33 tokens: no
+    # sample is left once a worker has tokenized them.
+    data = tmp_path / "long_prompts.jsonl"
+    data.write_text("".join(json.dumps({"instruction": "长城" * 40, "output": "好。"}, ensure_ascii=False) + "\n"
+                            for _ in range(4)), encoding="utf-8")
     # CLUSTER_TIME_OUT is left at its default, 600 s: the launch must not wait it out.
     proc = run_launch(SMOKE, 2, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", "strategies.parallel.data=2",
                       "--set", f"data.train_files=[{data}]", log_dir=tmp_path / "logs")
     assert proc.returncode == 2  # the worker's own exit status
-    assert re.fullmatch(rf"launch: rank [01] failed: {re.escape(str(data))}:4: field 'output' must be a string, "
-                        rf"got int", proc.stderr.strip().splitlines()[-1])
+    assert re.fullmatch(rf"launch: rank [01] failed: no training sample left in {re.escape(str(data))}: all 4 "
+                        rf"records were dropped, .*", proc.stderr.strip().splitlines()[-1])
     assert not (tmp_path / "run").exists()

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from ..model import IGNORE_ID
 from .samples import Sample
 
 DATA_FILE = "data.mindrecord"
@@ -36,15 +37,29 @@ def read_meta(directory: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def window(sample: Sample, length: int) -> Sample:
+    """`length` tokens of a longer row around its first target token, so that a short
+    window still has targets (a row's first tokens are most often a prompt)."""
+    if len(sample.input_ids) <= length:
+        return sample
+    first = next((i for i, label in enumerate(sample.labels) if label != IGNORE_ID), 0)
+    start = max(0, min(first - length // 2, len(sample.input_ids) - length))
+    cut = slice(start, start + length)
+    return Sample(sample.input_ids[cut], sample.labels[cut],
+                  sample.segment_ids[cut] if sample.segment_ids is not None else None)
+
+
 class MindRecordSamples:
     """A prepared dataset as a sample source: len() and iterate(indices) in a given order,
-    streamed by MindDataset with a SubsetSampler (nothing is loaded up front)."""
+    streamed by MindDataset with a SubsetSampler (nothing is loaded up front). With
+    `length`, rows longer than it are read as a window of it (a rehearsal's short rows)."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, length: int = 0):
         self.directory = Path(directory)
         self.meta = read_meta(self.directory)
         self.packed = self.meta["packed"]
         self.count = self.meta["counts"]["rows"]
+        self.length = length
 
     def __len__(self) -> int:
         return self.count
@@ -55,5 +70,6 @@ class MindRecordSamples:
         dataset = ds.MindDataset(str(self.directory / DATA_FILE), columns_list=list(COLUMNS),
                                  sampler=ds.SubsetSampler([int(i) for i in indices]))
         for row in dataset.create_dict_iterator(output_numpy=True, num_epochs=1):
-            yield Sample(row["input_ids"].tolist(), row["labels"].tolist(),
-                         row["segment_ids"].tolist() if self.packed else None)
+            sample = Sample(row["input_ids"].tolist(), row["labels"].tolist(),
+                            row["segment_ids"].tolist() if self.packed else None)
+            yield window(sample, self.length) if self.length else sample

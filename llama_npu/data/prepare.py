@@ -73,7 +73,8 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
         "padding_ratio": {"unpacked": padding_share(samples, len(samples), length),
                           "packed": padding_share(samples, packed_rows, length)},
         "tokenizer": tokenizer_identity(tokenizer),
-        "sources": [{"path": str(p), "sha256": _sha256(Path(p))} for p in inputs],
+        # absolute: a rehearsal reads them from wherever it runs
+        "sources": [{"path": str(Path(p).absolute()), "sha256": _sha256(Path(p))} for p in inputs],
     }
 
     output.parent.mkdir(parents=True, exist_ok=True)

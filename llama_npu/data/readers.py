@@ -195,6 +195,24 @@ def _wrong_format(raw: object, fmt: str, error: RecordError) -> RecordError:
     return error
 
 
+def detect_format(path: Path) -> str:
+    """alpaca / sharegpt / text from the keys of a JSON or JSONL file's first record (eval
+    and plan --write-recipe take files without a --format)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecordError(f"{path}: file not found")
+    for lineno, raw in _raw_records(path):
+        if isinstance(raw, RecordError):
+            raise raw
+        keys = set(raw) if isinstance(raw, dict) else set()
+        for fmt, format_keys in FORMAT_KEYS.items():
+            if keys & set(format_keys):
+                return fmt
+        raise RecordError(f"{path}:{lineno}: the record has keys {sorted(keys)}; expected 'instruction' (alpaca), "
+                          f"'conversations' or 'messages' (sharegpt) or 'text' (text)")
+    raise RecordError(f"{path}: no records (empty input)")
+
+
 def iter_records(paths, fmt: str) -> Iterator[Record | RecordError]:
     """Every record of every file, in order; a bad record is yielded as its RecordError.
     A missing, empty or undecodable file raises at once."""

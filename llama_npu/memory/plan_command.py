@@ -16,6 +16,7 @@ import yaml
 
 from ..atomic import replace_file
 from ..model import MAX_POSITIONS, count_parameters, resolve_shape
+from ..data.readers import detect_format
 from ..recipe import DEVICE_NAMES, Recipe, RecipeError, load_recipe, recipe_from_dict
 from ..strategies.lora import matched_layers
 from .devices import GB, get_device, parse_bytes
@@ -169,7 +170,7 @@ def check_arguments(args) -> None:
     inference_only = [("--precision", args.precision)]
     training_only = [("--fit", args.fit)]
     fit_only = [("--no-lora", args.no_lora), ("--write-recipe", args.write_recipe)]
-    write_only = [("--data", args.data), ("--overwrite", args.overwrite)]
+    write_only = [("--data", args.data), ("--eval-data", args.eval_data), ("--overwrite", args.overwrite)]
     for flags, needed, what in ((inference_only, args.task == "inference", "--task inference"),
                                 (training_only, args.task == "train", "--task train"),
                                 (fit_only, args.fit, "--fit"), (write_only, args.write_recipe, "--write-recipe")):
@@ -178,9 +179,21 @@ def check_arguments(args) -> None:
             raise RecipeError(f"{given[0]}: only with {what}")
     if args.write_recipe and Path(args.write_recipe).exists() and not args.overwrite:
         raise RecipeError(f"--write-recipe {args.write_recipe}: the file exists; pass --overwrite to replace it")
-    for path in args.data or []:
-        if not Path(path).is_file():
-            raise RecipeError(f"--data {path}: file not found")
+    for flag, paths in (("--data", args.data), ("--eval-data", args.eval_data)):
+        for path in paths or []:
+            if not Path(path).is_file():
+                raise RecipeError(f"{flag} {path}: file not found")
+
+
+def data_format(paths: List[str]) -> str:
+    """The one format of --data and --eval-data, detected as eval detects it (the keys of
+    each file's first record)."""
+    formats = {path: detect_format(Path(path)) for path in paths}
+    if len(set(formats.values())) > 1:
+        raise RecipeError("--data/--eval-data: the files are in different formats ("
+                          + ", ".join(f"{path}: {fmt}" for path, fmt in formats.items())
+                          + "); a recipe reads all of them as one data.format")
+    return next(iter(formats.values()))
 
 
 def plan_recipe(args) -> Recipe:
@@ -199,7 +212,14 @@ def plan_recipe(args) -> Recipe:
         tree["device"]["max_device_memory"] = f"{parse_bytes(args.device_memory) / GB:g}GB"  # MindSpore's "xxGB"
         changed = True
     if args.data:
-        tree["data"].update(train_files=list(args.data), prepared="")
+        tree["data"].update(train_files=list(args.data), prepared="", pack=False,
+                            format=data_format(list(args.data) + list(args.eval_data or [])))
+        changed = True
+    if args.eval_data:
+        if not args.data:
+            given = [path for path in recipe.data.train_files if path != "-"]  # "-": --model's placeholder
+            tree["data"]["format"] = data_format(list(args.eval_data) + given)
+        tree["data"]["eval_files"] = list(args.eval_data)
         changed = True
     if changed:
         recipe = recipe_from_dict(tree)
