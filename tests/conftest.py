@@ -37,11 +37,14 @@ def ms(tmp_path_factory):
     return mindspore
 
 
-def run_cli(*args, timeout=600, check=False, env=None, **popen) -> subprocess.CompletedProcess:
-    """The real command line in a subprocess; `popen` goes to subprocess.run (e.g. preexec_fn)."""
-    proc = subprocess.run([sys.executable, "-m", "llama_npu", *map(str, args)], cwd=REPO,
+def run_cli(*args, timeout=600, check=False, env=None, cwd=REPO, **popen) -> subprocess.CompletedProcess:
+    """The real command line in a subprocess, in the repository unless `cwd` says where;
+    `popen` goes to subprocess.run (e.g. preexec_fn)."""
+    # elsewhere than the repository, `-m llama_npu` finds this checkout through PYTHONPATH
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "llama_npu", *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, **popen)
+                          env={**os.environ, "PYTHONPATH": path, **(env or {})}, **popen)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc

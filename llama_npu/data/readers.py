@@ -43,10 +43,12 @@ def read_text(path: Path) -> str:
                           f"first: iconv -f GBK -t UTF-8 {path} > {path.stem}.utf8{path.suffix}") from None
 
 
-def _json_error(exc: json.JSONDecodeError) -> str:
+def _json_error(exc: json.JSONDecodeError, one_line: bool = False) -> str:
     """The decoder's message with the position it refers to ("Unterminated string starting
-    at" is cut off without it)."""
-    return f"{exc.msg} line {exc.lineno} column {exc.colno}" if exc.msg.endswith(" at") else exc.msg
+    at" is cut off without it); `one_line`: a JSONL line, where only the column counts."""
+    if not exc.msg.endswith(" at"):
+        return exc.msg
+    return f"{exc.msg} column {exc.colno}" if one_line else f"{exc.msg} line {exc.lineno} column {exc.colno}"
 
 
 def _array_records(path: Path, text: str) -> Iterator[Tuple[int, object]]:
@@ -99,7 +101,7 @@ def _raw_records(path: Path) -> Iterator[Tuple[int, object]]:
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
-            yield lineno, RecordError(f"{path}:{lineno}:{exc.colno}: malformed JSON ({_json_error(exc)}); expected "
+            yield lineno, RecordError(f"{path}:{lineno}:{exc.colno}: malformed JSON ({_json_error(exc, True)}); expected "
                                       f"one object per line", "malformed JSON")
 
 

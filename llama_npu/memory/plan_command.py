@@ -212,7 +212,7 @@ def plan_recipe(args) -> Recipe:
         tree["device"]["max_device_memory"] = f"{parse_bytes(args.device_memory) / GB:g}GB"  # MindSpore's "xxGB"
         changed = True
     if args.data:
-        tree["data"].update(train_files=list(args.data), prepared="", pack=False,
+        tree["data"].update(train_files=list(args.data), prepared="",
                             format=data_format(list(args.data) + list(args.eval_data or [])))
         changed = True
     if args.eval_data:
