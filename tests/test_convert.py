@@ -376,3 +376,20 @@ def test_asking_eval_for_an_npu_the_host_lacks_is_one_line():
                    "--device", "ascend")
     assert proc.returncode == 2 and proc.stderr.startswith("llama-npu: error: --device ascend: MindSpore reports "
                                                            "no usable Ascend device")
+
+
+def test_a_run_started_with_relative_paths_evaluates_from_any_directory(conversions, tmp_path):
+    """Paths are resolved where the run starts and stored absolute in its recipe.yaml, so eval
+    on a LoRA run finds the base its recipe names from another directory."""
+    work = tmp_path / "work"
+    (work / "weights").mkdir(parents=True)
+    (work / "weights" / "tiny").symlink_to(conversions["float32"])
+    (work / "data").symlink_to(REPO / "data")
+    run_cli("train", LORA_RECIPE, "--rehearse", "--output-dir", "run", "--set", "model.preset=tiny",
+            "--set", "model.checkpoint=weights/tiny", cwd=work, check=True)
+    stored = load_recipe(work / "run" / "recipe.yaml")
+    assert stored.model.checkpoint == str(work / "weights" / "tiny")
+    assert stored.data.train_files == [str(work / "data" / "zh_instruct_train.jsonl")]
+    proc = run_cli("eval", "--checkpoint", "work/run", "--data", REPO / "data" / "zh_instruct_eval.jsonl", "--json",
+                   cwd=tmp_path, check=True)
+    assert np.isfinite(json.loads(proc.stdout)["loss"])

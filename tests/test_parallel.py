@@ -14,7 +14,7 @@ from llama_npu.recipe import RecipeError, load_recipe
 from llama_npu.strategies.parallel import (World, auto_parallel_context, check_workers, is_sharded,
                                            mindformers_parallel_config, stream_layout)
 
-from conftest import REPO, SMOKE, TINY_RUN, read_metrics, run_cli
+from conftest import REPO, SMOKE, TINY_RUN, read_metrics, run_cli, run_launch
 
 STEPS = ["--set", "train.max_steps=3", "--set", "train.save_every=3"]
 
@@ -69,6 +69,25 @@ def test_launch_refuses_a_layout_that_does_not_fill_the_workers(tmp_path):
     proc, _ = launch(tmp_path / "run", 2, "--set", "strategies.parallel.data=1", tmp_path=tmp_path)
     assert proc.returncode == 2
     assert "data 1 x model 1 x pipeline 1 = 1 workers, but 2 are running" in proc.stderr
+
+
+def test_launch_rehearses_a_recipe_data_parallel_over_its_cpu_workers(tmp_path):
+    """scripts/launch.sh RECIPE 2 --rehearse: the 8 x 910B recipe's rehearsal over two CPU
+    workers, both ranks with the same weights, and only rank 0 naming a checkpoint."""
+    from llama_npu.rehearse import STEPS as REHEARSAL_STEPS
+
+    out = tmp_path / "run"
+    proc = run_launch(REPO / "recipes" / "llama3_2_3b_zh_full_8x910b.yaml", 2, "--rehearse", "--output-dir", out,
+                      log_dir=tmp_path / "logs")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workers"] == 2 and "strategies.parallel.data 8 -> 2 (the processes it runs on)" in \
+        summary["rehearsal"]["shrunk"]
+    assert not any("data parallel over" in item for item in summary["rehearsal"]["not_rehearsed"])
+    assert [r["step"] for r in read_metrics(out)] == list(range(1, REHEARSAL_STEPS + 1))
+    digests = re.findall(r"rank \d weights sha256 (\w+)", proc.stdout)
+    assert len(digests) == 2 and len(set(digests)) == 1
+    assert "checkpoint     rank 0 saves it" in proc.stdout and "checkpoint     None" not in proc.stdout
 
 
 def ascend(*overrides, workers=None):

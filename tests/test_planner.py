@@ -229,6 +229,36 @@ def test_the_written_recipe_trains_as_written_when_shrunk(tmp_path):
     assert re.search(rf"packed into \d+ rows of {SEQ_LEN + 1} tokens \(\d+\.\d% padding\)", train.stdout)
 
 
+CHAT = {"conversations": [{"from": "human", "value": "长城有多长？"}, {"from": "gpt", "value": "两万多公里。"}]}
+ALPACA = {"instruction": "长城有多长？", "output": "两万多公里。"}
+
+
+@pytest.mark.parametrize("fmt, suffix", [("alpaca", ".jsonl"), ("alpaca", ".json"), ("sharegpt", ".jsonl"),
+                                         ("sharegpt", ".json")])
+def test_the_written_recipe_reads_the_data_in_its_format_with_the_plans_batch(tmp_path, fmt, suffix):
+    """--data's format is detected from its records (.jsonl or a .json array), --eval-data
+    becomes data.eval_files, the batch is the recommended plan's, and the recipe validates
+    as its rehearsal; the ShareGPT array also trains as one."""
+    from llama_npu.rehearse import STEPS
+
+    records = [CHAT if fmt == "sharegpt" else ALPACA] * 8
+    data = tmp_path / f"train{suffix}"
+    data.write_text(json.dumps(records, ensure_ascii=False, indent=2) if suffix == ".json" else
+                    "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    out = tmp_path / "fit.yaml"
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--json",
+                   "--write-recipe", out, "--data", data, "--eval-data", data, check=True)
+    planned = json.loads(proc.stdout)["recommended"]["strategy"]
+    recipe = load_recipe(out, workers=8)
+    assert (recipe.data.format, recipe.data.train_files, recipe.data.eval_files) == (fmt, [str(data)], [str(data)])
+    assert (recipe.train.micro_batch_size, recipe.train.global_batch_size) == (planned["micro_batch"],
+                                                                               planned["global_batch"])
+    run_cli("validate", out, "--rehearse", "--output-dir", tmp_path / "run", check=True)
+    if (fmt, suffix) == ("sharegpt", ".json"):
+        run_cli("train", out, "--rehearse", "--output-dir", tmp_path / "run", check=True)
+        assert [r["step"] for r in read_metrics(tmp_path / "run")] == list(range(1, STEPS + 1))
+
+
 def _data_auto_supported() -> bool:
     try:
         load_recipe(SMOKE, ["strategies.parallel.data=auto"])
