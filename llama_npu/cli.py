@@ -404,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
 def user_errors() -> tuple:
     """What bad input raises, from any command: one line and exit 2, never a traceback."""
     from .checkpoint import CheckpointError
-    from .convert import ConvertError
+    from .weights_format import ConvertError
     from .data.readers import RecordError
     from .data.tokenizer import TokenizerError
     from .merge import MergeError

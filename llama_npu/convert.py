@@ -1,128 +1,36 @@
-"""Hugging Face Llama 3.2 weights <-> MindSpore checkpoints.
+"""`llama-npu convert hf-to-ms | ms-to-hf`: Hugging Face Llama 3.2 weights to a checkpoint
+recipes start from (model.checkpoint), and back to safetensors for serving.
 
 A converted directory holds `model.ckpt` (MindSpore, MindFormers' parameter names) and
-`config.json` (our model description plus the Hugging Face config it came from). Recipes
-name it as `model.checkpoint`. The renaming is the one FACTS.md checked against
-`transformers` to 7.5e-8 on the logits; no tensor is permuted. Safetensors are read and
-written here directly (an 8-byte header length, a JSON header, raw little-endian data), so
-bfloat16 needs no torch and a round trip is bit-exact.
+`config.json` (our model description plus the Hugging Face config it came from). Both
+directions stream (weights_format.py): one tensor of the source is memory-mapped at a
+time and written out in row blocks, so the peak is about the largest tensor (the
+embedding) whatever the model's size, and neither imports MindSpore.
+
+Lossless conversions: a float32 checkpoint holds any source exactly; --dtype bfloat16 is
+exact for Hugging Face's bf16 weights (Llama 3.2's are), float16 for fp16 ones. ms-to-hf
+writes the dtype the weights were converted from unless --dtype says otherwise.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import struct
+import shutil
 from pathlib import Path
 from typing import Dict
 
-import numpy as np
-
 from .atomic import staged_directory
 from .console import note, tracked_items
-from .model import (MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA, VOCAB_SIZE, LlamaShape)
+from .data.tokenizer import default_tokenizer_path, tokenizer_path
+from .model import MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA, VOCAB_SIZE, LlamaShape
+from .pretrained import (ResolvedWeights, checkpoint_tensors, read_adapters, read_checkpoint_dir, resolve_weights,
+                         verify_tensors)
+from .weights_format import (CODES, CONFIG, HF_WEIGHTS, INT8_SCALE, LORA_A, WEIGHTS, CkptWriter, ConvertError,
+                             SafetensorsWriter, StoredTensor, dequantize_rows, expected_shapes, from_float32,
+                             lora_factors, rename, row_blocks, safetensors_index, to_float32)
 
-CONFIG = "config.json"
-WEIGHTS = "model.ckpt"
-
-# Hugging Face name pattern -> MindFormers name pattern ({i}: layer index).
-RENAMES = [
-    ("model.embed_tokens.weight", "model.tok_embeddings.embedding_weight"),
-    ("model.norm.weight", "model.norm_out.weight"),
-    ("model.layers.{i}.self_attn.q_proj.weight", "model.layers.{i}.attention.wq.weight"),
-    ("model.layers.{i}.self_attn.k_proj.weight", "model.layers.{i}.attention.wk.weight"),
-    ("model.layers.{i}.self_attn.v_proj.weight", "model.layers.{i}.attention.wv.weight"),
-    ("model.layers.{i}.self_attn.o_proj.weight", "model.layers.{i}.attention.wo.weight"),
-    ("model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.feed_forward.w1.weight"),
-    ("model.layers.{i}.mlp.up_proj.weight", "model.layers.{i}.feed_forward.w3.weight"),
-    ("model.layers.{i}.mlp.down_proj.weight", "model.layers.{i}.feed_forward.w2.weight"),
-    ("model.layers.{i}.input_layernorm.weight", "model.layers.{i}.attention_norm.weight"),
-    ("model.layers.{i}.post_attention_layernorm.weight", "model.layers.{i}.ffn_norm.weight"),
-]
-
-
-class ConvertError(ValueError):
-    """Bad conversion input; the message names the file and the tensor."""
-
-
-def _pattern(template: str) -> re.Pattern:
-    return re.compile("^" + re.escape(template).replace(re.escape("{i}"), r"(\d+)") + "$")
-
-
-def rename(name: str, to_ms: bool) -> str:
-    for hf, ms in RENAMES:
-        source, target = (hf, ms) if to_ms else (ms, hf)
-        match = _pattern(source).match(name)
-        if match:
-            return target.replace("{i}", match.group(1)) if match.groups() else target
-    raise ConvertError(f"tensor {name!r} is not part of a Llama 3.2 model")
-
-
-def expected_shapes(shape: LlamaShape) -> Dict[str, tuple]:
-    """Hugging Face tensor name -> shape, for a tied-embedding Llama 3.2."""
-    h, f, kv = shape.hidden_size, shape.intermediate_size, shape.num_kv_heads * shape.head_dim
-    out = {"model.embed_tokens.weight": (shape.vocab_size, h), "model.norm.weight": (h,)}
-    per_layer = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h),
-                 "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, h),
-                 "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f),
-                 "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
-    for i in range(shape.num_layers):
-        out.update({f"model.layers.{i}.{k}": v for k, v in per_layer.items()})
-    return out
-
-
-# ---------------------------------------------------------------- safetensors
-
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # BF16 kept as its raw bits
-
-
-def read_safetensors(path: Path) -> Dict[str, tuple]:
-    """name -> (safetensors dtype, numpy array); BF16 arrays hold the raw 16-bit patterns."""
-    with open(path, "rb") as fh:
-        try:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(length))
-        except (struct.error, ValueError) as exc:
-            raise ConvertError(f"{path}: not a safetensors file ({exc})") from None
-        data = fh.read()
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in _DTYPES:
-            raise ConvertError(f"{path}: tensor {name} has dtype {info['dtype']}; expected F32, F16 or BF16")
-        start, end = info["data_offsets"]
-        if end > len(data):
-            raise ConvertError(f"{path}: tensor {name} runs past the end of the file (truncated?)")
-        array = np.frombuffer(data[start:end], dtype=_DTYPES[info["dtype"]]).reshape(info["shape"])
-        tensors[name] = (info["dtype"], array)
-    return tensors
-
-
-def write_safetensors(path: Path, tensors: Dict[str, tuple]) -> None:
-    header, offset, blobs = {}, 0, []
-    for name, (dtype, array) in tensors.items():
-        blob = np.ascontiguousarray(array).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
-        offset += len(blob)
-        blobs.append(blob)
-    header["__metadata__"] = {"format": "pt"}
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(encoded)) + encoded)
-        for blob in blobs:
-            fh.write(blob)
-
-
-def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def f32_to_bf16(values: np.ndarray) -> np.ndarray:
-    """Round to nearest even, as torch does."""
-    bits = values.astype(np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+# What transformers' AutoTokenizer reads from an export directory.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 # ---------------------------------------------------------------- Hugging Face side
@@ -159,8 +67,6 @@ def check_tokenizer(src: Path) -> None:
     path = src / "tokenizer.json"
     if not path.is_file():
         return
-    from .data.tokenizer import default_tokenizer_path
-
     theirs = json.loads(path.read_text(encoding="utf-8"))
     ours = json.loads(default_tokenizer_path().read_text(encoding="utf-8"))
     vocab_theirs, vocab_ours = theirs.get("model", {}).get("vocab", {}), ours["model"]["vocab"]
@@ -170,19 +76,20 @@ def check_tokenizer(src: Path) -> None:
                            f"{vocab_theirs.get(differing)}, Llama 3.2 has {vocab_ours.get(differing)})")
 
 
-def read_hf_weights(src: Path) -> Dict[str, tuple]:
+def hf_tensors(src: Path) -> Dict[str, StoredTensor]:
+    """name -> where it is, over the directory's safetensors shards (headers only)."""
     index = src / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (src / "model.safetensors").is_file():
-        shards = ["model.safetensors"]
+    elif (src / HF_WEIGHTS).is_file():
+        shards = [HF_WEIGHTS]
     else:
-        raise ConvertError(f"{src}: no model.safetensors or model.safetensors.index.json")
+        raise ConvertError(f"{src}: no {HF_WEIGHTS} or model.safetensors.index.json")
     tensors = {}
     for shard in shards:
         if not (src / shard).is_file():
             raise ConvertError(f"{src / shard}: shard listed in the index is missing")
-        tensors.update(read_safetensors(src / shard))
+        tensors.update(safetensors_index(src / shard))
     tensors.pop("lm_head.weight", None)  # tied: the embedding is the head
     return tensors
 
@@ -204,70 +111,7 @@ def hf_config(shape: LlamaShape, dtype: str, original: dict | None = None) -> di
 
 # ---------------------------------------------------------------- conversions
 
-def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
-    import mindspore as ms
-
-    src, dst = Path(src), Path(dst)
-    if dst.exists():
-        raise ConvertError(f"{dst} exists; remove it or choose another --dst")
-    shape, config = read_hf_config(src)
-    check_tokenizer(src)
-    note(f"reading weights from {src}")
-    tensors = read_hf_weights(src)
-    expected = expected_shapes(shape)
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise ConvertError(f"{src}: tensor {missing[0]} is missing ({len(missing)} missing in all)")
-    params = []
-    for name, (st_dtype, array) in tracked_items(tensors, "convert"):
-        if name not in expected:
-            raise ConvertError(f"{src}: tensor {name!r} is not part of a Llama 3.2 model")
-        if tuple(array.shape) != expected[name]:
-            raise ConvertError(f"{src}: tensor {name} has shape {tuple(array.shape)}, but {CONFIG} implies "
-                               f"{expected[name]}")
-        values = bf16_to_f32(array) if st_dtype == "BF16" else array.astype(np.float32)
-        params.append({"name": rename(name, to_ms=True), "data": ms.Tensor(values, dtype=getattr(ms, dtype))})
-    with staged_directory(dst) as staging:
-        note(f"writing {dst / WEIGHTS}")
-        ms.save_checkpoint(params, str(staging / WEIGHTS))
-        meta = {"format": "llama-npu", "shape": shape.__dict__, "dtype": dtype, "source": str(src),
-                "source_dtypes": sorted({d for d, _ in tensors.values()}), "hf_config": config}
-        (staging / CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-    return dst
-
-
-def read_checkpoint_dir(src: Path) -> tuple[LlamaShape, dict]:
-    path = Path(src) / CONFIG
-    if not path.is_file():
-        raise ConvertError(f"{src}: no {CONFIG}; expected a directory written by llama-npu convert hf-to-ms")
-    meta = json.loads(path.read_text(encoding="utf-8"))
-    if meta.get("format") != "llama-npu":
-        raise ConvertError(f"{path}: not a llama-npu checkpoint description")
-    return LlamaShape(**meta["shape"]), meta
-
-
-LORA_A, LORA_B = "mindpet_delta_lora_a", "mindpet_delta_lora_b"
-# What transformers' AutoTokenizer reads from an export directory.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def merge_adapters(base: dict, adapters: dict, alpha: float) -> int:
-    """W <- W + (alpha / rank) B A for every adapter pair, in place on `base` (float32 numpy)."""
-    merged = 0
-    for name in [n for n in adapters if n.endswith(LORA_A)]:
-        prefix = name[: -len(LORA_A)]
-        a, b = adapters[name], adapters[prefix + LORA_B]  # (r, in), (out, r)
-        target = prefix + "weight"
-        if target not in base:
-            raise ConvertError(f"adapter {name} has no base weight {target}")
-        base[target] = base[target] + (alpha / a.shape[0]) * (b @ a)
-        merged += 1
-    return merged
-
-
 def _export_source(src: Path, weights: Path | None, merge_lora: bool):
-    from .pretrained import ResolvedWeights, resolve_weights
-
     if merge_lora:
         if weights is None:
             raise ConvertError("--merge-lora needs --weights: the LoRA run's step_<N>/model.ckpt")
@@ -282,14 +126,62 @@ def _export_source(src: Path, weights: Path | None, merge_lora: bool):
 
 def copy_tokenizer(tokenizer: str, dst: Path) -> None:
     """The tokenizer files next to the tokenizer.json the run trained with."""
-    import shutil
-
-    from .data.tokenizer import tokenizer_path
-
     directory = tokenizer_path(tokenizer).parent
     for name in TOKENIZER_FILES:
         if (directory / name).is_file():
             shutil.copyfile(directory / name, dst / name)
+
+
+
+def _converted_blocks(stored: StoredTensor, code: str):
+    """`stored` in dtype `code`, one row block at a time."""
+    array = stored.read()
+    for rows in row_blocks(array):
+        yield from_float32(to_float32(array[rows], stored.code), code)
+
+
+def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        raise ConvertError(f"{dst} exists; remove it or choose another --dst")
+    shape, config = read_hf_config(src)
+    check_tokenizer(src)
+    tensors = hf_tensors(src)
+    expected = expected_shapes(shape)
+    missing = [name for name in expected if name not in tensors]
+    if missing:
+        raise ConvertError(f"{src}: tensor {missing[0]} is missing ({len(missing)} missing in all)")
+    for name, stored in tensors.items():  # every problem the headers show, before writing
+        if name not in expected:
+            raise ConvertError(f"{src}: tensor {name!r} is not part of a Llama 3.2 model")
+        if stored.shape != expected[name]:
+            raise ConvertError(f"{src}: tensor {name} has shape {stored.shape}, but {CONFIG} implies "
+                               f"{expected[name]}")
+    note(f"writing {dst / WEIGHTS} ({dtype}) from {src}, one tensor at a time")
+    with staged_directory(dst) as staging:
+        writer = CkptWriter(staging / WEIGHTS)
+        for name, dims in tracked_items(expected, "convert"):
+            writer.write(rename(name, to_ms=True), CODES[dtype], dims, _converted_blocks(tensors[name], CODES[dtype]))
+        writer.close()
+        meta = {"format": "llama-npu", "shape": shape.__dict__, "dtype": dtype, "source": str(src),
+                "source_dtypes": sorted({t.code for t in tensors.values()}), "hf_config": config}
+        (staging / CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    return dst
+
+
+def _exported_blocks(stored: Dict[str, StoredTensor], name: str, code: str, adapters: dict, alpha: float):
+    """MindFormers tensor `name` as Hugging Face stores it in dtype `code`, one row block at
+    a time: dequantized (int8 x scale) and with its LoRA adapters folded in, if it has them."""
+    tensor = stored[name]
+    array = tensor.read()
+    scale = stored[name + INT8_SCALE].read() if name + INT8_SCALE in stored else None
+    factors = lora_factors(adapters, name, alpha)
+    for rows in row_blocks(array):
+        values = dequantize_rows(array[rows], scale[rows]) if scale is not None else to_float32(array[rows],
+                                                                                                tensor.code)
+        if factors is not None:
+            values = values + factors[0][rows] @ factors[1]
+        yield from_float32(values, code)
 
 
 def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | None = None,
@@ -299,27 +191,26 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
     instead of src's own (for example a fine-tuned step's). With `merge_lora`, `weights`
     holds a LoRA run's adapters, folded into src's base weights. The export carries the
     tokenizer files, so transformers loads model and tokenizer from it."""
-    import mindspore as ms
-
-    from .pretrained import model_weights, verify_tensors
-
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
     source = _export_source(src, weights, merge_lora)
-    shape, meta, loaded = model_weights(source)
+    shape, meta = read_checkpoint_dir(source.base)
     dtype = dtype or {"BF16": "bfloat16", "F16": "float16"}.get((meta.get("source_dtypes") or ["F32"])[0], "float32")
-    verify_tensors({name: tuple(tensor.shape) for name, tensor in loaded.items()}, shape, source.weights)
-    tensors = {}
-    for hf_name, _ in tracked_items(expected_shapes(shape), "convert"):
-        values = loaded[rename(hf_name, to_ms=True)].astype(ms.float32).asnumpy()
-        if dtype == "bfloat16":
-            tensors[hf_name] = ("BF16", f32_to_bf16(values))
-        else:
-            tensors[hf_name] = ("F16", values.astype(np.float16)) if dtype == "float16" else ("F32", values)
+    stored = checkpoint_tensors(source.weights)
+    if not merge_lora and any(name.endswith(LORA_A) for name in stored):
+        raise ConvertError(f"{source.weights}: holds LoRA adapters, not a whole model; pass --merge-lora with "
+                           f"--src the base they were trained on (or --src the run directory)")
+    verify_tensors({name: tensor.shape for name, tensor in stored.items()}, shape, source.weights)
+    adapters = read_adapters(source.adapters) if source.adapters is not None else {}
+    hf_shapes = expected_shapes(shape)
     with staged_directory(dst) as staging:
-        note(f"writing {dst / 'model.safetensors'}")
-        write_safetensors(staging / "model.safetensors", tensors)
+        note(f"writing {dst / HF_WEIGHTS}, one tensor at a time")
+        writer = SafetensorsWriter(staging / HF_WEIGHTS, [(name, CODES[dtype], dims) for name, dims in hf_shapes.items()])
+        for hf_name, _ in tracked_items(hf_shapes, "convert"):
+            writer.write(hf_name, _exported_blocks(stored, rename(hf_name, to_ms=True), CODES[dtype], adapters,
+                                                   source.alpha))
+        writer.close()
         (staging / CONFIG).write_text(json.dumps(hf_config(shape, dtype, meta.get("hf_config")), indent=2),
                                       encoding="utf-8")
         copy_tokenizer(source.tokenizer, staging)

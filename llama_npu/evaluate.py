@@ -140,7 +140,8 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: int = 2048, b
     from .data.tokenizer import load_tokenizer
     from .pretrained import resolve_weights
 
-    # The tokenizer and the data are checked before the model is built.
+    # The device, the tokenizer and the data are checked before the model is built.
+    select_device(device)
     tokenizer = load_tokenizer(resolve_weights(Path(checkpoint)).tokenizer)
     records = [r for f in data_files for r in read_records([f], detect_format(Path(f)))]
     _, loss_cell, _ = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device)

@@ -50,7 +50,7 @@ class PreflightError(RuntimeError):
 def _collect(problems: list, check: Callable, *args):
     """Run one check; a user error it raises becomes one problem line."""
     from .checkpoint import CheckpointError
-    from .convert import ConvertError
+    from .weights_format import ConvertError
     from .data.readers import RecordError
     from .data.tokenizer import TokenizerError
 

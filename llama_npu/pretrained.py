@@ -17,14 +17,17 @@ step directory, whose adapters are folded into the base its recipe names (model.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
+import numpy as np
+
 from .checkpoint import CheckpointError, problem, step_dirs_newest_first
-from .convert import (CONFIG, LORA_A, WEIGHTS, ConvertError, expected_shapes, merge_adapters, read_checkpoint_dir,
-                      rename)
 from .model import LlamaShape
+from .weights_format import (CONFIG, LORA_A, WEIGHTS, ConvertError, StoredTensor, ckpt_index, dequantize,
+                             expected_shapes, lora_factors, rename, to_float32)
 
 
 def expected_tensors(shape: LlamaShape) -> Dict[str, tuple]:
@@ -34,63 +37,37 @@ def expected_tensors(shape: LlamaShape) -> Dict[str, tuple]:
 
 # ---------------------------------------------------------------- the file's record headers
 
-def _varint(fh) -> int:
-    shift = result = 0
-    while True:
-        byte = fh.read(1)
-        if not byte:
-            raise EOFError("truncated")
-        result |= (byte[0] & 0x7F) << shift
-        if byte[0] < 0x80:
-            return result
-        shift += 7
-
-
-def _tensor_dims(fh, end: int) -> list:
-    dims = []
-    while fh.tell() < end:
-        if _varint(fh) == 0x08:  # dims, proto2 unpacked: one varint each
-            dims.append(_varint(fh))
-        else:  # tensor_type or tensor_content: skipped, not read
-            fh.seek(_varint(fh), 1)
-    return dims
+def checkpoint_tensors(path: Path) -> Dict[str, StoredTensor]:
+    """name -> where each tensor of a MindSpore .ckpt is (weights_format.ckpt_index)."""
+    try:
+        return ckpt_index(path)
+    except (EOFError, ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({exc})") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror})") from None
 
 
 def tensor_index(path: Path) -> Dict[str, tuple]:
-    """name -> shape of every tensor in a MindSpore .ckpt, seeking past the tensor data.
+    """name -> shape of every tensor in a MindSpore .ckpt, from its record headers."""
+    return {name: tensor.shape for name, tensor in checkpoint_tensors(path).items()}
 
-    The file is a sequence of protobuf Checkpoint.Value records (mindspore/train/
-    checkpoint_pb2.py: Value{tag = 1, tensor = 2}, TensorProto{dims = 1, tensor_type = 2,
-    tensor_content = 3}); a large tensor is several records of one tag, each with the full
-    dims (mindspore/train/serialization.py _write_parameter_data). A CRC-checked file ends
-    with b"crc_num" and 10 bytes of CRC."""
-    path = Path(path)
-    size = path.stat().st_size
-    shapes: Dict[str, tuple] = {}
-    with open(path, "rb") as fh:
-        fh.seek(max(size - 17, 0))
-        end = size - 17 if fh.read(7) == b"crc_num" else size
-        fh.seek(0)
-        try:
-            while fh.tell() < end:
-                if _varint(fh) != 0x0A:  # Checkpoint.value
-                    raise ValueError("unexpected record")
-                value_end = _varint(fh) + fh.tell()
-                name, dims = None, None
-                while fh.tell() < value_end:
-                    key, length = _varint(fh), _varint(fh)
-                    if key == 0x0A:
-                        name = fh.read(length).decode()
-                    elif key == 0x12:
-                        dims = _tensor_dims(fh, fh.tell() + length)
-                    else:
-                        fh.seek(length, 1)
-                if name is None or fh.tell() != value_end:
-                    raise ValueError("malformed record")
-                shapes[name] = tuple(dims or ())
-        except (EOFError, ValueError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({exc})") from None
-    return shapes
+
+def read_adapters(path: Path) -> Dict[str, np.ndarray]:
+    """A LoRA step's model.ckpt as float32 arrays (adapters are small: read whole)."""
+    return {name: to_float32(t.read(), t.code) for name, t in checkpoint_tensors(path).items()}
+
+
+def read_checkpoint_dir(src: Path) -> tuple[LlamaShape, dict]:
+    """(shape, config.json) of a directory written by convert hf-to-ms (or a full step)."""
+    path = Path(src) / CONFIG
+    if not path.is_file():
+        raise ConvertError(f"{src}: no {CONFIG}; expected a directory written by llama-npu convert hf-to-ms")
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    if meta.get("format") != "llama-npu":
+        hint = (" (a Hugging Face directory: convert it first with llama-npu convert hf-to-ms --src "
+                f"{src} --dst DIR)" if meta.get("model_type") else "")
+        raise ConvertError(f"{path}: not a llama-npu checkpoint description{hint}")
+    return LlamaShape(**meta["shape"]), meta
 
 
 def verify_tensors(found: Dict[str, tuple], shape: LlamaShape, source) -> None:
@@ -147,8 +124,6 @@ def read_weights(path: Path, meta: dict) -> dict:
     except (ValueError, RuntimeError, OSError) as exc:
         raise CheckpointError(f"{path} is damaged or unreadable ({exc})") from None
     if meta.get("quantization"):  # int8 + scales -> the float weights they stand for
-        from .quantize import dequantize
-
         weights = {k: ms.Tensor(v) for k, v in dequantize({k: p.asnumpy() for k, p in weights.items()}).items()}
     return weights
 
@@ -237,12 +212,17 @@ def fold_adapters(weights: dict, adapters_path: Path, alpha: float) -> dict:
     """`weights` with W + (alpha / rank) B A for every adapter pair in `adapters_path`."""
     import mindspore as ms
 
-    adapters = {k: v.astype(ms.float32).asnumpy() for k, v in read_weights(adapters_path, {}).items()}
-    targets = {name[: -len(LORA_A)] + "weight" for name in adapters if name.endswith(LORA_A)}
-    base = {t: weights[t].astype(ms.float32).asnumpy() for t in targets if t in weights}
-    if not merge_adapters(base, adapters, alpha):
+    adapters = read_adapters(adapters_path)
+    targets = [name[: -len(LORA_A)] + "weight" for name in adapters if name.endswith(LORA_A)]
+    if not targets:
         raise CheckpointError(f"{adapters_path}: no LoRA adapters ({LORA_A}) to merge")
-    return dict(weights, **{t: ms.Tensor(v) for t, v in base.items()})
+    folded = {}
+    for target in targets:
+        if target not in weights:
+            raise CheckpointError(f"{adapters_path}: adapter of {target}, which the base weights lack")
+        b, a = lora_factors(adapters, target, alpha)
+        folded[target] = ms.Tensor(weights[target].astype(ms.float32).asnumpy() + b @ a)
+    return dict(weights, **folded)
 
 
 def model_weights(resolved: ResolvedWeights) -> tuple[LlamaShape, dict, dict]:

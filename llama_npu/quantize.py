@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Dict
 
 import numpy as np
 
 from .atomic import staged_directory
-from .convert import CONFIG, WEIGHTS, ConvertError
+from .pretrained import model_weights, resolve_weights
+from .weights_format import CONFIG, INT8_SCALE, WEIGHTS, ConvertError
 
 LINEAR = re.compile(r"^model\.layers\.\d+\.(attention\.w[qkvo]|feed_forward\.w[123])\.weight$")
-SCALE = ".int8_scale"
 
 
 def quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -31,21 +30,8 @@ def quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
-def dequantize(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """Float weights from a quantized checkpoint's arrays (scales folded back in)."""
-    out = {}
-    for name, value in weights.items():
-        if name.endswith(SCALE):
-            continue
-        scale = weights.get(name + SCALE)
-        out[name] = value.astype(np.float32) * scale[:, None] if scale is not None else value.astype(np.float32)
-    return out
-
-
 def quantize_checkpoint(src: Path, dst: Path) -> dict:
     import mindspore as ms
-
-    from .pretrained import model_weights, resolve_weights
 
     src, dst = Path(src), Path(dst)
     if dst.exists():
@@ -60,7 +46,7 @@ def quantize_checkpoint(src: Path, dst: Path) -> dict:
     for name, value in loaded.items():
         if LINEAR.match(name):
             q, scale = quantize_rows(value.astype(np.float32))
-            params += [{"name": name, "data": ms.Tensor(q)}, {"name": name + SCALE, "data": ms.Tensor(scale)}]
+            params += [{"name": name, "data": ms.Tensor(q)}, {"name": name + INT8_SCALE, "data": ms.Tensor(scale)}]
             after += q.nbytes + scale.nbytes
             layers += 1
         else:

@@ -25,7 +25,8 @@ CHUNK = 16  # chunked CE must still cut the rehearsal's 32-token sequences into 
 def _checkpoint_shape(directory: str):
     """The shape a model.checkpoint directory describes, or None if it cannot be read
     (pre-flight reports why against the full recipe)."""
-    from .convert import ConvertError, read_checkpoint_dir
+    from .pretrained import read_checkpoint_dir
+    from .weights_format import ConvertError
 
     try:
         return read_checkpoint_dir(Path(directory))[0]

@@ -117,7 +117,7 @@ def pretrained_hf_config(recipe: Recipe) -> Optional[dict]:
     """The Hugging Face config the run started from, carried into its checkpoints."""
     if not recipe.model.checkpoint:
         return None
-    from .convert import read_checkpoint_dir
+    from .pretrained import read_checkpoint_dir
 
     return read_checkpoint_dir(Path(recipe.model.checkpoint))[1].get("hf_config")
 

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from llama_npu.convert import read_safetensors
+from llama_npu.weights_format import read_safetensors
 
 from llama_npu.recipe import load_recipe, recipe_from_dict
 from llama_npu.rehearse import STEPS as REHEARSAL_STEPS
