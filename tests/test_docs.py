@@ -55,6 +55,7 @@ def mirror(path: Path) -> Path:
     return path.with_name(path.name[:-len(".md")] + ".zh-CN.md")
 
 
+@pytest.mark.quick
 def test_readme_is_read_in_one_sitting():
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines; move reference material into docs/"
@@ -64,6 +65,7 @@ def test_readme_is_read_in_one_sitting():
 
 @pytest.mark.parametrize("page", [p for p in PAGES if not p.name.endswith(".zh-CN.md")],
                          ids=lambda p: p.relative_to(REPO).as_posix())
+@pytest.mark.quick
 def test_every_page_has_a_chinese_mirror_with_the_same_headings(page):
     zh = mirror(page)
     assert zh.exists(), f"{zh.relative_to(REPO)} is missing"
@@ -73,11 +75,13 @@ def test_every_page_has_a_chinese_mirror_with_the_same_headings(page):
         f"{page.name} headings {headings(page)} do not match {zh.name} headings {headings(zh)}")
 
 
+@pytest.mark.quick
 def test_every_chinese_page_mirrors_an_english_one():
     orphans = [p.name for p in PAGES if p.name.endswith(".zh-CN.md") and not mirror(p).exists()]
     assert not orphans
 
 
+@pytest.mark.quick
 def test_every_local_link_and_anchor_resolves():
     dead = []
     for page in PAGES:
