@@ -16,7 +16,8 @@ def build_network(recipe: Recipe, on_ascend: bool, variable_length: bool = False
     broadcasting one of seq_length (mindformers/modules/transformer/transformer.py
     LowerTriangularMaskWithDynamic)."""
     from .loss import CausalLMLoss
-    from .model import build_model, llama_config, resolve_shape
+    from .architecture import resolve_shape
+    from .model import build_model, llama_config
     from .pretrained import load_pretrained
     from .strategies.chunked_ce import head_loss
     from .strategies.lora import apply_lora, frozen_base_dtypes

@@ -21,8 +21,9 @@ from typing import Dict
 
 from .atomic import staged_directory
 from .console import note, tracked_items
+from .architecture import VOCAB_SIZE, LlamaShape
 from .data.tokenizer import default_tokenizer_path, tokenizer_path
-from .model import MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA, VOCAB_SIZE, LlamaShape
+from .model import MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA
 from .pretrained import (ResolvedWeights, checkpoint_tensors, read_adapters, read_checkpoint_dir, resolve_weights,
                          verify_tensors)
 from .weights_format import (CODES, CONFIG, HF_WEIGHTS, INT8_SCALE, LORA_A, WEIGHTS, CkptWriter, ConvertError,

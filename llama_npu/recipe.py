@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -16,6 +17,13 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import yaml
+
+# Leaves only (modules that import nothing from the package), so that every other module may
+# import this one and a bad recipe is refused before MindSpore is touched.
+from .architecture import LINEAR_LAYERS, PRESETS, SIZE_KEYS, matched_layers, resolve_shape
+from .data.formats import FORMATS, ON_BAD_RECORD
+from .launcher import launched_workers
+from .memory.devices import DEVICE_TARGETS, DeviceError, parse_bytes
 
 
 class RecipeError(ValueError):
@@ -179,8 +187,6 @@ def with_absolute_paths(recipe: Recipe) -> Recipe:
     """The recipe with its file paths resolved against the current directory, as a run
     stores it (its recipe.yaml), so that eval, generate, ms-to-hf and resume find the same
     files from any directory. The tokenizer name llama3.2 is a name, not a path."""
-    import os
-
     def absolute(path: str) -> str:
         return os.path.abspath(path) if path else path
 
@@ -190,10 +196,6 @@ def with_absolute_paths(recipe: Recipe) -> Recipe:
         data=dataclasses.replace(d, train_files=[absolute(p) for p in d.train_files], prepared=absolute(d.prepared),
                                  eval_files=[absolute(p) for p in d.eval_files],
                                  tokenizer=d.tokenizer if d.tokenizer == "llama3.2" else absolute(d.tokenizer)))
-
-
-PRESETS = ("tiny", "llama3.2-1b", "llama3.2-3b")
-DEVICE_NAMES = {"cpu": "cpu", "910a": "ascend", "910b": "ascend", "910b4": "ascend"}
 
 
 # ---------------------------------------------------------------- loading and coercion
@@ -367,8 +369,6 @@ def resolve_data_parallel(recipe: Recipe, workers: Optional[int]) -> None:
     if par.data is not None:
         return
     if workers is None:
-        from .strategies.parallel import launched_workers  # imported here: it imports this module
-
         workers = launched_workers()
     for name in ("model", "pipeline"):
         _positive(f"strategies.parallel.{name}", getattr(par, name))
@@ -424,15 +424,22 @@ def validate(recipe: Recipe) -> None:
     problems = _Problems()
     check = problems.check
     check(_choice, "model.preset", m.preset, PRESETS)
-    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+    for name in SIZE_KEYS:
         value = getattr(m, name)
         if value is not None:
             check(_positive, f"model.{name}", value)
-    from .model import resolve_shape  # imported here: model.py imports this module
-
-    shape_ok = not problems and check(resolve_shape, m) is not None
-    check(_choice, "data.format", d.format, ("alpaca", "sharegpt", "text"))
-    check(_choice, "data.on_bad_record", d.on_bad_record, ("error", "skip"))
+    shape_ok = not problems
+    if shape_ok:
+        shape = resolve_shape(m)
+        if shape.hidden_size % shape.num_heads:
+            problems.append(f"model.hidden_size={shape.hidden_size} is not divisible by "
+                            f"model.num_heads={shape.num_heads}")
+        if shape.num_heads % shape.num_kv_heads:
+            problems.append(f"model.num_heads={shape.num_heads} is not divisible by "
+                            f"model.num_kv_heads={shape.num_kv_heads} (grouped-query attention)")
+        shape_ok = not problems
+    check(_choice, "data.format", d.format, FORMATS)
+    check(_choice, "data.on_bad_record", d.on_bad_record, ON_BAD_RECORD)
     if bool(d.train_files) == bool(d.prepared):
         problems.append("data: expected either data.train_files (raw files) or data.prepared (a "
                         "prepare-data directory), not both or neither")
@@ -463,11 +470,16 @@ def validate(recipe: Recipe) -> None:
             problems.append(f"train.optimizer.{name}: expected a value in [0, 1), got {value}")
     check(_positive, "train.optimizer.eps", o.eps)
 
-    check(_choice, "device.name", dev.name, tuple(DEVICE_NAMES))
+    check(_choice, "device.name", dev.name, tuple(DEVICE_TARGETS))
     check(_choice, "device.target", dev.target, ("cpu", "ascend"))
-    if DEVICE_NAMES.get(dev.name, dev.target) != dev.target:
-        problems.append(f"device.name={dev.name} runs on target '{DEVICE_NAMES[dev.name]}', "
+    if DEVICE_TARGETS.get(dev.name, dev.target) != dev.target:
+        problems.append(f"device.name={dev.name} runs on target '{DEVICE_TARGETS[dev.name]}', "
                         f"but device.target={dev.target}")
+    if dev.max_device_memory:
+        try:
+            parse_bytes(dev.max_device_memory)
+        except DeviceError as exc:
+            problems.append(f"device.max_device_memory: {exc}")
 
     check(_choice, "strategies.precision.amp_level", p.amp_level, ("O0", "O1", "O2", "O3"))
     check(_choice, "strategies.precision.dtype", p.dtype, ("float16", "bfloat16"))
@@ -502,9 +514,6 @@ def validate(recipe: Recipe) -> None:
 
 
 def _validate_memory_strategies(recipe: Recipe) -> None:
-    from .model import resolve_shape
-    from .strategies.lora import LINEAR_LAYERS, matched_layers
-
     s = recipe.strategies
     _choice("strategies.recompute.mode", s.recompute.mode, ("none", "full", "selective"))
     num_layers = resolve_shape(recipe.model).num_layers
@@ -531,8 +540,6 @@ def _validate_memory_strategies(recipe: Recipe) -> None:
 
 def _validate_parallel(recipe: Recipe) -> None:
     """Every layout that cannot work is refused here, before anything is built."""
-    from .model import resolve_shape
-
     par, shape, t = recipe.strategies.parallel, resolve_shape(recipe.model), recipe.train
     for name in ("data", "model", "pipeline", "micro_batches"):
         _positive(f"strategies.parallel.{name}", getattr(par, name))

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .architecture import SIZE_KEYS, resolve_shape
+from .model import fused_kernels
 from .recipe import Recipe, accumulation_steps, recipe_from_dict
+from .strategies.parallel import is_sharded, pipeline_micro_batches
 
 SEQ_LEN = 32
 STEPS = 3
@@ -25,6 +28,7 @@ CHUNK = 16  # chunked CE must still cut the rehearsal's 32-token sequences into 
 def _checkpoint_shape(directory: str):
     """The shape a model.checkpoint directory describes, or None if it cannot be read
     (pre-flight reports why against the full recipe)."""
+    # imported here: the weights format loads numpy, needless for validate
     from .pretrained import read_checkpoint_dir
     from .weights_format import ConvertError
 
@@ -38,9 +42,6 @@ def rehearse(recipe: Recipe, workers: int = 1) -> tuple[Recipe, list, list]:
     """(the rehearsal recipe, what was changed, what cannot be rehearsed on this CPU).
     `workers`: the processes it runs on; more than one (scripts/launch.sh RECIPE N
     --rehearse) rehearses data parallel over them."""
-    from .model import resolve_shape
-    from .strategies.parallel import is_sharded, pipeline_micro_batches
-
     tree = recipe.to_dict()
     changed, not_rehearsed = [], []
 
@@ -56,7 +57,7 @@ def rehearse(recipe: Recipe, workers: int = 1) -> tuple[Recipe, list, list]:
     m, d, t, s = recipe.model, recipe.data, recipe.train, recipe.strategies
     if m.preset != "tiny":  # a tiny recipe, size overrides and all, is small enough already
         change("model.preset", "tiny")
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+        for name in SIZE_KEYS:
             change(f"model.{name}", None)
     tiny = resolve_shape(type(m)(**tree["model"]))
     if m.checkpoint and _checkpoint_shape(m.checkpoint) != tiny:
@@ -65,8 +66,6 @@ def rehearse(recipe: Recipe, workers: int = 1) -> tuple[Recipe, list, list]:
                              f"against the full recipe)")
 
     if recipe.device.target != "cpu":
-        from .model import fused_kernels
-
         kernels = "flash attention, the fused RmsNorm" if fused_kernels(True, recipe.device.name) else \
             "its attention and RmsNorm kernels"
         not_rehearsed.append(f"the {recipe.device.name}'s kernels ({kernels}) and its "

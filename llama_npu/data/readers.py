@@ -15,8 +15,6 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from .chat_template import Message
 
-FORMATS = ("alpaca", "sharegpt", "text")
-
 
 class RecordError(ValueError):
     """A bad input record or file. `reason` is a short key for the skip report."""
@@ -236,7 +234,6 @@ def iter_records(paths, fmt: str) -> Iterator[Record | RecordError]:
             raise RecordError(f"{path}: no records (empty input)")
 
 
-BAD_RECORD_CHOICES = ("error", "skip")  # prepare-data --on-bad-record, a recipe's data.on_bad_record
 FIRST_LINES_KEPT = 5
 
 

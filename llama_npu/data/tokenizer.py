@@ -12,7 +12,8 @@ import hashlib
 import importlib.resources
 from pathlib import Path
 
-from ..model import BOS_ID, EOT_ID, VOCAB_SIZE
+from ..architecture import VOCAB_SIZE
+from ..model import BOS_ID, EOT_ID
 
 # The special tokens data/chat_template.py and data/samples.py build rows from, at the ids
 # the model's config (model.py: bos_token_id, eos_token_id) and generate's stop ids expect.
