@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from llama_npu.convert import hf_config  # noqa: E402
-from llama_npu.model import PRESETS  # noqa: E402
+from llama_npu.architecture import PRESETS  # noqa: E402
 from llama_npu.weights_format import (HF_WEIGHTS, SafetensorsWriter, expected_shapes, row_blocks,  # noqa: E402
                                       safetensors_index)
 

@@ -364,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge-checkpoints", help="merge the per-rank shards of a sharded run")
     merge.add_argument("run_dir", help="the run's output directory")
     merge.add_argument("--step", type=int, help="step to merge (default: newest complete on every rank)")
-    merge.add_argument("--dst", required=True, help="merged .ckpt file to write")
+    merge.add_argument("--dst", required=True, help="a .ckpt file to write, or a directory to create (model.ckpt "
+                                                    "and config.json: what eval, generate and convert ms-to-hf take)")
     merge.set_defaults(func=cmd_merge)
 
     prep = sub.add_parser("prepare-data", help="tokenize raw data into a MindRecord directory")

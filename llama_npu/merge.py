@@ -10,6 +10,7 @@ checkpoint transformation does, mindformers/tools/ckpt_transform/transform_check
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from .architecture import resolve_shape
+from .atomic import staged_directory
 from .checkpoint import WEIGHTS, checkpoint_root, read_state
 from .stored_recipe import STORED_RECIPE, stored_recipe
 
@@ -53,10 +56,33 @@ def source_strategy(run_dir: Path, work_dir: Path) -> Path:
     return merged
 
 
+def model_description(run_dir: Path, weights: Path) -> dict:
+    """config.json for merged whole weights, as train writes it beside a step's model.ckpt:
+    the run's shape, the weights' dtype and the Hugging Face config of the base it started
+    from, so that eval, generate and convert ms-to-hf take the directory."""
+    from .pretrained import checkpoint_tensors, read_checkpoint_dir  # imported here: numpy, needless for --help
+
+    recipe = stored_recipe(run_dir)
+    if recipe.strategies.lora.enabled:
+        raise MergeError(f"{run_dir}: a LoRA run's shards hold adapters, not a model; merge them into a .ckpt "
+                         f"--dst and export with convert ms-to-hf --src BASE --weights FILE --merge-lora")
+    codes = {t.code for t in checkpoint_tensors(weights).values()}
+    base = read_checkpoint_dir(Path(recipe.model.checkpoint))[1] if recipe.model.checkpoint else {}
+    return {"format": "llama-npu", "shape": resolve_shape(recipe.model).__dict__,
+            "dtype": {"F16": "float16", "BF16": "bfloat16"}.get(min(codes), "float32"), "source": str(run_dir),
+            "hf_config": base.get("hf_config")}
+
+
 def merge_shards(run_dir: Path, dst: Path, step: Optional[int] = None) -> Path:
+    """The shards of `step` (default: the newest complete on every rank) merged into `dst`:
+    a .ckpt file, or a directory (model.ckpt and config.json) that eval, generate and
+    convert ms-to-hf take as they take a converted one."""
     import mindspore as ms
 
     run_dir, dst = Path(run_dir), Path(dst)
+    as_directory = dst.suffix != ".ckpt"
+    if as_directory and dst.exists():
+        raise MergeError(f"{dst} exists; remove it or choose another --dst")
     ranks = rank_dirs(run_dir)
     if not ranks:
         raise MergeError(f"{run_dir}: no checkpoints/rank_<R> directories; only runs with model, pipeline "
@@ -80,5 +106,11 @@ def merge_shards(run_dir: Path, dst: Path, step: Optional[int] = None) -> Path:
                                  src_strategy_file=str(strategy), dst_strategy_file=None)
         merged = next((Path(tmp) / "dst").rglob("*.ckpt"))
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(merged), str(dst))
+        if not as_directory:
+            shutil.move(str(merged), str(dst))
+            return dst
+        description = model_description(run_dir, merged)
+        with staged_directory(dst) as staging:
+            shutil.move(str(merged), str(staging / WEIGHTS))
+            (staging / "config.json").write_text(json.dumps(description, indent=2), encoding="utf-8")
     return dst

@@ -496,3 +496,12 @@ def test_merge_checkpoints_joins_the_shards_of_every_pipeline_stage(ms, tmp_path
     merged = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "merged.ckpt")).items()}
     assert sorted(merged) == ["model.layers.0.w", "model.layers.1.w"]
     assert merged["model.layers.0.w"].mean() == 1.0 and merged["model.layers.1.w"].mean() == 2.0
+    # --dst a directory: the merged weights with the config.json eval, generate and ms-to-hf read
+    from llama_npu.architecture import resolve_shape
+    from llama_npu.pretrained import read_checkpoint_dir, resolve_weights
+
+    run_cli("merge-checkpoints", run, "--dst", tmp_path / "merged", check=True)
+    assert (tmp_path / "merged" / "model.ckpt").read_bytes() == (tmp_path / "merged.ckpt").read_bytes()
+    shape, meta = read_checkpoint_dir(tmp_path / "merged")
+    assert shape == resolve_shape(load_recipe(run / "recipe.yaml").model) and meta["dtype"] == "float32"
+    assert resolve_weights(tmp_path / "merged").weights == tmp_path / "merged" / "model.ckpt"
