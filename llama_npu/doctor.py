@@ -46,6 +46,8 @@ def _cpu_backend_works() -> str:
 def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
     import psutil
 
+    from .preflight import check_data  # imported here: it loads numpy, needless for --help
+
     lines = []
     versions = {p: _version(p) for p in ("mindspore", "mindformers", "numpy", "llama-npu")}
     lines.append("versions       " + ", ".join(f"{k} {v}" for k, v in versions.items()))
@@ -79,5 +81,9 @@ def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
             verdict = f"needs Ascend {recipe.device.name}: no NPU or CANN environment here"
         if recipe.device.name == "910a":
             verdict += " (910A: outside MindFormers 1.9's supported hardware)"
+        problems = check_data(recipe)  # train's data check: a recipe that reads its data wrong runs nowhere
+        if problems:
+            more = f" (and {len(problems) - 1} more: llama-npu validate lists them)" if len(problems) > 1 else ""
+            verdict = f"cannot start: {problems[0]}{more}"
         lines.append(f"  {path.name:<40} {verdict}")
     return lines, (1 if cpu_error and not has_npu else 0)

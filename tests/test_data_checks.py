@@ -181,3 +181,12 @@ def test_a_rehearsal_lists_each_problem_once(tmp_path):
                    tmp_path / "run", "--set", f"data.train_files=[{tmp_path / 'gone.jsonl'}]")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"llama-npu: error: {tmp_path / 'gone.jsonl'}: file not found"]
+
+
+def test_doctor_does_not_say_runs_here_for_a_recipe_that_reads_its_data_wrong(tmp_path):
+    (tmp_path / "wrong.yaml").write_text(SMOKE.read_text().replace("format: alpaca", "format: sharegpt"))
+    proc = run_cli("doctor", "--recipes", tmp_path)
+    line = next(line for line in proc.stdout.splitlines() if "wrong.yaml" in line)
+    assert "runs here" not in line and ("cannot start: data.format=sharegpt: no record of "
+                                        "data/zh_instruct_train.jsonl parses") in line
+    assert "'instruction', an alpaca field" in line

@@ -189,7 +189,8 @@ def _wrong_format(raw: object, fmt: str, error: RecordError) -> RecordError:
         found = [key for key in keys if key in raw]
         if other != fmt and found:
             where = str(error).split(": ", 1)[0]
-            return RecordError(f"{where}: read as {fmt}, but the record has '{found[0]}', a {other} field: "
+            article = "an" if other[0] in "aeiou" else "a"
+            return RecordError(f"{where}: read as {fmt}, but the record has '{found[0]}', {article} {other} field: "
                                f"pass --format {other} (data.format: {other} in a recipe)",
                                f"{other} record read as {fmt}")
     return error
