@@ -176,8 +176,10 @@ def test_operator_sharding_is_refused_on_cpu():
 
 
 @pytest.mark.quick
-def test_validate_command_reports_the_layout():
-    proc = run_cli("validate", SMOKE, "--set", "strategies.parallel.data=2", "--workers", "2")
+def test_validate_command_reports_the_layout(tmp_path):
+    # its own output directory: validate judges train's default, runs/cpu_smoke, which a smoke run fills
+    proc = run_cli("validate", SMOKE, "--set", "strategies.parallel.data=2", "--workers", "2", "--output-dir",
+                   tmp_path / "run")
     assert proc.returncode == 0 and "2 worker(s), data parallel" in proc.stdout
 
 
