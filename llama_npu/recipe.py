@@ -354,7 +354,8 @@ def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers:
         problems.check(_apply_override, tree, assignment)
     recipe = _build(Recipe, tree, "", problems)
     # A key refused above keeps its default, so the checks below still see well-typed values.
-    if problems.check(resolve_data_parallel, recipe, workers) is None and recipe.strategies.parallel.data is None:
+    problems.check(resolve_data_parallel, recipe, workers)
+    if recipe.strategies.parallel.data is None:  # an auto that did not resolve: the rest checked as one process
         recipe.strategies.parallel.data = 1
     problems.check(validate, recipe)
     problems.raise_any()
