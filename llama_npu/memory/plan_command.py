@@ -7,8 +7,12 @@ the plan (with --fit: some plan) fits, 1 when none does, so scripts can branch o
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tempfile
 from dataclasses import asdict, fields, replace
+from importlib import metadata
 from pathlib import Path
 from typing import List
 
@@ -18,6 +22,7 @@ from ..atomic import replace_file
 from ..architecture import resolve_shape
 from ..model import MAX_POSITIONS, count_parameters
 from ..recipe import Recipe, RecipeError, load_recipe, recipe_from_dict
+from ..runtime import mute_mindformers_info, quiet_frameworks
 from .devices import DEVICE_TARGETS, GB, get_device, parse_bytes
 from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb, strategy_from_recipe
 
@@ -95,10 +100,6 @@ def cached_parameter_count(shape) -> int:
     """The real model's parameter count (model.count_parameters builds it without weights,
     which needs MindSpore: ~3 s), remembered per shape and MindFormers version in the user's
     cache directory so later plans answer in well under 2 s."""
-    import hashlib
-    import os
-    from importlib import metadata
-
     key = hashlib.sha256(repr((shape, metadata.version("mindformers"))).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llama-npu" / "param_counts.json"
     try:
@@ -106,10 +107,6 @@ def cached_parameter_count(shape) -> int:
     except (OSError, ValueError):
         counts = {}
     if key not in counts:
-        import tempfile
-
-        from ..runtime import mute_mindformers_info, quiet_frameworks
-
         quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "plan")
         mute_mindformers_info()
         counts[key] = count_parameters(shape)
