@@ -11,6 +11,7 @@ prompt too long even at zero shots is cut. Requests (`construct_requests`), metr
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -118,8 +119,11 @@ def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, 
     reason = why if chat is None else ("--chat" if chat else "--no-chat")
     net, _, tokenizer = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device)
     lm = MindSporeLM(net, load_tokenizer(tokenizer), max_seq_len, batch_size)
+    started = time.perf_counter()
     records, counts = score(lm, tasks, data, shots, chat_on)
+    seconds = time.perf_counter() - started
     return {"checkpoint": str(checkpoint), "chat": chat_on, "chat_reason": reason, **counts,
+            "scoring_seconds": seconds, "questions_per_second": len(records) / seconds,
             **summarize(data.layout.task, records, {s: t.config.__dict__ for s, t in tasks.items()}),
             "records": records}
 
