@@ -230,3 +230,43 @@ def test_bad_data_is_one_line_naming_the_file_and_line_and_writes_nothing(tmp_pa
     assert len(lines) == 1 and lines[0].startswith("llama-npu: error: "), proc.stderr
     assert message.format(data=data) in lines[0], lines[0]
     assert not out.exists() and proc.stdout == ""
+
+
+# ---------------------------------------------------------------- the adapter's other two requests
+
+def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir, conversions):
+    """loglikelihood_rolling (perplexity tasks) over disjoint --max-seq-len windows, and
+    generate_until (generative tasks) greedy and cut at its `until` string, as transformers
+    computes them on the same model."""
+    from lm_eval import utils
+    from lm_eval.api.instance import Instance
+
+    from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.evaluate import build_from_checkpoint
+    from llama_npu.exams.lm_adapter import MindSporeLM
+
+    reference = hf_dir[1]
+    net, _, _ = build_from_checkpoint(conversions["float32"], 16)
+    tok = load_tokenizer("llama3.2")
+    lm = MindSporeLM(net, tok, max_seq_len=16, batch_size=2, progress=False)
+    text = "长江是中国最长的河流，黄河是中国第二长的河流，它们都向东流入大海。"
+    tokens = tok.encode(text, add_special_tokens=False).ids
+    windows = list(map(utils.make_disjoint_window, utils.get_rolling_token_windows(
+        token_list=tokens, prefix_token=128000, max_seq_len=16, context_len=1)))
+    assert len(windows) > 1 and sum(len(c) for _, c in windows) == len(tokens)
+    expected = 0.0
+    with torch.no_grad():
+        for context, continuation in windows:
+            logits = reference(torch.tensor([context + continuation[:-1]])).logits[0, -len(continuation):]
+            expected += torch.log_softmax(logits.double(), -1)[torch.arange(len(continuation)), continuation].sum().item()
+    [ours] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    assert ours == pytest.approx(expected, abs=1e-3)
+
+    prompt = "长江流入"
+    [reply] = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["\n"], "max_gen_toks": 6}), 0)])
+    ids = [128000] + tok.encode(prompt, add_special_tokens=False).ids
+    assert len(ids) + 6 <= 16  # not cut
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=[128001, 128008,
+                                 128009], pad_token_id=128004)[0, len(ids):].tolist()
+    assert reply == tok.decode([t for t in out if t not in (128001, 128008, 128009)]).split("\n")[0]
