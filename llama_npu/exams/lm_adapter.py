@@ -32,6 +32,16 @@ MARKER_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"
 CHAT_MARKERS = re.compile("(" + "|".join(map(re.escape, MARKER_TOKENS)) + ")")
 
 
+def head_rows(needed: int) -> int:
+    """Rows of one head call: a power of two from 8 to EVAL_CHUNK, so a batch of four
+    one-token questions computes 8 rows of logits, not EVAL_CHUNK, and the head compiles
+    for at most six shapes."""
+    rows = 8
+    while rows < needed:
+        rows *= 2
+    return min(rows, EVAL_CHUNK)
+
+
 def target_head(lm_head):
     """A cell: (hidden (C, H), targets (C, K)) -> (log p of each target (C, K), argmax (C,))."""
     import mindspore as ms
@@ -150,7 +160,7 @@ class MindSporeLM(TemplateLM):
                         owners.append(group)
                 for c in range(0, len(flat), EVAL_CHUNK):
                     positions = flat[c:c + EVAL_CHUNK]
-                    pad = EVAL_CHUNK - len(positions)
+                    pad = head_rows(len(positions)) - len(positions)
                     chunk = ops.gather(hidden, ms.Tensor(positions + [0] * pad, ms.int32), 0)  # (C, H)
                     targets = np.array(slot_targets[c:c + EVAL_CHUNK] + [[0] * TARGETS] * pad, dtype=np.int32)
                     picked, best = self.head(chunk, ms.Tensor(targets))
