@@ -45,8 +45,8 @@ def chat_default(checkpoint: Path) -> tuple[bool, str]:
             fmt = ((yaml.safe_load((run / "recipe.yaml").read_text(encoding="utf-8")) or {}).get("data") or {}) \
                 .get("format", "alpaca")
             if fmt in ("alpaca", "sharegpt"):
-                return True, f"the run trained on {fmt} data in the Llama 3 chat format"
-            return False, f"the run trained on {fmt} data"
+                return True, f"a run trained on {fmt} data"
+            return False, f"a run trained on {fmt} data"
     return False, "not a run directory"
 
 
