@@ -1,5 +1,6 @@
 """`llama-npu eval`: mean loss per target token and perplexity of a converted checkpoint, a
-step or a run directory over JSONL records (text, alpaca or ShareGPT, told apart by their keys).
+step or a run directory, or a Hugging Face directory, over JSONL or JSON-array records (text,
+alpaca or ShareGPT, told apart by their keys). `eval --task` (benchmark scores) is exams/.
 
 Memory stays proportional to the records, not to --max-seq-len: records are sorted by
 length, each batch is padded only to the bucket (a power of two from 64 tokens up to
