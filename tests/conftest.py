@@ -104,8 +104,8 @@ def run_launch(recipe, workers, *args, log_dir, env=None, timeout=300) -> subpro
 @pytest.fixture(scope="session")
 def hf_dir(tmp_path_factory):
     """A tiny random Llama 3.2 (llama3 RoPE scaling, GQA 4/2, tied embeddings) saved by transformers."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch  # the test extra's reference implementation (imported here: quick tests need no torch)
+    import transformers
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

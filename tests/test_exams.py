@@ -1,21 +1,23 @@
 """`llama-npu eval --task ceval|cmmlu|mmlu` on the shipped samples, checked question by
 question against `transformers` on the same prompt ids, and the prompts against lm-eval's
 task files; the bad layouts it refuses."""
+import csv
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch  # the test extra's reference implementation: a missing torch is an error, never a skip
+import transformers
 import yaml
+import lm_eval.tasks
 
 from conftest import REPO, run_cli
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 SAMPLES = {task: REPO / "data" / f"{task}_sample" for task in ("ceval", "cmmlu", "mmlu")}
-LM_EVAL_TASKS = Path(__import__("lm_eval.tasks", fromlist=["tasks"]).__file__).parent
+LM_EVAL_TASKS = Path(lm_eval.tasks.__file__).parent
 CUT_TO = 280  # --max-seq-len of the C-Eval 5-shot run: some of its prompts (247-310 tokens) lose shots
 
 # name -> (checkpoint kind, task, shots, extra arguments): each layout at 0 and 5 shots, each
@@ -106,7 +108,7 @@ def test_prompts_are_lm_evals_from_its_task_files(exam_runs):
     assert template["doc_to_text"].endswith("答案：") and template["fewshot_config"]["sampler"] == "first_n"
 
     def rows(path):
-        return list(__import__("csv").DictReader(path.open(encoding="utf-8")))
+        return list(csv.DictReader(path.open(encoding="utf-8")))
 
     def question(row):
         return f"{row['question'].strip()}\nA. {row['A']}\nB. {row['B']}\nC. {row['C']}\nD. {row['D']}\n答案："
