@@ -15,23 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 from typing import Dict
 
 from .atomic import staged_directory
 from .console import note, tracked_items
 from .architecture import VOCAB_SIZE, LlamaShape
-from .data.tokenizer import default_tokenizer_path, tokenizer_path
+from .data.tokenizer import default_tokenizer_path
+from .hf_export_files import write_model_files
 from .model import MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA
 from .pretrained import (ResolvedWeights, checkpoint_tensors, read_adapters, read_checkpoint_dir, resolve_weights,
                          verify_tensors)
 from .weights_format import (CODES, CONFIG, HF_WEIGHTS, INT8_SCALE, LORA_A, WEIGHTS, CkptWriter, ConvertError,
                              SafetensorsWriter, StoredTensor, dequantize_rows, expected_shapes, from_float32,
                              lora_factors, rename, row_blocks, safetensors_index, to_float32)
-
-# What transformers' AutoTokenizer reads from an export directory.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 # ---------------------------------------------------------------- Hugging Face side
@@ -125,15 +122,6 @@ def _export_source(src: Path, weights: Path | None, merge_lora: bool):
     return resolve_weights(src)
 
 
-def copy_tokenizer(tokenizer: str, dst: Path) -> None:
-    """The tokenizer files next to the tokenizer.json the run trained with."""
-    directory = tokenizer_path(tokenizer).parent
-    for name in TOKENIZER_FILES:
-        if (directory / name).is_file():
-            shutil.copyfile(directory / name, dst / name)
-
-
-
 def _converted_blocks(stored: StoredTensor, code: str):
     """`stored` in dtype `code`, one row block at a time."""
     array = stored.read()
@@ -191,7 +179,8 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
     adapters are folded into the base its recipe names); `weights`: a model.ckpt to export
     instead of src's own (for example a fine-tuned step's). With `merge_lora`, `weights`
     holds a LoRA run's adapters, folded into src's base weights. The export carries the
-    tokenizer files, so transformers loads model and tokenizer from it."""
+    tokenizer files with a Llama 3 chat template and its stop tokens (hf_export_files), so
+    transformers loads model and tokenizer from it and chats as the run was trained to."""
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
@@ -212,7 +201,5 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
             writer.write(hf_name, _exported_blocks(stored, rename(hf_name, to_ms=True), CODES[dtype], adapters,
                                                    source.alpha))
         writer.close()
-        (staging / CONFIG).write_text(json.dumps(hf_config(shape, dtype, meta.get("hf_config")), indent=2),
-                                      encoding="utf-8")
-        copy_tokenizer(source.tokenizer, staging)
+        write_model_files(staging, hf_config(shape, dtype, meta.get("hf_config")), source.tokenizer)
     return dst

@@ -7,8 +7,12 @@ the plan (with --fit: some plan) fits, 1 when none does, so scripts can branch o
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tempfile
 from dataclasses import asdict, fields, replace
+from importlib import metadata
 from pathlib import Path
 from typing import List
 
@@ -19,6 +23,7 @@ from ..architecture import resolve_shape
 from ..data.readers import detect_format
 from ..model import MAX_POSITIONS, count_parameters
 from ..recipe import Recipe, RecipeError, load_recipe, recipe_from_dict
+from ..runtime import mute_mindformers_info, quiet_frameworks
 from .devices import DEVICE_TARGETS, GB, get_device, parse_bytes
 from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb, strategy_from_recipe
 
@@ -96,10 +101,6 @@ def cached_parameter_count(shape) -> int:
     """The real model's parameter count (model.count_parameters builds it without weights,
     which needs MindSpore: ~3 s), remembered per shape and MindFormers version in the user's
     cache directory so later plans answer in well under 2 s."""
-    import hashlib
-    import os
-    from importlib import metadata
-
     key = hashlib.sha256(repr((shape, metadata.version("mindformers"))).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llama-npu" / "param_counts.json"
     try:
@@ -107,10 +108,6 @@ def cached_parameter_count(shape) -> int:
     except (OSError, ValueError):
         counts = {}
     if key not in counts:
-        import tempfile
-
-        from ..runtime import mute_mindformers_info, quiet_frameworks
-
         quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "plan")
         mute_mindformers_info()
         counts[key] = count_parameters(shape)
@@ -144,7 +141,7 @@ def check_arguments(args) -> None:
     if args.model and args.model not in MODELS:
         raise RecipeError(f"--model: expected llama3.2-1b or llama3.2-3b, got {args.model!r}")
     if args.model and not args.device:
-        raise RecipeError("--model needs --device (910a, 910b, 910b4 or cpu); a recipe names its own device.name")
+        raise RecipeError(f"--model needs --device ({', '.join(DEVICE_TARGETS)}); a recipe names its own device.name")
     if args.devices is not None and args.devices < 1:
         raise RecipeError(f"--devices: expected a count > 0, got {args.devices}")
     if args.seq_len is not None and not 0 < args.seq_len <= MAX_POSITIONS:
