@@ -461,3 +461,32 @@ def test_merge_checkpoints_joins_the_shards_of_every_pipeline_stage(ms, tmp_path
     merged = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "merged.ckpt")).items()}
     assert sorted(merged) == ["model.layers.0.w", "model.layers.1.w"]
     assert merged["model.layers.0.w"].mean() == 1.0 and merged["model.layers.1.w"].mean() == 2.0
+
+
+def test_sharded_loss_keeps_packed_rows_apart_on_the_910a_path(ms):
+    """The 910A (no flash attention) with a sharded layout and packed rows: the sharded
+    step's loss, on what CPU can run of it (stand-alone mode, flash attention off as on the
+    910A), gives each packed sample the summed loss it has alone. Before the fix the uint8
+    mask was added to the scores and the samples saw each other."""
+    from llama_npu.data.packing import pack
+    from llama_npu.data.samples import Sample, pad_batch
+    from llama_npu.model import IGNORE_ID, PAD_ID, build_model, llama_config, resolve_shape
+    from llama_npu.strategies.sharded_step import TrainLoss
+
+    recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
+    ms.set_seed(0)
+    net = build_model(llama_config(resolve_shape(recipe.model), 16, on_ascend=False, calculate_per_token_loss=True))
+    assert not net.config.use_flash_attention
+    net.set_train(True)
+    rng = np.random.default_rng(1)
+    samples = [Sample(list(ids), [IGNORE_ID] + list(ids[1:]), None)
+               for ids in (rng.integers(0, 1000, 7), rng.integers(0, 1000, 9))]
+    loss = TrainLoss(net, 1, 16)
+    alone = [loss(*map(ms.Tensor, pad_batch([s], 17, PAD_ID))) for s in samples]
+    (row,) = pack(samples, 17)
+    numerator, denominator = loss(*map(ms.Tensor, pad_batch([row], 17, PAD_ID)))
+    assert numerator.asnumpy().item() == pytest.approx(sum(n.asnumpy().item() for n, _ in alone), rel=1e-5)
+    assert denominator.asnumpy().item() == 6 + 8
+    ids, labels, _ = pad_batch([row], 17, PAD_ID)
+    leaky, _ = loss(ms.Tensor(ids), ms.Tensor(labels))  # the same row without its mask
+    assert abs(leaky.asnumpy().item() - numerator.asnumpy().item()) > 1e-3
