@@ -17,9 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
 from .checkpoint import WEIGHTS, checkpoint_root, read_state
+from .stored_recipe import STORED_RECIPE, stored_recipe
 
 
 class MergeError(RuntimeError):
@@ -42,12 +41,11 @@ def source_strategy(run_dir: Path, work_dir: Path) -> Path:
     if not files:
         raise MergeError(f"{strategy_dir}: no rank_<R>.ckpt strategy files; each rank of a sharded run writes "
                          f"its own when its train graph compiles")
-    try:
-        recipe = yaml.safe_load((Path(run_dir) / "recipe.yaml").read_text(encoding="utf-8"))
-        stages = int(recipe["strategies"]["parallel"]["pipeline"])
-    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
-        raise MergeError(f"{Path(run_dir) / 'recipe.yaml'}: cannot read strategies.parallel.pipeline "
-                         f"({exc}); the run writes it at start") from None
+    recipe = stored_recipe(run_dir)
+    if recipe is None:
+        raise MergeError(f"{Path(run_dir) / STORED_RECIPE}: not found; the run writes it at start and merging "
+                         f"needs its strategies.parallel.pipeline")
+    stages = recipe.strategies.parallel.pipeline
     if stages == 1:
         return strategy_dir / "rank_0.ckpt"
     merged = Path(work_dir) / "merged_strategy.ckpt"

@@ -232,7 +232,8 @@ def check_mask_packed(ctx: Context, fault=None) -> Check:
 def check_mask_packed_sharded_loss(ctx: Context, fault=None) -> Check:
     """The same for the sharded layouts' loss (strategies/sharded_step.py TrainLoss), in
     stand-alone mode: its own mask and head, no sharding needed to check them."""
-    from .model import build_model, llama_config, resolve_shape
+    from .architecture import resolve_shape
+    from .model import build_model, llama_config
     from .strategies.sharded_step import TrainLoss
 
     import mindspore as ms
@@ -268,7 +269,8 @@ def check_mask_flash_vs_plain(ctx: Context, fault=None) -> Check:
 
 def _plain_network(recipe):
     from .loss import CausalLMLoss
-    from .model import build_model, llama_config, resolve_shape
+    from .architecture import resolve_shape
+    from .model import build_model, llama_config
 
     config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, True, device_name=recipe.device.name)
     config.use_flash_attention = False
@@ -290,9 +292,8 @@ def check_memory_vs_plan(ctx: Context, fault=None) -> Check:
     import mindspore as ms
 
     from .memory.devices import get_device
-    from .memory.plan_command import strategy_from_recipe
-    from .memory.planner import estimate
-    from .model import resolve_shape
+    from .memory.planner import estimate, strategy_from_recipe
+    from .architecture import resolve_shape
 
     worst = 0.0
     for overrides in ((*FP16, "strategies.precision.loss_scale=dynamic"),
@@ -443,7 +444,7 @@ def check_export_exact(ctx: Context, fault=None) -> Check:
     weights bit-exactly. `fault`: export in float16."""
     from .checkpoint import save_checkpoint
     from .convert import read_safetensors, rename, ms_to_hf
-    from .model import resolve_shape
+    from .architecture import resolve_shape
 
     recipe, net, cell = build(ctx)
     train_step(recipe, net, cell)([random_batch(2, 51)], lr=1e-2)

@@ -14,9 +14,9 @@ import mindspore as ms
 
 from llama_npu.build import build_network
 from llama_npu.optim import build_optimizer
+from llama_npu.launcher import is_scheduler
 from llama_npu.recipe import load_recipe
-from llama_npu.strategies.parallel import (auto_parallel_context, eval_layout, init_parallel, is_scheduler,
-                                           run_scheduler, strategy_file)
+from llama_npu.strategies.parallel import auto_parallel_context, eval_layout, init_parallel, run_scheduler, strategy_file
 from llama_npu.strategies.precision import LossScaler
 from llama_npu.strategies.sharded_step import ShardedStep
 
