@@ -200,7 +200,6 @@ def cmd_profile(args) -> int:
 
 def cmd_selftest(args) -> int:
     from .selftest import run_selftest
-    from .strategies.parallel import is_scheduler, run_scheduler
 
     if is_scheduler():  # msrun runs the command as its scheduler too (scripts/launch.sh --selftest)
         run_scheduler()

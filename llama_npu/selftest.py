@@ -499,7 +499,7 @@ def _version(package: str) -> str:
 def set_up(device: str, speed: bool) -> Context:
     import mindspore as ms
 
-    from .strategies.parallel import launched_workers
+    from .launcher import launched_workers
 
     if device == "ascend" and not has_npu():
         raise SelftestError("selftest --device ascend: no Ascend NPU on this host (no /dev/davinci_manager, "
