@@ -57,8 +57,12 @@ def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, tmp_pat
     assert len(logs) == 2 and len(digests) == 1, "ranks must hold bit-identical weights"
     got, want = final_weights(ms, out), final_weights(ms, single)
     assert got.keys() == want.keys()
+    # Adam divides each gradient element by its own running magnitude, so a different fp32
+    # summation order (all-reduce vs one batch) in a near-zero element moves that weight by a
+    # fraction of the learning rate, not of the gradient: allow 1% of one step's update (lr 3e-3;
+    # measured here: 1.03e-5 on 1 of 2048 embedding weights with 2 x 2 micro-batches).
     for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-5)  # Adam: tiny grads, tiny drift
+        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=0.01 * 3.0e-3)
     for a, b in zip(read_metrics(out), read_metrics(single)):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["samples_consumed"] == b["samples_consumed"]
