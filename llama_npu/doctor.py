@@ -86,4 +86,6 @@ def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
             more = f" (and {len(problems) - 1} more: llama-npu validate lists them)" if len(problems) > 1 else ""
             verdict = f"cannot start: {problems[0]}{more}"
         lines.append(f"  {path.name:<40} {verdict}")
+    lines.append("next           llama-npu selftest --json selftest.json proves each Ascend-only path on this "
+                 "device in minutes; attach its JSON to a bug report (docs/ascend.md)")
     return lines, (1 if cpu_error and not has_npu else 0)
