@@ -168,9 +168,10 @@ def resume_candidates(run_dir: Path, resume: Optional[str]) -> list:
                               f"--resume PATH to pick one, or --overwrite to start again")
         return complete
     path = Path(resume)
-    if not path.is_dir() or read_state(path) is None:
-        raise RunDirError(f"--resume {path}: not a complete checkpoint directory (expected a step_<N> "
-                          f"directory holding model.ckpt, optimizer.ckpt and state.json)")
+    reason = problem(path) if path.is_dir() else "no such directory"
+    if reason:
+        raise RunDirError(f"--resume {path}: not a complete checkpoint directory ({reason}); expected a step_<N> "
+                          f"directory holding model.ckpt, optimizer.ckpt and state.json")
     return [path]
 
 
