@@ -446,18 +446,20 @@ def test_evaluation_leaves_the_train_graphs_strategy_file_alone(ms, tmp_path):
 
 
 def test_merge_checkpoints_joins_the_shards_of_every_pipeline_stage(ms, tmp_path):
-    """Two pipeline stages of one rank each: rank 0 holds layer 0, rank 1 layer 1, each
-    with its stage's strategy file. The merged checkpoint has both layers' values."""
+    """Two pipeline stages of one rank each: rank 0 owns layer 0, rank 1 layer 1, each with
+    its stage's strategy file. Each rank's file also holds a stale copy of the other stage's
+    layer (as every rank saved every parameter before #19): the merged checkpoint has each
+    layer's value from its owning stage."""
     from llama_npu.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
     run.mkdir()
     (run / "recipe.yaml").write_text("strategies: {parallel: {pipeline: 2}}\n")
     for rank in (0, 1):
-        name = f"model.layers.{rank}.w"
-        write_stage_strategy(run / "strategy" / f"rank_{rank}.ckpt", rank, name)
-        weight = ms.Parameter(ms.Tensor(np.full((4, 4), rank + 1.0, np.float32)), name=name)
-        save_checkpoint(run / "checkpoints" / f"rank_{rank}", 1, [weight], [], {})
+        write_stage_strategy(run / "strategy" / f"rank_{rank}.ckpt", rank, f"model.layers.{rank}.w")
+        both = [ms.Parameter(ms.Tensor(np.full((4, 4), rank + 1.0 if layer == rank else -1.0, np.float32)),
+                             name=f"model.layers.{layer}.w") for layer in (0, 1)]
+        save_checkpoint(run / "checkpoints" / f"rank_{rank}", 1, both, [], {})
     proc = run_cli("merge-checkpoints", run, "--dst", tmp_path / "merged.ckpt")
     assert proc.returncode == 0, proc.stderr
     merged = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "merged.ckpt")).items()}
