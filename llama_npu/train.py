@@ -1,7 +1,11 @@
-"""The training loop: build -> wrap -> step -> log -> checkpoint.
+"""A training run: `run_training` checks, tokenizes and opens the run directory;
+`setup(recipe, run_dir, ...) -> Session` builds the network, train step, data stream,
+evaluation, metrics and checkpointer and resumes; `run_loop(session, signals)` steps, logs,
+evaluates and checkpoints.
 
-Strategy logic lives in llama_npu/strategies; this file only wires the pieces together and
-runs them in order, so the whole loop reads in one sitting.
+Strategy logic lives in llama_npu/strategies and the checkpoint policy in checkpointer.py;
+this file only wires the pieces together and runs them in order, so the loop reads in one
+sitting.
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import re
 import resource
 import shlex
 import signal
@@ -48,6 +49,7 @@ class Cell:
     exit_status: Optional[int] = None
     seconds_to_exit: Optional[float] = None
     last_line: str = ""
+    ranks_stopped_at: tuple = ()  # the step each rank's "stopped by ... after step N" names
     resumed_from: Optional[int] = None
     steps_lost: Optional[int] = None
     exact: Optional[bool] = None
@@ -161,6 +163,8 @@ def run_cell(fault: str, moment: str, reference: dict, work: Path) -> Cell:
     said = [line for line in stderr.splitlines() if not line.startswith("launch: continue with: ")]
     cell.last_line = said[-1].split("; continue with: ")[0] if said else ""
     trained = max(metric_steps(out), default=0)
+    cell.ranks_stopped_at = tuple(int(m.group(1)) for r in (0, 1) if (m := re.search(
+        r"stopped by \w+ after step (\d+)", _read(logs / "msrun" / f"worker_{r}.log"))))
     env, words = continue_command(stderr)
     resumed_logs = work / "resumed"
     resumed = launch(words, resumed_logs, env)
