@@ -204,6 +204,8 @@ def main(argv=None) -> int:
                         default=[f"{f}:{m}" for f in FAULTS for m in MOMENTS])
     parser.add_argument("--json", type=Path, help="also write the cells as JSON here")
     parser.add_argument("--work", type=Path, help="keep every launch's directory here (default: a temporary one)")
+    parser.add_argument("--reference", type=Path, metavar="RUN_DIR",
+                        help="an uninterrupted launch of the same arguments to compare with (default: run one)")
     args = parser.parse_args(argv)
     cells_asked = [tuple(c.split(":", 1)) for c in args.cells]
     for fault, moment in cells_asked:
@@ -211,7 +213,7 @@ def main(argv=None) -> int:
             parser.error(f"--cells {fault}:{moment}: expected FAULT:MOMENT with FAULT in {', '.join(FAULTS)} and "
                          f"MOMENT in {', '.join(MOMENTS)}")
     work = args.work or Path(tempfile.mkdtemp(prefix="fault-matrix-"))
-    reference = reference_run(work / "reference")
+    reference = losses(args.reference) if args.reference else reference_run(work / "reference")
     cells = []
     for fault, moment in cells_asked:
         try:
