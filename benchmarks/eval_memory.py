@@ -32,7 +32,7 @@ def write_checkpoint(directory: Path) -> None:
 
     import mindspore as ms
 
-    from llama_npu.model import PRESETS
+    from llama_npu.architecture import PRESETS
     from llama_npu.pretrained import expected_tensors
 
     shape = PRESETS["tiny"]

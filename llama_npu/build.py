@@ -6,7 +6,16 @@ head+loss cell. Precision's loss scaling and accumulation act on the step (train
 """
 from __future__ import annotations
 
+from .architecture import resolve_shape
+from .loss import CausalLMLoss
+from .model import build_model, llama_config
+from .pretrained import load_pretrained
 from .recipe import Recipe
+from .strategies.chunked_ce import head_loss
+from .strategies.lora import apply_lora, frozen_base_dtypes
+from .strategies.parallel import mindformers_model_options, mindformers_parallel_config
+from .strategies.precision import model_dtypes
+from .strategies.recompute import recompute_config
 
 
 def build_network(recipe: Recipe, on_ascend: bool, variable_length: bool = False):
@@ -15,15 +24,6 @@ def build_network(recipe: Recipe, on_ascend: bool, variable_length: bool = False
     MindFormers' is_dynamic then slices its causal mask to each input's length instead of
     broadcasting one of seq_length (mindformers/modules/transformer/transformer.py
     LowerTriangularMaskWithDynamic)."""
-    from .loss import CausalLMLoss
-    from .model import build_model, llama_config, resolve_shape
-    from .pretrained import load_pretrained
-    from .strategies.chunked_ce import head_loss
-    from .strategies.lora import apply_lora, frozen_base_dtypes
-    from .strategies.parallel import mindformers_model_options, mindformers_parallel_config
-    from .strategies.precision import model_dtypes
-    from .strategies.recompute import recompute_config
-
     s = recipe.strategies
     dtypes = model_dtypes(s.precision)
     if s.lora.enabled:

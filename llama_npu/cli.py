@@ -9,10 +9,25 @@ a second signal (exit at once).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 from pathlib import Path
 
-from .stopping import PREEMPTED, RunFailure
+from .console import note
+from .data.formats import FORMATS
+from .doctor import diagnose
+from .evaluate import evaluate_checkpoint
+from .launcher import is_scheduler
+from .memory.devices import DEVICE_TARGETS, DeviceError
+from .memory.plan_command import run_plan
+from .merge import merge_shards
+from .recipe import RecipeError, load_recipe
+from .rehearse import rehearse
+from .runtime import quiet_frameworks
+from .stopping import PREEMPTED, RunFailure, StopSignals
+from .stored_recipe import STORED_RECIPE, stored_recipe
+from .strategies.parallel import describe_layout, run_scheduler
 
 BAD_INPUT = 2
 
@@ -26,19 +41,16 @@ def _run_request(args):
     """(recipe, run dir, rehearsal report or None, problems found while getting them) of a
     `train` or `validate` command line. With --resume and --output-dir and no recipe file,
     the recipe is the run's own recipe.yaml."""
-    from .preflight import STORED_RECIPE, check_rehearsed_recipe
-    from .recipe import RecipeError, load_recipe
-    from .rehearse import rehearse
+    from .preflight import check_rehearsed_recipe  # imported here: it loads numpy, which --help does not need
 
     if args.recipe is None:
         if not (args.resume and args.output_dir):
             raise RecipeError(f"{args.command}: name a recipe file, or pass --resume and --output-dir to "
                               f"continue a run with its own {STORED_RECIPE}")
-        path = Path(args.output_dir) / STORED_RECIPE
-        if not path.is_file():
+        recipe = stored_recipe(Path(args.output_dir), args.set)
+        if recipe is None:
             raise RecipeError(f"--output-dir {args.output_dir} has no {STORED_RECIPE} to resume with; "
                               f"name the recipe file")
-        recipe = load_recipe(path, args.set)
     else:  # validate --workers N resolves strategies.parallel.data=auto as msrun's N workers will
         recipe = load_recipe(args.recipe, args.set, workers=getattr(args, "workers", None))
     stem = Path(args.recipe).stem if args.recipe else ""
@@ -51,16 +63,11 @@ def _run_request(args):
 
 
 def cmd_train(args) -> int:
-    from .strategies.parallel import is_scheduler, run_scheduler
-
     if is_scheduler():
         run_scheduler()
         return 0
-    from .stopping import StopSignals
-
     signals = StopSignals().start()  # before anything starts a thread: see StopSignals
-    from .console import note
-    from .preflight import PreflightError, resume_command
+    from .preflight import PreflightError, resume_command  # imported here, as train is: they load numpy
     from .train import format_summary, run_training
 
     recipe, run_dir, rehearsal, problems = _run_request(args)
@@ -84,8 +91,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_prepare_data(args) -> int:
-    from .console import note
-    from .data.prepare import format_report, prepare_dataset
+    from .data.prepare import format_report, prepare_dataset  # imported here: it loads numpy, which --help does not need
 
     meta = prepare_dataset(args.format, args.input, Path(args.output), tokenizer=args.tokenizer,
                            max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
@@ -97,9 +103,7 @@ def cmd_prepare_data(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .preflight import check_output_dir, preflight
-    from .recipe import RecipeError
-    from .strategies.parallel import describe_layout
+    from .preflight import check_output_dir, preflight  # imported here: it loads numpy, which --help does not need
 
     try:
         recipe, run_dir, rehearsal, problems = _run_request(args)
@@ -124,24 +128,18 @@ def cmd_validate(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from .merge import merge_shards
-
     path = merge_shards(Path(args.run_dir), Path(args.dst), args.step)
     print(f"merged weights written to {path}")
     return 0
 
 
 def cmd_plan(args) -> int:
-    from .memory.plan_command import run_plan
-
     output, code = run_plan(args)
     print(output)
     return code
 
 
 def cmd_doctor(args) -> int:
-    from .doctor import diagnose
-
     lines, code = diagnose(Path(args.recipes))
     print("\n".join(lines))
     if code:
@@ -150,7 +148,7 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .convert import hf_to_ms, ms_to_hf
+    from .convert import hf_to_ms, ms_to_hf  # imported here: it loads numpy, which --help does not need
 
     if args.direction == "hf-to-ms":
         out = hf_to_ms(Path(args.src), Path(args.dst), args.dtype or "float32")
@@ -162,12 +160,6 @@ def cmd_convert(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    import json
-    import tempfile
-
-    from .evaluate import evaluate_checkpoint
-    from .runtime import quiet_frameworks
-
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "eval")
     result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size, args.device)
     if args.json:
@@ -180,10 +172,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    import tempfile
-
-    from .generate import generate
-    from .runtime import quiet_frameworks
+    from .generate import generate  # imported here: it loads numpy, which --help does not need
 
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "generate")
     generate(Path(args.checkpoint), args.prompt, args.system, args.max_new_tokens, greedy=not args.temperature,
@@ -194,7 +183,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_quantize(args) -> int:
-    from .quantize import quantize_checkpoint
+    from .quantize import quantize_checkpoint  # imported here: it loads numpy, which --help does not need
 
     report = quantize_checkpoint(Path(args.checkpoint), Path(args.dst))
     print(f"quantized {report['linear_layers']} linear layers: {report['bytes_before']:,} bytes -> "
@@ -203,7 +192,7 @@ def cmd_quantize(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from .profile import format_result, run_profile
+    from .profile import format_result, run_profile  # imported here: it loads numpy (through train)
 
     recipe = Path(args.recipe)
     out = Path(args.out or Path("runs") / f"{recipe.stem}-profile")
@@ -269,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--model", help="plan llama3.2-1b or llama3.2-3b with default settings instead of a recipe")
     plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a recipe key (repeatable); with --model, a key of its default recipe")
-    plan.add_argument("--device", choices=("910a", "910b", "910b4", "cpu"),
+    plan.add_argument("--device", choices=tuple(DEVICE_TARGETS),
                       help="device to plan for; default: the recipe's device.name (required with --model)")
     plan.add_argument("--devices", type=int,
                       help="devices to plan for; default: the recipe's strategies.parallel data x model x "
@@ -371,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(func=cmd_merge)
 
     prep = sub.add_parser("prepare-data", help="tokenize raw data into a MindRecord directory")
-    prep.add_argument("--format", required=True, choices=("alpaca", "sharegpt", "text"),
+    prep.add_argument("--format", required=True, choices=FORMATS,
                       help="alpaca: instruction/input/output; sharegpt: conversations or messages; "
                            "text: JSONL with a text field")
     prep.add_argument("--input", required=True, nargs="+", metavar="FILE", help="JSON or JSONL files")
@@ -393,15 +382,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def user_errors() -> tuple:
     """What bad input raises, from any command: one line and exit 2, never a traceback."""
+    # Imported when a command fails, not at start: convert and preflight load numpy.
     from .checkpoint import CheckpointError
     from .convert import ConvertError
     from .data.readers import RecordError
     from .merge import MergeError
-    from .recipe import RecipeError
     from .preflight import PreflightError, RunDirError
 
     return (RecipeError, RunDirError, PreflightError, RecordError, CheckpointError, ConvertError, MergeError,
-            FileExistsError, FileNotFoundError)
+            DeviceError, FileExistsError, FileNotFoundError)
 
 
 def main(argv=None) -> int:

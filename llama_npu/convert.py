@@ -20,7 +20,8 @@ import numpy as np
 
 from .atomic import staged_directory
 from .console import note, tracked_items
-from .model import (MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA, VOCAB_SIZE, LlamaShape)
+from .architecture import VOCAB_SIZE, LlamaShape
+from .model import MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA
 
 CONFIG = "config.json"
 WEIGHTS = "model.ckpt"

@@ -8,6 +8,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from .recipe import RecipeError, load_recipe
+
 # From MindFormers 1.9.0's package description ("Version Mapping"): the hardware it supports.
 MINDFORMERS_HARDWARE = "Atlas 800T A2, Atlas 800I A2 and Atlas 900 A3 SuperPoD (Atlas A2/A3)"
 CANN_VARIABLES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH",
@@ -61,8 +63,6 @@ def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
     lines.append(f"supported      MindFormers 1.9 lists {MINDFORMERS_HARDWARE} as its hardware; "
                  f"910A (Atlas training series) runs are outside that list: they train without flash "
                  f"attention and the fused RmsNorm")
-
-    from .recipe import RecipeError, load_recipe
 
     lines.append("recipes")
     for path in sorted(recipes_dir.glob("*.yaml")):

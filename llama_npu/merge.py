@@ -20,9 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
 from .checkpoint import WEIGHTS, rank_roots, read_state
+from .stored_recipe import STORED_RECIPE, stored_recipe
 
 
 class MergeError(RuntimeError):
@@ -30,13 +29,11 @@ class MergeError(RuntimeError):
 
 
 def pipeline_stages(run_dir: Path) -> int:
-    try:
-        recipe = yaml.safe_load((Path(run_dir) / "recipe.yaml").read_text(encoding="utf-8"))
-        stages = int(recipe["strategies"]["parallel"]["pipeline"])
-    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
-        raise MergeError(f"{Path(run_dir) / 'recipe.yaml'}: cannot read strategies.parallel.pipeline "
-                         f"({exc}); the run writes it at start") from None
-    return stages
+    recipe = stored_recipe(run_dir)
+    if recipe is None:
+        raise MergeError(f"{Path(run_dir) / STORED_RECIPE}: not found; the run writes it at start and merging "
+                         f"needs its strategies.parallel.pipeline")
+    return recipe.strategies.parallel.pipeline
 
 
 def stage_parameters(strategy_file: Path) -> set:

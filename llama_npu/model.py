@@ -1,4 +1,4 @@
-"""Llama 3.2 presets -> MindFormers LlamaConfig -> LlamaForCausalLM.
+"""Llama 3.2 shapes (architecture.py) -> MindFormers LlamaConfig -> LlamaForCausalLM.
 
 The architecture constants (llama3 RoPE scaling, theta 500000, tied embeddings, GQA,
 128,256-token vocabulary) are Llama 3.2's published config; FACTS.md records that this
@@ -7,64 +7,18 @@ configuration reproduces the exact 1B and 3B parameter counts and matches the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from .architecture import LlamaShape
 
-from .recipe import ModelSection, RecipeError
-
-VOCAB_SIZE = 128256
 BOS_ID = 128000  # <|begin_of_text|>
 EOT_ID = 128009  # <|eot_id|>
 PAD_ID = 128004  # <|finetune_right_pad_id|>: never a target, masked out of the loss
 IGNORE_ID = -100
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    vocab_size: int = VOCAB_SIZE
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    def describe(self) -> str:
-        return (f"hidden {self.hidden_size}, {self.num_layers} layers, {self.num_heads} heads / "
-                f"{self.num_kv_heads} KV heads, MLP {self.intermediate_size}, vocab {self.vocab_size:,}")
-
-
-PRESETS = {
-    "llama3.2-1b": LlamaShape(2048, 16, 32, 8, 8192),
-    "llama3.2-3b": LlamaShape(3072, 28, 24, 8, 8192),
-    # Same architecture at a size that trains in seconds on 2 CPU cores; the real tokenizer
-    # keeps the full vocabulary, so the logits dominate its cost exactly as they do at 1B.
-    "tiny": LlamaShape(64, 2, 4, 2, 128),
-}
 
 ROPE_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
 ROPE_THETA = 500000.0
 MAX_POSITIONS = 131072
 RMS_NORM_EPS = 1e-5
-
-
-def resolve_shape(section: ModelSection) -> LlamaShape:
-    """The preset with the recipe's size overrides applied, checked for GQA divisibility."""
-    shape = PRESETS[section.preset]
-    overrides = {name: getattr(section, name) for name in
-                 ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
-                 if getattr(section, name) is not None}
-    shape = replace(shape, **overrides)
-    if shape.hidden_size % shape.num_heads:
-        raise RecipeError(f"model.hidden_size={shape.hidden_size} is not divisible by "
-                          f"model.num_heads={shape.num_heads}")
-    if shape.num_heads % shape.num_kv_heads:
-        raise RecipeError(f"model.num_heads={shape.num_heads} is not divisible by "
-                          f"model.num_kv_heads={shape.num_kv_heads} (grouped-query attention)")
-    return shape
 
 
 def fused_kernels(on_ascend: bool, device_name: str = "") -> bool:

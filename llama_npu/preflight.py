@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import yaml
-
 from .pretrained import check_pretrained
-from .recipe import Recipe, RecipeError, recipe_from_dict
+from .recipe import Recipe, RecipeError
+from .stored_recipe import STORED_RECIPE, stored_recipe
 
 # Changing one of these on resume would train a different model, on different data, or
 # give each step different samples than the checkpoint's run did: refused without --force.
@@ -211,20 +210,6 @@ def check_output_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
 
 
 # ---------------------------------------------------------------- resume with another recipe
-
-STORED_RECIPE = "recipe.yaml"
-
-
-def stored_recipe(run_dir: Path) -> Optional[Recipe]:
-    """The recipe a run was started with (its recipe.yaml), or None when it has none."""
-    path = Path(run_dir) / STORED_RECIPE
-    if not path.is_file():
-        return None
-    try:
-        return recipe_from_dict(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
-    except (RecipeError, yaml.YAMLError) as exc:
-        raise RecipeError(f"{path}: cannot be read as a recipe ({exc})") from None
-
 
 def flatten(tree: dict, prefix: str = "") -> dict:
     flat = {}

@@ -24,7 +24,9 @@ from typing import Dict, Optional
 from .checkpoint import CheckpointError, problem, step_dirs_newest_first
 from .convert import (CONFIG, LORA_A, WEIGHTS, ConvertError, expected_shapes, merge_adapters, read_checkpoint_dir,
                       rename)
-from .model import LlamaShape
+from .architecture import LlamaShape, resolve_shape
+from .recipe import RecipeError
+from .stored_recipe import STORED_RECIPE, stored_recipe
 
 
 def expected_tensors(shape: LlamaShape) -> Dict[str, tuple]:
@@ -108,9 +110,6 @@ def verify_tensors(found: Dict[str, tuple], shape: LlamaShape, source) -> None:
 
 def pretrained_source(recipe) -> tuple[Path, LlamaShape, dict]:
     """(directory, shape, config) of model.checkpoint, checked against `recipe`'s model."""
-    from .model import resolve_shape
-    from .recipe import RecipeError
-
     directory = Path(recipe.model.checkpoint)
     if not directory.is_dir():
         raise CheckpointError(f"model.checkpoint={directory}: no such directory (expected one written by "
@@ -186,12 +185,6 @@ class ResolvedWeights:
     tokenizer: str = "llama3.2"  # the run's data.tokenizer
 
 
-def _run_recipe(run_dir: Path) -> dict:
-    import yaml
-
-    return yaml.safe_load((run_dir / "recipe.yaml").read_text(encoding="utf-8")) or {}
-
-
 def _newest_step(run_dir: Path) -> Path:
     for step in step_dirs_newest_first(run_dir / "checkpoints"):
         if problem(step) is None:
@@ -200,29 +193,28 @@ def _newest_step(run_dir: Path) -> Path:
 
 
 def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
-    recipe = _run_recipe(run_dir)
-    tokenizer = (recipe.get("data") or {}).get("tokenizer") or "llama3.2"
-    lora = (recipe.get("strategies") or {}).get("lora") or {}
-    if not lora.get("enabled"):
+    recipe = stored_recipe(run_dir)
+    tokenizer, lora = recipe.data.tokenizer, recipe.strategies.lora
+    if not lora.enabled:
         if not (step / CONFIG).is_file():
             raise CheckpointError(f"{step}: no {CONFIG} (a sharded run's shards need llama-npu merge-checkpoints)")
         return ResolvedWeights(step, step / WEIGHTS, tokenizer=tokenizer)
-    base = (recipe.get("model") or {}).get("checkpoint")
+    base = recipe.model.checkpoint
     if not base:
         raise CheckpointError(f"{run_dir}: a LoRA run from random weights (its recipe has no model.checkpoint) "
                               f"saved only adapters, which are not a model without their base")
     base = Path(base)
     if not (base / CONFIG).is_file():
         raise CheckpointError(f"{run_dir}: the base its recipe names, model.checkpoint={base}, has no {CONFIG}")
-    return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.get("alpha", 16)), tokenizer)
+    return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.alpha), tokenizer)
 
 
 def resolve_weights(path: Path) -> ResolvedWeights:
     """A converted directory, a step directory, or a run directory (its newest complete step)."""
     path = Path(path)
-    if (path / "recipe.yaml").is_file():
+    if (path / STORED_RECIPE).is_file():
         return _from_run(path, _newest_step(path))
-    if path.parent.name == "checkpoints" and (path.parent.parent / "recipe.yaml").is_file():
+    if path.parent.name == "checkpoints" and (path.parent.parent / STORED_RECIPE).is_file():
         reason = problem(path)
         if reason is not None:
             raise CheckpointError(f"{path} is not a complete checkpoint ({reason})")
@@ -230,7 +222,7 @@ def resolve_weights(path: Path) -> ResolvedWeights:
     if (path / CONFIG).is_file():
         return ResolvedWeights(path, path / WEIGHTS)
     raise CheckpointError(f"{path}: not a converted checkpoint, a run directory or a step directory "
-                          f"(no {CONFIG} or recipe.yaml)")
+                          f"(no {CONFIG} or {STORED_RECIPE})")
 
 
 def fold_adapters(weights: dict, adapters_path: Path, alpha: float) -> dict:

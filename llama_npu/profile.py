@@ -29,9 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from .architecture import resolve_shape
 from .atomic import replace_file
+from .checkpoint import checkpoint_root
 from .console import note
+from .memory.plan_command import cached_parameter_count
 from .recipe import Recipe, RecipeError, load_recipe
+from .train import planned_peak_bytes
 
 GiB = 2 ** 30
 SWITCHES = ("off", "on")
@@ -238,18 +242,12 @@ def measure_run(run_dir: Path) -> dict:
 
 def planned_bytes(recipe: Recipe) -> int:
     """The planner's per-device peak, exactly as the training run logs it."""
-    from .memory.plan_command import cached_parameter_count
-    from .model import resolve_shape
-    from .train import planned_peak_bytes
-
     shape = resolve_shape(recipe.model)
     return planned_peak_bytes(recipe, shape, cached_parameter_count(shape))
 
 
 def run_combo(recipe_path: Path, overrides: List[str], run_dir: Path) -> dict:
     """Train one combination in its own process; its figures, or its error."""
-    from .checkpoint import checkpoint_root
-
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(train_command(recipe_path, run_dir, overrides), capture_output=True, text=True)
     (run_dir.parent / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")

@@ -17,6 +17,13 @@ from typing import Any, List, Optional
 
 import yaml
 
+# Leaves only (modules that import nothing from the package), so that every other module may
+# import this one and a bad recipe is refused before MindSpore is touched.
+from .architecture import LINEAR_LAYERS, PRESETS, SIZE_KEYS, matched_layers, resolve_shape
+from .data.formats import FORMATS
+from .launcher import launched_workers
+from .memory.devices import DEVICE_TARGETS, DeviceError, parse_bytes
+
 
 class RecipeError(ValueError):
     """A recipe problem the user must fix; the message names the key and what was expected."""
@@ -149,10 +156,6 @@ class Recipe:
     def digest(self) -> str:
         text = json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-PRESETS = ("tiny", "llama3.2-1b", "llama3.2-3b")
-DEVICE_NAMES = {"cpu": "cpu", "910a": "ascend", "910b": "ascend", "910b4": "ascend"}
 
 
 # ---------------------------------------------------------------- loading and coercion
@@ -317,8 +320,6 @@ def resolve_data_parallel(recipe: Recipe, workers: Optional[int]) -> None:
     if par.data is not None:
         return
     if workers is None:
-        from .strategies.parallel import launched_workers  # imported here: it imports this module
-
         workers = launched_workers()
     for name in ("model", "pipeline"):
         _positive(f"strategies.parallel.{name}", getattr(par, name))
@@ -370,14 +371,18 @@ def validate(recipe: Recipe) -> None:
     m, d, t, o = recipe.model, recipe.data, recipe.train, recipe.train.optimizer
     p, dev = recipe.strategies.precision, recipe.device
     _choice("model.preset", m.preset, PRESETS)
-    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+    for name in SIZE_KEYS:
         value = getattr(m, name)
         if value is not None:
             _positive(f"model.{name}", value)
-    from .model import resolve_shape  # imported here: model.py imports this module
-
-    resolve_shape(m)
-    _choice("data.format", d.format, ("alpaca", "sharegpt", "text"))
+    shape = resolve_shape(m)
+    if shape.hidden_size % shape.num_heads:
+        raise RecipeError(f"model.hidden_size={shape.hidden_size} is not divisible by "
+                          f"model.num_heads={shape.num_heads}")
+    if shape.num_heads % shape.num_kv_heads:
+        raise RecipeError(f"model.num_heads={shape.num_heads} is not divisible by "
+                          f"model.num_kv_heads={shape.num_kv_heads} (grouped-query attention)")
+    _choice("data.format", d.format, FORMATS)
     if bool(d.train_files) == bool(d.prepared):
         raise RecipeError("data: expected either data.train_files (raw files) or data.prepared (a "
                           "prepare-data directory), not both or neither")
@@ -406,11 +411,16 @@ def validate(recipe: Recipe) -> None:
             raise RecipeError(f"train.optimizer.{name}: expected a value in [0, 1), got {value}")
     _positive("train.optimizer.eps", o.eps)
 
-    _choice("device.name", dev.name, tuple(DEVICE_NAMES))
+    _choice("device.name", dev.name, tuple(DEVICE_TARGETS))
     _choice("device.target", dev.target, ("cpu", "ascend"))
-    if DEVICE_NAMES[dev.name] != dev.target:
-        raise RecipeError(f"device.name={dev.name} runs on target '{DEVICE_NAMES[dev.name]}', "
+    if DEVICE_TARGETS[dev.name] != dev.target:
+        raise RecipeError(f"device.name={dev.name} runs on target '{DEVICE_TARGETS[dev.name]}', "
                           f"but device.target={dev.target}")
+    if dev.max_device_memory:
+        try:
+            parse_bytes(dev.max_device_memory)
+        except DeviceError as exc:
+            raise RecipeError(f"device.max_device_memory: {exc}") from None
 
     _choice("strategies.precision.amp_level", p.amp_level, ("O0", "O1", "O2", "O3"))
     _choice("strategies.precision.dtype", p.dtype, ("float16", "bfloat16"))
@@ -440,9 +450,6 @@ def validate(recipe: Recipe) -> None:
 
 
 def _validate_memory_strategies(recipe: Recipe) -> None:
-    from .model import resolve_shape
-    from .strategies.lora import LINEAR_LAYERS, matched_layers
-
     s = recipe.strategies
     _choice("strategies.recompute.mode", s.recompute.mode, ("none", "full", "selective"))
     num_layers = resolve_shape(recipe.model).num_layers
@@ -469,8 +476,6 @@ def _validate_memory_strategies(recipe: Recipe) -> None:
 
 def _validate_parallel(recipe: Recipe) -> None:
     """Every layout that cannot work is refused here, before anything is built."""
-    from .model import resolve_shape
-
     par, shape, t = recipe.strategies.parallel, resolve_shape(recipe.model), recipe.train
     for name in ("data", "model", "pipeline", "micro_batches"):
         _positive(f"strategies.parallel.{name}", getattr(par, name))

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .architecture import SIZE_KEYS, resolve_shape
+from .model import fused_kernels
 from .recipe import Recipe, RecipeError, accumulation_steps, recipe_from_dict
+from .strategies.parallel import is_sharded, pipeline_micro_batches
 
 SEQ_LEN = 32
 STEPS = 3
@@ -23,7 +26,7 @@ CHUNK = 16  # chunked CE must still cut the rehearsal's 32-token sequences into 
 def _checkpoint_shape(directory: str):
     """The shape a model.checkpoint directory describes, or None if it cannot be read
     (pre-flight reports why against the full recipe)."""
-    from .convert import ConvertError, read_checkpoint_dir
+    from .convert import ConvertError, read_checkpoint_dir  # imported here: convert loads numpy, needless for validate
 
     try:
         return read_checkpoint_dir(Path(directory))[0]
@@ -33,7 +36,7 @@ def _checkpoint_shape(directory: str):
 
 def _prepared_as_raw(prepared: str, seq_len: int) -> dict:
     """The raw files a prepared directory was made from, to tokenize at the rehearsal's length."""
-    from .data.mindrecord import read_meta
+    from .data.mindrecord import read_meta  # imported here: it loads numpy, needless for validate
 
     meta = read_meta(Path(prepared))
     sources = [s["path"] for s in meta.get("sources", [])]
@@ -49,9 +52,6 @@ def _prepared_as_raw(prepared: str, seq_len: int) -> dict:
 
 def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
     """(the rehearsal recipe, what was changed, what cannot be rehearsed on this CPU)."""
-    from .model import resolve_shape
-    from .strategies.parallel import is_sharded, pipeline_micro_batches
-
     tree = recipe.to_dict()
     changed, not_rehearsed = [], []
 
@@ -67,7 +67,7 @@ def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
     m, d, t, s = recipe.model, recipe.data, recipe.train, recipe.strategies
     if m.preset != "tiny":  # a tiny recipe, size overrides and all, is small enough already
         change("model.preset", "tiny")
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+        for name in SIZE_KEYS:
             change(f"model.{name}", None)
     tiny = resolve_shape(type(m)(**tree["model"]))
     if m.checkpoint and _checkpoint_shape(m.checkpoint) != tiny:
@@ -76,8 +76,6 @@ def rehearse(recipe: Recipe) -> tuple[Recipe, list, list]:
                              f"against the full recipe)")
 
     if recipe.device.target != "cpu":
-        from .model import fused_kernels
-
         kernels = "flash attention, the fused RmsNorm" if fused_kernels(True, recipe.device.name) else \
             "its attention and RmsNorm kernels"
         not_rehearsed.append(f"the {recipe.device.name}'s kernels ({kernels}) and its "

@@ -24,8 +24,9 @@ import yaml
 from .checkpoint import inspect
 from .checkpointer import Checkpointer
 from .console import note, progress_bar, warn
-from .preflight import STORED_RECIPE, PreflightError, preflight, recipe_difference, stored_recipe
+from .preflight import PreflightError, preflight, recipe_difference
 from .recipe import Recipe, accumulation_steps
+from .stored_recipe import STORED_RECIPE, stored_recipe
 from .stopping import StopSignals
 
 
@@ -104,8 +105,7 @@ def planned_peak_bytes(recipe: Recipe, shape, params: int) -> int:
     """The planner's per-device peak for this recipe (its total less the free margin),
     logged beside the measured peak."""
     from .memory.devices import get_device
-    from .memory.plan_command import strategy_from_recipe
-    from .memory.planner import estimate
+    from .memory.planner import estimate, strategy_from_recipe
 
     device = get_device(recipe.device.name, recipe.device.max_device_memory)
     plan = estimate(shape, params, device, strategy_from_recipe(recipe, recipe.device.name))
@@ -150,8 +150,8 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     before every pre-flight check and the tokenizing have passed; a start-up that fails or is
     interrupted (stopping.StopSignals) after that removes the run directory it created."""
     from .data.tokenizer import load_tokenizer
+    from .launcher import launched_rank, launched_workers
     from .runtime import init_runtime, quiet_frameworks
-    from .strategies.parallel import launched_rank, launched_workers
 
     run_dir = Path(run_dir)
     rank = launched_rank()
@@ -197,7 +197,7 @@ def setup(recipe: Recipe, run_dir: Path, train_source, eval_samples: list, on_as
     from .build import build_network
     from .data.batches import BatchStream
     from .metrics import MetricLogger
-    from .model import resolve_shape
+    from .architecture import resolve_shape
     from .optim import build_optimizer
     from .strategies.accumulation import TrainStep
     from .strategies.parallel import describe_layout, eval_layout, init_parallel, stream_layout

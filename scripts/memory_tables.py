@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO))
 from llama_npu.memory.devices import DEVICES  # noqa: E402
 from llama_npu.memory.plan_command import cached_parameter_count  # noqa: E402
 from llama_npu.memory.planner import Strategy, estimate, estimate_inference  # noqa: E402
-from llama_npu.model import PRESETS  # noqa: E402
+from llama_npu.architecture import PRESETS  # noqa: E402
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
 

@@ -14,8 +14,9 @@ import mindspore as ms
 
 from llama_npu.data.batches import ListSamples
 from llama_npu.data.samples import Sample
+from llama_npu.launcher import is_scheduler
 from llama_npu.recipe import load_recipe
-from llama_npu.strategies.parallel import is_scheduler, run_scheduler
+from llama_npu.strategies.parallel import run_scheduler
 from llama_npu.strategies.sharded_step import ShardedStep
 from llama_npu.train import setup
 

@@ -1,4 +1,4 @@
-"""The benchmarks the README quotes run, at a reduced size, and print their result line.
+"""The benchmarks docs/profiling-and-benchmarks.md quotes run, at a reduced size, and print their result line.
 Their speed figures are not asserted: at these sizes and on a shared machine they mean
 nothing; eval's host-memory bound is (it does not depend on the machine's load).
 chunked_ce_memory.py is left out: its four child processes take ~40 s even when shrunk."""

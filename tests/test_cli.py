@@ -1,11 +1,14 @@
 """The command line as a user first meets it: --help."""
 import argparse
 
+import pytest
+
 from llama_npu.cli import build_parser
 
 from conftest import run_cli
 
 
+@pytest.mark.quick
 def test_every_option_of_every_command_has_a_help_text():
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     undocumented = {name: [a.dest for a in command._actions if not a.help] for name, command in commands.items()}

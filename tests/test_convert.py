@@ -5,6 +5,8 @@ import re
 
 import numpy as np
 import pytest
+import torch  # the test extra's reference implementation: a missing torch is an error, never a skip
+import transformers
 
 from llama_npu.convert import read_safetensors
 
@@ -13,9 +15,6 @@ from llama_npu.rehearse import STEPS as REHEARSAL_STEPS
 
 from conftest import REPO, SMOKE, read_metrics, run_cli
 from test_shipped_recipes import shrunk
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 
 def logits_of(ms, net, tokens):
@@ -81,6 +80,7 @@ def test_converted_logits_equal_transformers(ms, hf_dir, conversions):
     assert np.abs(ours - theirs).max() < 1e-4
 
 
+@pytest.mark.quick
 def test_round_trip_is_bit_exact_and_transformers_loads_it(hf_dir, tmp_path):
     src, reference = hf_dir
     there = run_cli("convert", "hf-to-ms", "--src", src, "--dst", tmp_path / "ms", check=True)
@@ -145,6 +145,7 @@ def test_bad_sources_name_file_and_tensor_and_write_nothing(hf_dir, tmp_path, br
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
 
 
+@pytest.mark.quick
 def test_eval_with_its_defaults_gives_the_reference_loss(hf_dir, conversions, tmp_path):
     """Defaults: --max-seq-len 2048 and --batch-size 4, each batch padded only to its bucket."""
     from llama_npu.data.tokenizer import load_tokenizer
@@ -169,6 +170,7 @@ def test_eval_with_its_defaults_gives_the_reference_loss(hf_dir, conversions, tm
     assert ours["perplexity"] == pytest.approx(np.exp(total / count), rel=1e-4)
 
 
+@pytest.mark.quick
 def test_greedy_generate_matches_transformers(hf_dir, conversions, ms):
     from llama_npu.data.tokenizer import load_tokenizer
     from llama_npu.generate import STOP_IDS, generate, prompt_ids
@@ -190,7 +192,7 @@ def test_int8_quantization_size_and_loss(shrunk_run, conversions, tmp_path):
     """Quantize a briefly fine-tuned tiny model: the size drops as computed and the held-out
     loss moves by a small amount (eval reports both losses)."""
     from llama_npu.memory.planner import split_params
-    from llama_npu.model import PRESETS
+    from llama_npu.architecture import PRESETS
 
     base = conversions["float32"]
     run, _ = shrunk_run(SMOKE, "float32")  # its rehearsal at lr 0.05 from the conversion

@@ -37,6 +37,7 @@ def reference_ids(messages):
 GOOD = {"instruction": "把这句话翻译成英文", "input": "今天天气很好。", "output": "The weather is nice today."}
 
 
+@pytest.mark.quick
 def test_prepare_data_writes_mindrecord_and_a_complete_report(tmp_path):
     src = write_jsonl(tmp_path / "a.jsonl", [GOOD] * 3 + [{"instruction": "只有问题"}, GOOD])
     out = tmp_path / "prepared"

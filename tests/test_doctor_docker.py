@@ -1,9 +1,12 @@
 """`llama-npu doctor` on this machine and on a broken one; the Dockerfile's instructions."""
 import re
 
+import pytest
+
 from conftest import REPO, run_cli
 
 
+@pytest.mark.quick
 def test_doctor_reports_versions_and_which_recipes_run_here():
     proc = run_cli("doctor")
     assert proc.returncode == 0

@@ -65,6 +65,7 @@ def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, tmp_pat
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in single.iterdir())
 
 
+@pytest.mark.quick
 def test_launch_refuses_a_layout_that_does_not_fill_the_workers(tmp_path):
     proc, _ = launch(tmp_path / "run", 2, "--set", "strategies.parallel.data=1", tmp_path=tmp_path)
     assert proc.returncode == 2
@@ -73,7 +74,18 @@ def test_launch_refuses_a_layout_that_does_not_fill_the_workers(tmp_path):
 
 def ascend(*overrides, workers=None):
     return load_recipe(SMOKE, ["device.target=ascend", "device.name=910b", "model.preset=llama3.2-3b",
-                               "data.max_seq_len=4096", "train.global_batch_size=0", *overrides], workers=workers)
+                               "data.max_seq_len=4096", "train.micro_batch_size=4", "train.global_batch_size=0",
+                               *overrides], workers=workers)
+
+
+def store_recipe(run, pipeline):
+    """A sharded run's recipe.yaml, as train writes it, with `pipeline` stages."""
+    import yaml
+
+    stages = ([f"strategies.parallel.pipeline={pipeline}", "strategies.parallel.micro_batches=2", "data.eval_files=[]"]
+              if pipeline > 1 else ["strategies.parallel.model=2"])
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "recipe.yaml").write_text(yaml.safe_dump(ascend(*stages).to_dict()))
 
 
 def test_semi_auto_configuration_for_model_and_pipeline_parallel(tmp_path):
@@ -93,7 +105,8 @@ def test_semi_auto_configuration_for_model_and_pipeline_parallel(tmp_path):
     # Every rank reads the whole step (full_batch): 1 sample x data 2 x 4 pipeline micro-batches.
     assert stream_layout(par, World(rank=3, size=8, sharded=True), 1) == (8, 0, 1)
     # MindFormers accepts it: the 3B config builds with this layout (no weights allocated).
-    from llama_npu.model import llama_config, resolve_shape
+    from llama_npu.architecture import resolve_shape
+    from llama_npu.model import llama_config
 
     config = llama_config(resolve_shape(recipe.model), 4096, on_ascend=True,
                           parallel_config=mindformers_parallel_config(par))
@@ -143,11 +156,13 @@ def test_operator_sharding_is_refused_on_cpu():
         load_recipe(SMOKE, ["strategies.parallel.optimizer_shard=true"])
 
 
+@pytest.mark.quick
 def test_validate_command_reports_the_layout():
     proc = run_cli("validate", SMOKE, "--set", "strategies.parallel.data=2", "--workers", "2")
     assert proc.returncode == 0 and "2 worker(s), data parallel" in proc.stdout
 
 
+@pytest.mark.quick
 def test_merge_checkpoints_explains_what_it_needs(tmp_path):
     proc = run_cli("merge-checkpoints", tmp_path, "--dst", tmp_path / "m.ckpt")
     assert proc.returncode == 2 and "no checkpoints/rank_<R> directories" in proc.stderr
@@ -300,7 +315,7 @@ def test_merge_uses_the_strategy_of_every_pipeline_stage(ms, tmp_path, pipeline)
     for rank in range(4):
         stage = rank // 2 if pipeline > 1 else 0
         write_stage_strategy(run / "strategy" / f"rank_{rank}.ckpt", stage, f"model.layers.{stage}.w")
-    (run / "recipe.yaml").write_text(f"strategies: {{parallel: {{pipeline: {pipeline}}}}}\n")
+    store_recipe(run, pipeline)
     strategy = source_strategy(run, tmp_path)
     merged = ms.train.node_strategy_pb2.ParallelStrategyMap()
     merged.ParseFromString(strategy.read_bytes())
@@ -407,7 +422,8 @@ def test_mindformers_loss_of_the_sharded_step_equals_our_summed_token_loss(ms):
     Llama with calculate_per_token_loss gives our summed token loss and the target-token
     count the wrapper divides by; the eval loss gives the same sum."""
     from llama_npu.loss import CausalLMLoss
-    from llama_npu.model import build_model, llama_config, resolve_shape
+    from llama_npu.architecture import resolve_shape
+    from llama_npu.model import build_model, llama_config
     from llama_npu.strategies.sharded_step import EvalLoss, TrainLoss
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
@@ -430,7 +446,8 @@ def test_mindformers_loss_of_the_sharded_step_equals_our_summed_token_loss(ms):
 def test_evaluation_leaves_the_train_graphs_strategy_file_alone(ms, tmp_path):
     """Every semi-auto graph compiled while a strategy save file is set writes it; the eval
     network switches saving off before it runs, keeping the train graph's file."""
-    from llama_npu.model import build_model, llama_config, resolve_shape
+    from llama_npu.architecture import resolve_shape
+    from llama_npu.model import build_model, llama_config
     from llama_npu.strategies.sharded_step import eval_network
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
@@ -453,8 +470,7 @@ def test_merge_checkpoints_joins_the_shards_of_every_pipeline_stage(ms, tmp_path
     from llama_npu.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
-    run.mkdir()
-    (run / "recipe.yaml").write_text("strategies: {parallel: {pipeline: 2}}\n")
+    store_recipe(run, pipeline=2)
     for rank in (0, 1):
         write_stage_strategy(run / "strategy" / f"rank_{rank}.ckpt", rank, f"model.layers.{rank}.w")
         both = [ms.Parameter(ms.Tensor(np.full((4, 4), rank + 1.0 if layer == rank else -1.0, np.float32)),

@@ -7,8 +7,9 @@ import pytest
 
 from llama_npu.memory.devices import DEVICES
 from llama_npu.memory.planner import Strategy, estimate, lora_params_per_layer, split_params
-from llama_npu.model import PRESETS, count_parameters
-from llama_npu.recipe import RecipeError, load_recipe
+from llama_npu.architecture import PRESETS
+from llama_npu.model import count_parameters
+from llama_npu.recipe import load_recipe
 
 from conftest import REPO, SMOKE, read_metrics, run_cli
 
@@ -70,7 +71,7 @@ def test_planned_states_are_the_parameters_our_train_step_allocates(ms):
     have exactly the planned gradient + optimizer-state bytes. (Host RSS cannot confirm it:
     the CPU backend's first step adds compile and pool memory several times larger.)"""
     from llama_npu.build import build_network
-    from llama_npu.model import resolve_shape
+    from llama_npu.architecture import resolve_shape
     from llama_npu.optim import build_optimizer
     from llama_npu.strategies.accumulation import TrainStep
     from llama_npu.strategies.precision import LossScaler
@@ -113,6 +114,7 @@ def test_3b_full_finetune_does_not_fit_one_910a_and_fit_finds_a_runnable_plan(tm
     assert recipe.strategies.precision.dtype == "float16"  # 910A has no BF16
 
 
+@pytest.mark.quick
 def test_fit_prefers_sharding_to_lora_when_devices_allow():
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--json")
     best = json.loads(proc.stdout)["recommended"]
@@ -229,15 +231,6 @@ def test_the_written_recipe_trains_as_written_when_shrunk(tmp_path):
     assert re.search(rf"packed into \d+ rows of {SEQ_LEN + 1} tokens \(\d+\.\d% padding\)", train.stdout)
 
 
-def _data_auto_supported() -> bool:
-    try:
-        load_recipe(SMOKE, ["strategies.parallel.data=auto"])
-    except RecipeError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _data_auto_supported(), reason="strategies.parallel.data: auto is not in this recipe schema")
 def test_data_auto_is_resolved_from_devices():
     path = REPO / "recipes" / "llama3_2_3b_zh_full_8x910b.yaml"
     eight = json.loads(run_cli("plan", path, "--set", "strategies.parallel.data=auto", "--devices", "8", "--json",

@@ -6,6 +6,7 @@ from llama_npu.recipe import RecipeError, load_recipe
 from conftest import REPO, SMOKE, run_cli
 
 
+@pytest.mark.quick
 def test_smoke_recipe_loads_and_overrides_coerce_types():
     recipe = load_recipe(SMOKE, ["train.max_steps=20", "train.optimizer.lr=1e-4",
                                  "data.train_on_prompt=true", "data.eval_files=[]"])
@@ -22,7 +23,7 @@ def test_smoke_recipe_loads_and_overrides_coerce_types():
     ("train.max_steps=-3", "train.max_steps: expected a value > 0, got -3"),
     ("train.optimizer.lr=0", "train.optimizer.lr: expected a value > 0, got 0.0"),
     ("train.optimizer.name=adam", "train.optimizer.name: expected one of adamw, sgd, got 'adam'"),
-    ("train.global_batch_size=6", "train.global_batch_size=6 is not divisible by train.micro_batch_size=4"),
+    ("train.micro_batch_size=3", "train.global_batch_size=8 is not divisible by train.micro_batch_size=3"),
     ("model.num_kv_heads=3", "model.num_heads=4 is not divisible by model.num_kv_heads=3"),
 ])
 def test_bad_override_is_a_one_line_error_with_exit_2(tmp_path, override, message):
@@ -53,6 +54,7 @@ def test_bfloat16_on_910a_is_refused():
                             "strategies.precision.amp_level=O2", "strategies.precision.dtype=bfloat16"])
 
 
+@pytest.mark.quick
 def test_every_shipped_recipe_validates():
     recipes = sorted((REPO / "recipes").glob("*.yaml"))
     assert recipes

@@ -219,7 +219,8 @@ def test_ascend_recipes_resolve_flash_attention_for_their_device(ms, name, fused
     """The 910A has neither flash attention nor the fused RmsNorm; its packed rows then take
     the additive block-causal mask the CPU path uses (tests/test_data.py checks that path's
     per-sample losses against unpacked samples)."""
-    from llama_npu.model import llama_config, resolve_shape
+    from llama_npu.architecture import resolve_shape
+    from llama_npu.model import llama_config
 
     r = load_recipe(SMOKE.parent / name)
     config = llama_config(resolve_shape(r.model), r.data.max_seq_len, on_ascend=True, device_name=r.device.name)

@@ -15,8 +15,6 @@ from typing import Iterator, List, Optional, Tuple
 
 from .chat_template import Message
 
-FORMATS = ("alpaca", "sharegpt", "text")
-
 
 class RecordError(ValueError):
     """A bad input record or file. `reason` is a short key for the skip report."""

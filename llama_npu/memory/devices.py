@@ -3,15 +3,20 @@
 `usable_bytes` is what MindSpore may allocate (its max_device_memory): MindFormers' own
 configs use 58 GB on 64 GB parts and about 29 GB is the usual ceiling on 32 GB parts; the
 rest goes to the runtime and HCCL (FACTS.md). `--device-memory` overrides it.
+
+A leaf, and the one list of device names: recipe validation (device.name) and the command
+line (plan --device) read DEVICE_TARGETS.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
 
-from ..recipe import RecipeError
-
 GB = 10**9
+
+
+class DeviceError(ValueError):
+    """An unknown device name or an unreadable memory size: bad input."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,8 @@ DEVICES = {
     "910b": Device("910b", 64 * GB, 58 * GB, True, "Ascend 910B (B2/B3), 64 GB HBM, BF16"),
     "910b4": Device("910b4", 32 * GB, 29 * GB, True, "Ascend 910B4, 32 GB HBM, BF16"),
 }
+# Every name a recipe's device.name may take -> the device.target it runs on.
+DEVICE_TARGETS = {"cpu": "cpu", **{name: "ascend" for name in DEVICES}}
 
 
 def cpu_device() -> Device:
@@ -46,7 +53,7 @@ def get_device(name: str, memory_override: str = "") -> Device:
     elif name in DEVICES:
         device = DEVICES[name]
     else:
-        raise RecipeError(f"unknown device {name!r}; expected one of {', '.join([*DEVICES, 'cpu'])}")
+        raise DeviceError(f"unknown device {name!r}; expected one of {', '.join(DEVICE_TARGETS)}")
     if memory_override:
         device = replace(device, usable_bytes=parse_bytes(memory_override),
                          note=device.note + f", usable memory set to {memory_override}")
@@ -56,6 +63,6 @@ def get_device(name: str, memory_override: str = "") -> Device:
 def parse_bytes(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(GB|G|MB|M)?\s*", text, re.IGNORECASE)
     if not match:
-        raise RecipeError(f"device memory {text!r}: expected a size such as 28GB or 512MB")
+        raise DeviceError(f"device memory {text!r}: expected a size such as 28GB or 512MB")
     value, unit = float(match.group(1)), (match.group(2) or "GB").upper()
     return int(value * (GB if unit.startswith("G") else 10**6))

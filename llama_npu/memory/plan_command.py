@@ -7,39 +7,28 @@ the plan (with --fit: some plan) fits, 1 when none does, so scripts can branch o
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tempfile
 from dataclasses import asdict, fields, replace
+from importlib import metadata
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import yaml
 
 from ..atomic import replace_file
-from ..model import MAX_POSITIONS, count_parameters, resolve_shape
-from ..recipe import DEVICE_NAMES, Recipe, RecipeError, load_recipe, recipe_from_dict
-from ..strategies.lora import matched_layers
-from .devices import GB, get_device, parse_bytes
-from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb
+from ..architecture import resolve_shape
+from ..model import MAX_POSITIONS, count_parameters
+from ..recipe import Recipe, RecipeError, load_recipe, recipe_from_dict
+from ..runtime import mute_mindformers_info, quiet_frameworks
+from .devices import DEVICE_TARGETS, GB, get_device, parse_bytes
+from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb, strategy_from_recipe
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
 NEVER_RUN_NOTE = ("never run on an NPU: {parts} (semi_auto_parallel: no NPU in CI and the CPU backend "
                   "cannot run it); try a short run first")
-
-
-def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
-    """The recipe's settings as a Strategy (strategies.parallel.data already resolved from
-    `auto` when the recipe loaded)."""
-    t, s, p = recipe.train, recipe.strategies, recipe.strategies.parallel
-    data = p.data
-    return Strategy(
-        seq_len=recipe.data.max_seq_len, micro_batch=t.micro_batch_size,
-        global_batch=t.global_batch_size or t.micro_batch_size * data,
-        amp_level=s.precision.amp_level, dtype=s.precision.dtype, optimizer=t.optimizer.name,
-        lora=s.lora.enabled, lora_rank=s.lora.rank, lora_targets=tuple(matched_layers(s.lora.target_modules)),
-        recompute=s.recompute.mode, recompute_layers=s.recompute.layers,
-        chunked_ce=s.chunked_ce.enabled, chunk_size=s.chunked_ce.chunk_size,
-        flash_attention=get_device(device_name).flash_attention, data=data, model=p.model, pipeline=p.pipeline,
-        optimizer_shard=p.optimizer_shard, sequence_parallel=p.sequence_parallel, vocab_emb_dp=p.vocab_emb_dp)
 
 
 def apply_strategy(recipe: Recipe, s: Strategy) -> Recipe:
@@ -68,7 +57,7 @@ def default_recipe(preset: str, device_name: str, devices: int, overrides: List[
             "strategies": {"precision": {"amp_level": "O2", "dtype": "float16", "loss_scale": "dynamic"}
                            if device_name in ("910a", "cpu") else {"amp_level": "O2", "dtype": "bfloat16"},
                            "parallel": {"data": devices}},
-            "device": {"target": DEVICE_NAMES[device_name], "name": device_name}}
+            "device": {"target": DEVICE_TARGETS[device_name], "name": device_name}}
     return recipe_from_dict(tree, overrides)
 
 
@@ -111,10 +100,6 @@ def cached_parameter_count(shape) -> int:
     """The real model's parameter count (model.count_parameters builds it without weights,
     which needs MindSpore: ~3 s), remembered per shape and MindFormers version in the user's
     cache directory so later plans answer in well under 2 s."""
-    import hashlib
-    import os
-    from importlib import metadata
-
     key = hashlib.sha256(repr((shape, metadata.version("mindformers"))).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llama-npu" / "param_counts.json"
     try:
@@ -122,10 +107,6 @@ def cached_parameter_count(shape) -> int:
     except (OSError, ValueError):
         counts = {}
     if key not in counts:
-        import tempfile
-
-        from ..runtime import mute_mindformers_info, quiet_frameworks
-
         quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "plan")
         mute_mindformers_info()
         counts[key] = count_parameters(shape)
@@ -193,7 +174,7 @@ def plan_recipe(args) -> Recipe:
     tree, changed = recipe.to_dict(), False
     if args.device and args.device != recipe.device.name:
         # another device: the recipe's max_device_memory was chosen for its own
-        tree["device"].update(name=args.device, target=DEVICE_NAMES[args.device], max_device_memory="")
+        tree["device"].update(name=args.device, target=DEVICE_TARGETS[args.device], max_device_memory="")
         changed = True
     if args.device_memory:
         tree["device"]["max_device_memory"] = f"{parse_bytes(args.device_memory) / GB:g}GB"  # MindSpore's "xxGB"

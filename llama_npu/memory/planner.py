@@ -26,8 +26,9 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
-from ..model import LlamaShape
-from .devices import GB, Device
+from ..architecture import LlamaShape, matched_layers
+from ..recipe import Recipe
+from .devices import GB, Device, get_device
 
 MARGIN_FRACTION = 0.10
 HCCL_BUFFER = 2 * 200 * 10**6
@@ -164,6 +165,22 @@ def logits_loss(shape: LlamaShape, s: Strategy) -> int:
     # head output in the compute dtype, its fp32 cast, exp/softmax and the gradient of the logits
     buffers = rows * vocab * (c + 12)
     return buffers + (tokens * shape.hidden_size * 4 if s.chunked_ce else 0)
+
+
+def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
+    """The recipe's settings as a Strategy (strategies.parallel.data already resolved from
+    `auto` when the recipe loaded)."""
+    t, s, p = recipe.train, recipe.strategies, recipe.strategies.parallel
+    data = p.data
+    return Strategy(
+        seq_len=recipe.data.max_seq_len, micro_batch=t.micro_batch_size,
+        global_batch=t.global_batch_size or t.micro_batch_size * data,
+        amp_level=s.precision.amp_level, dtype=s.precision.dtype, optimizer=t.optimizer.name,
+        lora=s.lora.enabled, lora_rank=s.lora.rank, lora_targets=tuple(matched_layers(s.lora.target_modules)),
+        recompute=s.recompute.mode, recompute_layers=s.recompute.layers,
+        chunked_ce=s.chunked_ce.enabled, chunk_size=s.chunked_ce.chunk_size,
+        flash_attention=get_device(device_name).flash_attention, data=data, model=p.model, pipeline=p.pipeline,
+        optimizer_shard=p.optimizer_shard, sequence_parallel=p.sequence_parallel, vocab_emb_dp=p.vocab_emb_dp)
 
 
 def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Plan:

@@ -7,18 +7,7 @@ compute dtype (it needs no fp32 master copy), the adapters in fp32.
 """
 from __future__ import annotations
 
-import re
-
 from ..recipe import LoraSection
-
-# The linear layers of MindFormers' Llama decoder layer, by cell name.
-LINEAR_LAYERS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
-
-
-def matched_layers(target_modules: str) -> list[str]:
-    """The decoder linear layers a target_modules regex selects (MindFormers matches it
-    against each cell's own name with re.match)."""
-    return [name for name in LINEAR_LAYERS if re.match(target_modules, name)]
 
 
 def apply_lora(net, section: LoraSection, compute_dtype: str):

@@ -17,11 +17,11 @@ runtime: we configure and launch it (scripts/launch.sh runs msrun), we do not re
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..recipe import ParallelSection, RecipeError
+from ..launcher import launched_workers
+from ..recipe import ParallelSection, RecipeError, accumulation_steps
 
 
 @dataclass(frozen=True)
@@ -37,21 +37,6 @@ class World:
 
 def is_sharded(section: ParallelSection) -> bool:
     return section.model > 1 or section.pipeline > 1 or section.optimizer_shard
-
-
-def launched_rank() -> int:
-    """This process's rank under msrun (RANK_ID), known before communication starts."""
-    return int(os.environ.get("RANK_ID", "0")) if launched_workers() > 1 else 0
-
-
-def launched_workers() -> int:
-    """Workers msrun started (MS_WORKER_NUM), or 1 for a plain process."""
-    return int(os.environ.get("MS_WORKER_NUM", "1")) if os.environ.get("MS_ROLE") == "MS_WORKER" else 1
-
-
-def is_scheduler() -> bool:
-    """msrun also runs the training command as the cluster's scheduler process."""
-    return os.environ.get("MS_ROLE") == "MS_SCHED"
 
 
 def run_scheduler() -> None:
@@ -102,8 +87,6 @@ def check_workers(section: ParallelSection, workers: int) -> None:
 
 
 def describe_layout(recipe) -> str:
-    from ..recipe import accumulation_steps
-
     par, t = recipe.strategies.parallel, recipe.train
     workers = par.data * par.model * par.pipeline
     mode = ("semi_auto_parallel (Ascend only)" if is_sharded(par)
@@ -160,6 +143,6 @@ def eval_layout(net, loss_cell, section: ParallelSection, world: World, micro_ba
     construction. Pipelines do not evaluate (recipe validation refuses it)."""
     if not world.sharded:
         return loss_cell, micro_batch_size
-    from .sharded_step import eval_network
+    from .sharded_step import eval_network  # imported here: it imports MindSpore, which validate does not need
 
     return eval_network(net, section.data), micro_batch_size * section.data

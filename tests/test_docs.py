@@ -1,0 +1,107 @@
+"""The README and the guide in docs/: short enough to read, mirrored in Chinese, no dead links.
+
+A reader switching language lands on the same section: each page's `.zh-CN.md` mirror has
+the same headings (count and levels, in order). Every local link, and its #anchor under
+GitHub's slug rules, must lead somewhere.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = sorted([REPO / "README.md", REPO / "README.zh-CN.md", *(REPO / "docs").glob("*.md")])
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def prose_lines(path: Path) -> list[str]:
+    """The page's lines outside fenced code blocks (a `# comment` in a bash block is no heading)."""
+    lines, fenced = [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return lines
+
+
+def headings(path: Path) -> list[tuple[int, str]]:
+    return [(len(m.group(1)), m.group(2).strip())
+            for m in (re.match(r"(#{1,6}) (.+)", line) for line in prose_lines(path)) if m]
+
+
+def github_slug(heading: str) -> str:
+    """GitHub's anchor for a heading: the rendered text (code and link markup dropped),
+    lower case, everything but letters, digits, '_', '-' and spaces removed, spaces -> '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for _, text in headings(path):
+        slug = github_slug(text)
+        out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def mirror(path: Path) -> Path:
+    if path.name.endswith(".zh-CN.md"):
+        return path.with_name(path.name.replace(".zh-CN.md", ".md"))
+    return path.with_name(path.name[:-len(".md")] + ".zh-CN.md")
+
+
+@pytest.mark.quick
+def test_readme_is_read_in_one_sitting():
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move reference material into docs/"
+    assert lines[2] == "```bash" and lines[3].startswith("scripts/smoke.sh ") \
+        and lines[4].startswith("scripts/test.sh "), "the two set-up commands come first"
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if not p.name.endswith(".zh-CN.md")],
+                         ids=lambda p: p.relative_to(REPO).as_posix())
+@pytest.mark.quick
+def test_every_page_has_a_chinese_mirror_with_the_same_headings(page):
+    zh = mirror(page)
+    assert zh.exists(), f"{zh.relative_to(REPO)} is missing"
+    en_levels = [level for level, _ in headings(page)]
+    zh_levels = [level for level, _ in headings(zh)]
+    assert en_levels == zh_levels, (
+        f"{page.name} headings {headings(page)} do not match {zh.name} headings {headings(zh)}")
+
+
+@pytest.mark.quick
+def test_every_chinese_page_mirrors_an_english_one():
+    orphans = [p.name for p in PAGES if p.name.endswith(".zh-CN.md") and not mirror(p).exists()]
+    assert not orphans
+
+
+@pytest.mark.quick
+def test_every_local_link_and_anchor_resolves():
+    dead = []
+    for page in PAGES:
+        for line in prose_lines(page):
+            for target in LINK.findall(re.sub(r"`[^`]*`", "", line)):
+                if re.match(r"[a-z]+:", target):  # http(s):, mailto: -- not ours to check
+                    continue
+                file_part, _, anchor = target.partition("#")
+                dest = (page.parent / file_part).resolve() if file_part else page
+                if not dest.exists():
+                    dead.append(f"{page.relative_to(REPO)}: {target}: no such file")
+                elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                    dead.append(f"{page.relative_to(REPO)}: {target}: no heading with that anchor")
+    assert not dead, "\n".join(dead)
+
+
+@pytest.mark.parametrize("heading, slug", [
+    ("Will it fit? (`llama-npu plan`)", "will-it-fit-llama-npu-plan"),
+    ("放得下吗？（`llama-npu plan`）", "放得下吗llama-npu-plan"),
+    ("The smoke recipe's matrix on this CPU", "the-smoke-recipes-matrix-on-this-cpu"),
+])
+def test_slugs_follow_github(heading, slug):
+    assert github_slug(heading) == slug
