@@ -33,7 +33,17 @@ def _gathered(world, value: float) -> list:
 
     row = np.zeros(world.size, np.float32)
     row[world.rank] = value
-    return [int(v) for v in _Sum()(ms.Tensor(row)).asnumpy()]
+    # Under semi-auto parallel an op without a shard strategy is split along dimension 0;
+    # this small graph is compiled outside it, as one whole row per rank (not run: no NPU).
+    mode = ms.get_auto_parallel_context("parallel_mode")
+    sharded = mode in ("semi_auto_parallel", "auto_parallel")
+    if sharded:
+        ms.set_auto_parallel_context(parallel_mode="stand_alone")
+    try:
+        return [int(v) for v in _Sum()(ms.Tensor(row)).asnumpy()]
+    finally:
+        if sharded:
+            ms.set_auto_parallel_context(parallel_mode=mode)
 
 
 class Checkpointer:
