@@ -145,6 +145,11 @@ def losses(out: Path) -> dict:
     return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
 
+def same_losses(out: Path, reference: dict) -> bool:
+    got = losses(out)
+    return sorted(got) == sorted(reference) and all(abs(got[s] - reference[s]) <= 1e-6 for s in reference)
+
+
 def run_cell(fault: str, moment: str, reference: dict, work: Path) -> Cell:
     cell = Cell(fault, moment)
     if fault == "disk_full" and moment != "mid_save":
@@ -165,6 +170,10 @@ def run_cell(fault: str, moment: str, reference: dict, work: Path) -> Cell:
     trained = max(metric_steps(out), default=0)
     cell.ranks_stopped_at = tuple(int(m.group(1)) for r in (0, 1) if (m := re.search(
         r"stopped by \w+ after step (\d+)", _read(logs / "msrun" / f"worker_{r}.log"))))
+    if cell.exit_status == 0:  # the stop request reached the last step: the run simply finished
+        cell.exact, cell.steps_lost = same_losses(out, reference), 0
+        cell.note = "finished: the stop request reached the last step"
+        return cell
     env, words = continue_command(stderr)
     resumed_logs = work / "resumed"
     resumed = launch(words, resumed_logs, env)
@@ -175,8 +184,7 @@ def run_cell(fault: str, moment: str, reference: dict, work: Path) -> Cell:
     marker = next((line for line in worker_log.splitlines() if "resumed from" in line), "")
     cell.resumed_from = int(marker.rsplit(" ", 1)[1]) if marker else 0
     cell.steps_lost = trained - cell.resumed_from
-    got = losses(out)
-    cell.exact = sorted(got) == sorted(reference) and all(abs(got[s] - reference[s]) <= 1e-6 for s in reference)
+    cell.exact = same_losses(out, reference)
     return cell
 
 
