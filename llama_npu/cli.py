@@ -160,7 +160,14 @@ def cmd_convert(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from .data.readers import RecordError  # imported here: readers loads the chat template, --help does not
+
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "eval")
+    if args.task:
+        return _eval_exam(args)
+    given = [f"--{name.replace('_', '-')}" for name in EXAM_OPTIONS if getattr(args, name) is not None]
+    if given:
+        raise RecordError(f"{', '.join(given)}: only with --task ceval|cmmlu|mmlu")
     result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size, args.device)
     if args.json:
         print(json.dumps(result))
@@ -168,6 +175,26 @@ def cmd_eval(args) -> int:
         print(f"loss {result['loss']:.4f} per target token, perplexity {result['perplexity']:.2f}, over "
               f"{result['target_tokens']} target tokens of {result['evaluated']} records "
               f"({result['truncated']} truncated, {result['dropped']} dropped)")
+    return 0
+
+
+EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat")
+
+
+def _eval_exam(args) -> int:
+    from .data.readers import RecordError
+    from .exams.report import format_summary
+    from .exams.run import run_exam  # lm-eval and `datasets`, only when --task asks for them
+
+    if len(args.data) != 1:
+        raise RecordError(f"--task {args.task}: --data takes one directory, got {len(args.data)} paths")
+    result = run_exam(args.task, Path(args.checkpoint), Path(args.data[0]), 5 if args.shots is None else args.shots,
+                      args.split, args.subjects, Path(args.output) if args.output else None,
+                      Path(args.compare) if args.compare else None, args.chat, args.max_seq_len, args.batch_size,
+                      args.device)
+    print(json.dumps(result, ensure_ascii=False) if args.json else format_summary(result))
+    if args.output and not args.json:
+        print(f"wrote {args.output}")
     return 0
 
 
@@ -306,16 +333,32 @@ def build_parser() -> argparse.ArgumentParser:
                          help="ms-to-hf: --weights holds LoRA adapters; fold them into --src's base weights")
     convert.set_defaults(func=cmd_convert)
 
-    ev = sub.add_parser("eval", help="loss and perplexity of a checkpoint over JSONL records")
-    ev.add_argument("--checkpoint", required=True, help=weights_help)
-    ev.add_argument("--data", required=True, nargs="+", metavar="FILE.jsonl",
-                    help="JSONL records: text, alpaca or ShareGPT (told apart by their keys)")
+    ev = sub.add_parser("eval", help="loss and perplexity of a checkpoint over JSONL records, or its C-Eval / "
+                                     "CMMLU / MMLU scores (--task)")
+    ev.add_argument("--checkpoint", required=True, help=weights_help + "; with --task also a Hugging Face directory")
+    ev.add_argument("--data", required=True, nargs="+", metavar="FILE|DIR",
+                    help="JSONL or JSON-array records: text, alpaca or ShareGPT (told apart by their keys); with "
+                         "--task, the benchmark's directory in its official CSV layout")
     ev.add_argument("--max-seq-len", type=int, default=2048,
                     help="longer records are truncated; each batch is padded only to the power-of-two bucket "
-                         "(64 and up) of its longest record")
-    ev.add_argument("--batch-size", type=int, default=4, help="records per forward pass")
+                         "(64 and up) of its longest record; with --task, a longer prompt loses shots first")
+    ev.add_argument("--batch-size", type=int, default=4, help="records (with --task: prompts) per forward pass")
     ev.add_argument("--device", choices=("auto", "cpu", "ascend"), default="auto", help=device_help)
     ev.add_argument("--json", action="store_true", help="print one JSON object")
+    exam = ev.add_argument_group("benchmarks (lm-eval's task definitions, local data)")
+    exam.add_argument("--task", choices=("ceval", "cmmlu", "mmlu"),
+                      help="score multiple-choice accuracy on the questions under --data")
+    exam.add_argument("--shots", type=int, help="few-shot examples from the dev split (default 5; 0 needs no dev)")
+    exam.add_argument("--split", help="split scored (default: lm-eval's: val for C-Eval, test for CMMLU and MMLU)")
+    exam.add_argument("--subjects", nargs="+", metavar="SUBJECT", help="score only these subjects (file names "
+                                                                     "without _<split>.csv)")
+    exam.add_argument("--output", metavar="FILE.jsonl", help="one record per question: subject, id, prompt_ids, "
+                                                            "choice_ids, logprobs, prediction, answer")
+    exam.add_argument("--compare", metavar="CHECKPOINT",
+                      help="score the same questions with a second checkpoint and print both with the deltas")
+    exam.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                      help="put the prompts in the Llama 3 chat format the harness trains with (default: on for a "
+                           "run directory trained on chat data, off otherwise)")
     ev.set_defaults(func=cmd_eval)
 
     gen = sub.add_parser("generate", help="a chat reply from a checkpoint, streamed")

@@ -248,8 +248,6 @@ def read_checkpoint_dir(src: Path) -> tuple[LlamaShape, dict]:
 
 
 LORA_A, LORA_B = "mindpet_delta_lora_a", "mindpet_delta_lora_b"
-# What transformers' AutoTokenizer reads from an export directory.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def merge_adapters(base: dict, adapters: dict, alpha: float) -> int:
@@ -281,27 +279,17 @@ def _export_source(src: Path, weights: Path | None, merge_lora: bool):
     return resolve_weights(src)
 
 
-def copy_tokenizer(tokenizer: str, dst: Path) -> None:
-    """The tokenizer files next to the tokenizer.json the run trained with."""
-    import shutil
-
-    from .data.tokenizer import tokenizer_path
-
-    directory = tokenizer_path(tokenizer).parent
-    for name in TOKENIZER_FILES:
-        if (directory / name).is_file():
-            shutil.copyfile(directory / name, dst / name)
-
-
 def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | None = None,
              merge_lora: bool = False) -> Path:
     """`src`: a converted directory, a step directory or a run directory (a LoRA run's
     adapters are folded into the base its recipe names); `weights`: a model.ckpt to export
     instead of src's own (for example a fine-tuned step's). With `merge_lora`, `weights`
     holds a LoRA run's adapters, folded into src's base weights. The export carries the
-    tokenizer files, so transformers loads model and tokenizer from it."""
+    tokenizer files with a Llama 3 chat template and its stop tokens (hf_export_files), so
+    transformers loads model and tokenizer from it and chats as the run was trained to."""
     import mindspore as ms
 
+    from .hf_export_files import write_model_files
     from .pretrained import model_weights, verify_tensors
 
     src, dst = Path(src), Path(dst)
@@ -321,7 +309,5 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
     with staged_directory(dst) as staging:
         note(f"writing {dst / 'model.safetensors'}")
         write_safetensors(staging / "model.safetensors", tensors)
-        (staging / CONFIG).write_text(json.dumps(hf_config(shape, dtype, meta.get("hf_config")), indent=2),
-                                      encoding="utf-8")
-        copy_tokenizer(source.tokenizer, staging)
+        write_model_files(staging, hf_config(shape, dtype, meta.get("hf_config")), source.tokenizer)
     return dst

@@ -1,5 +1,6 @@
 """`llama-npu eval`: mean loss per target token and perplexity of a converted checkpoint, a
-step or a run directory over JSONL records (text, alpaca or ShareGPT, told apart by their keys).
+step or a run directory, or a Hugging Face directory, over JSONL or JSON-array records (text,
+alpaca or ShareGPT, told apart by their keys). `eval --task` (benchmark scores) is exams/.
 
 Memory stays proportional to the records, not to --max-seq-len: records are sorted by
 length, each batch is padded only to the bucket (a power of two from 64 tokens up to
@@ -49,21 +50,24 @@ def evaluate(loss, samples, batch_size: int, length: int, bucketed: bool = False
 
 
 def detect_format(path: Path) -> str:
-    """text / alpaca / sharegpt from the keys of the file's first record."""
-    from .data.readers import RecordError, read_text
+    """text / alpaca / sharegpt from the keys of the file's first record (JSONL or a JSON
+    array, read as train and prepare-data read them)."""
+    from .data.readers import RecordError, _raw_records
 
-    for line in read_text(path).splitlines():
-        if line.strip():
-            try:
-                keys = set(json.loads(line))
-            except (ValueError, TypeError):
-                raise RecordError(f"{path}:1: expected one JSON object per line") from None
-            for fmt, key in (("text", "text"), ("alpaca", "instruction"), ("sharegpt", "conversations"),
-                             ("sharegpt", "messages")):
-                if key in keys:
-                    return fmt
-            raise RecordError(f"{path}: records have keys {sorted(keys)}; expected 'text', 'instruction', "
-                              f"'conversations' or 'messages'")
+    if path.is_dir():
+        raise RecordError(f"--data {path}: a directory; for a C-Eval, CMMLU or MMLU directory add --task "
+                          f"ceval|cmmlu|mmlu")
+    for lineno, record in _raw_records(path):
+        if isinstance(record, RecordError):
+            raise record
+        if not isinstance(record, dict):
+            raise RecordError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        for fmt, key in (("text", "text"), ("alpaca", "instruction"), ("sharegpt", "conversations"),
+                         ("sharegpt", "messages")):
+            if key in record:
+                return fmt
+        raise RecordError(f"{path}:{lineno}: records have keys {sorted(record)}; expected 'text', 'instruction', "
+                          f"'conversations' or 'messages'")
     raise RecordError(f"{path}: no records (empty input)")
 
 
@@ -128,18 +132,60 @@ def select_device(device: str) -> bool:
     return on_ascend
 
 
+def is_hf_directory(path: Path) -> bool:
+    """A Hugging Face model directory (config.json with a model_type), not one of ours."""
+    config = Path(path) / "config.json"
+    if not config.is_file() or (Path(path) / "recipe.yaml").is_file():
+        return False
+    try:
+        meta = json.loads(config.read_text(encoding="utf-8"))
+    except ValueError:
+        return False
+    return isinstance(meta, dict) and "model_type" in meta and meta.get("format") != "llama-npu"
+
+
+def hf_model_weights(src: Path):
+    """(shape, tokenizer, name -> float32 Tensor in MindFormers' names) of a Hugging Face
+    Llama 3.2 directory, read as `convert hf-to-ms` reads it, with nothing written."""
+    import mindspore as ms
+    import numpy as np
+
+    from .convert import bf16_to_f32, check_tokenizer, read_hf_config, read_hf_weights, rename
+
+    shape, _ = read_hf_config(src)
+    check_tokenizer(src)
+    weights = {rename(name, to_ms=True): ms.Tensor(bf16_to_f32(array) if dtype == "BF16" else array.astype(np.float32))
+               for name, (dtype, array) in read_hf_weights(src).items()}
+    tokenizer = str(src / "tokenizer.json") if (src / "tokenizer.json").is_file() else "llama3.2"
+    return shape, tokenizer, weights
+
+
+def checkpoint_tokenizer(checkpoint: Path) -> str:
+    """The tokenizer a checkpoint eval, generate or the exam scorer takes was trained with."""
+    from .pretrained import resolve_weights
+
+    if is_hf_directory(checkpoint):
+        return str(checkpoint / "tokenizer.json") if (checkpoint / "tokenizer.json").is_file() else "llama3.2"
+    return resolve_weights(Path(checkpoint)).tokenizer
+
+
 def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 1, device: str = "auto"):
     """(net, loss_cell, tokenizer name) in fp32 with the weights of `checkpoint` (a converted
-    directory, a step or a run directory: pretrained.resolve_weights) loaded, LoRA adapters
-    folded in."""
+    directory, a step or a run directory: pretrained.resolve_weights, or a Hugging Face
+    directory) loaded, LoRA adapters folded in."""
     from .build import build_network
     from .pretrained import load_weights, model_weights, resolve_weights
     from .recipe import recipe_from_dict
     from .runtime import mute_mindformers_info
 
     on_ascend = select_device(device)
-    source = resolve_weights(Path(checkpoint))
-    shape, _, weights = model_weights(source)
+    if is_hf_directory(checkpoint):
+        shape, tokenizer, weights = hf_model_weights(Path(checkpoint))
+        weights_file = Path(checkpoint)
+    else:
+        source = resolve_weights(Path(checkpoint))
+        shape, _, weights = model_weights(source)
+        tokenizer, weights_file = source.tokenizer, source.weights
     # The tiny preset with every size overridden is exactly the checkpoint's shape.
     sizes = {"hidden_size": shape.hidden_size, "num_layers": shape.num_layers, "num_heads": shape.num_heads,
              "num_kv_heads": shape.num_kv_heads, "intermediate_size": shape.intermediate_size}
@@ -149,8 +195,8 @@ def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 
                                "strategies": {"chunked_ce": {"enabled": True, "chunk_size": EVAL_CHUNK}}})
     mute_mindformers_info()
     net, loss_cell = build_network(recipe, on_ascend=on_ascend, variable_length=True)
-    load_weights(net, weights, shape, source.weights)
-    return net, loss_cell, source.tokenizer
+    load_weights(net, weights, shape, weights_file)
+    return net, loss_cell, tokenizer
 
 
 def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: int = 2048, batch_size: int = 4,

@@ -12,9 +12,10 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .model import EOT_ID, PAD_ID
+from .hf_export_files import STOP_TOKEN_IDS
+from .model import PAD_ID
 
-STOP_IDS = (EOT_ID, 128001)  # <|eot_id|>, <|end_of_text|>
+STOP_IDS = tuple(STOP_TOKEN_IDS)  # the ones an export's generation_config.json names
 
 
 def prompt_ids(tokenizer, prompt: str, system: Optional[str] = None) -> List[int]:
@@ -38,22 +39,13 @@ def next_token(logits: np.ndarray, greedy: bool, temperature: float, top_p: floa
     return int(rng.choice(chosen, p=probs[chosen] / probs[chosen].sum()))
 
 
-def generate(checkpoint: Path, prompt: str, system: Optional[str] = None, max_new_tokens: int = 128,
-             greedy: bool = True, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-             on_text: Callable[[str], None] = lambda _: None, device: str = "auto") -> List[int]:
-    """The generated token ids (without the stop token); `on_text` receives the text as it grows."""
+def decode(net, tokenizer, ids: List[int], max_new_tokens: int, greedy: bool = True, temperature: float = 1.0,
+           top_p: float = 1.0, seed: int = 0, on_text: Callable[[str], None] = lambda _: None,
+           stop: Callable[[str], bool] = lambda _: False) -> List[int]:
+    """The token ids `net` generates after `ids` (without the stop token), until a stop token,
+    `max_new_tokens` or `stop(text so far)`; `on_text` receives the text as it grows."""
     import mindspore as ms
     from mindspore import nn
-
-    from .data.tokenizer import load_tokenizer
-    from .evaluate import build_from_checkpoint
-
-    from .pretrained import resolve_weights
-
-    tokenizer = load_tokenizer(resolve_weights(Path(checkpoint)).tokenizer)
-    ids = prompt_ids(tokenizer, prompt, system)
-    length = len(ids) + max_new_tokens
-    net, _, _ = build_from_checkpoint(Path(checkpoint), length, device=device)
 
     class Logits(nn.Cell):
         def __init__(self):
@@ -67,6 +59,7 @@ def generate(checkpoint: Path, prompt: str, system: Optional[str] = None, max_ne
     logits_at = Logits()
     logits_at.set_train(False)
     rng = np.random.default_rng(seed)
+    length = len(ids) + max_new_tokens
     buffer = np.full((1, length), PAD_ID, dtype=np.int32)
     buffer[0, :len(ids)] = ids
     generated: List[int] = []
@@ -82,4 +75,19 @@ def generate(checkpoint: Path, prompt: str, system: Optional[str] = None, max_ne
         if not text.endswith("\ufffd") and len(text) > len(shown):  # wait for whole UTF-8 characters
             on_text(text[len(shown):])
             shown = text
+        if stop(text):
+            break
     return generated
+
+
+def generate(checkpoint: Path, prompt: str, system: Optional[str] = None, max_new_tokens: int = 128,
+             greedy: bool = True, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+             on_text: Callable[[str], None] = lambda _: None, device: str = "auto") -> List[int]:
+    """The generated token ids (without the stop token); `on_text` receives the text as it grows."""
+    from .data.tokenizer import load_tokenizer
+    from .evaluate import build_from_checkpoint, checkpoint_tokenizer
+
+    tokenizer = load_tokenizer(checkpoint_tokenizer(Path(checkpoint)))
+    ids = prompt_ids(tokenizer, prompt, system)
+    net, _, _ = build_from_checkpoint(Path(checkpoint), len(ids) + max_new_tokens, device=device)
+    return decode(net, tokenizer, ids, max_new_tokens, greedy, temperature, top_p, seed, on_text)

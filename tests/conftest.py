@@ -96,3 +96,76 @@ def run_launch(recipe, workers, *args, log_dir, env=None, timeout=300) -> subpro
     env = {**os.environ, "MASTER_PORT": str(random.randint(20000, 40000)), "LOG_DIR": str(log_dir), **(env or {})}
     return subprocess.run(["bash", "scripts/launch.sh", str(recipe), str(workers), *map(str, args)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------- tiny Hugging Face model, its conversions and runs
+# (shared by test_convert.py and test_exams.py)
+
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory):
+    """A tiny random Llama 3.2 (llama3 RoPE scaling, GQA 4/2, tied embeddings) saved by transformers."""
+    import torch  # the test extra's reference implementation (imported here: quick tests need no torch)
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192}, tie_word_embeddings=True,
+        bos_token_id=128000, eos_token_id=128009)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # make the norms non-trivial so a misplaced norm weight shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("hf") / "tiny-llama3.2"
+    model.save_pretrained(path, safe_serialization=True)
+    from llama_npu.data.tokenizer import default_tokenizer_path
+
+    (path / "tokenizer.json").write_bytes(default_tokenizer_path().read_bytes())  # as a real download has
+    return path, model
+
+
+@pytest.fixture(scope="session")
+def conversions(hf_dir, tmp_path_factory):
+    """dtype -> the tiny model converted by `convert hf-to-ms --dtype`, shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("converted")
+    for dtype in ("float32", "float16"):
+        run_cli("convert", "hf-to-ms", "--src", hf_dir[0], "--dst", out / dtype, "--dtype", dtype, check=True)
+    return {dtype: out / dtype for dtype in ("float32", "float16")}
+
+
+def rehearsal_sets(checkpoint) -> list:
+    """The --set of a shipped recipe's rehearsal (`train --rehearse`: tiny model, CPU, the
+    recipe's own precision with bfloat16 as float16) started from `checkpoint`, at a learning
+    rate at which a few steps visibly move LoRA adapters."""
+    return ["model.preset=tiny", f"model.checkpoint={checkpoint}", "train.optimizer.lr=0.05"]
+
+
+LORA_RECIPE = REPO / "recipes" / "llama3_2_3b_zh_lora_910a.yaml"
+
+
+@pytest.fixture(scope="session")
+def shrunk_run(conversions, tmp_path_factory):
+    """(recipe, dtype) -> the run directory of that recipe shrunk to tiny, started from the
+    `dtype` conversion; each trained once per session."""
+    runs = {}
+
+    def run(path, dtype):
+        if (path, dtype) not in runs:
+            out = tmp_path_factory.mktemp("shrunk") / f"{path.stem}-{dtype}"
+            runs[path, dtype] = out, run_cli("train", path, "--output-dir", out,
+                                             "--rehearse",
+                                             *[a for s in rehearsal_sets(conversions[dtype]) for a in ("--set", s)])
+        return runs[path, dtype]
+    return run
+
+
+@pytest.fixture(scope="session")
+def lora_export(shrunk_run, tmp_path_factory):
+    """The shrunk LoRA recipe's run directory and its `convert ms-to-hf --src RUN` export."""
+    run, proc = shrunk_run(LORA_RECIPE, "float32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    export = tmp_path_factory.mktemp("lora-export") / "hf"
+    run_cli("convert", "ms-to-hf", "--src", run, "--dst", export, check=True)
+    return run, export

@@ -22,6 +22,8 @@ from conftest import REPO
     ("packing.py", ["--max-seq-len", "256"], "ratio best-fit decreasing / in order, effective tokens per step: "),
     # #16: eval's defaults stay under 4 GiB of host RSS on three short texts (CPU backend)
     ("eval_memory.py", ["--long-tokens", "128"], "GiB (under the 4 GiB bound)"),
+    # #21: eval --task's questions per second and peak RSS, batch 8 against batch 1
+    ("exam_throughput.py", ["--questions", "8", "--runs", "0x1,0x8"], "ratio batch 8 / batch 1, 0-shot questions"),
 ])
 def test_benchmark_runs_and_prints_its_result(script, args, result):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,

@@ -140,7 +140,7 @@ def check_arguments(args) -> None:
     if args.model and args.model not in MODELS:
         raise RecipeError(f"--model: expected llama3.2-1b or llama3.2-3b, got {args.model!r}")
     if args.model and not args.device:
-        raise RecipeError("--model needs --device (910a, 910b, 910b4 or cpu); a recipe names its own device.name")
+        raise RecipeError(f"--model needs --device ({', '.join(DEVICE_TARGETS)}); a recipe names its own device.name")
     if args.devices is not None and args.devices < 1:
         raise RecipeError(f"--devices: expected a count > 0, got {args.devices}")
     if args.seq_len is not None and not 0 < args.seq_len <= MAX_POSITIONS:

@@ -1,0 +1,47 @@
+"""The summary table `llama-npu eval --task` prints: acc and acc_norm with the question
+counts per subject, per category and overall; with --compare, both checkpoints and the
+difference (second - first)."""
+from __future__ import annotations
+
+from typing import List
+
+from .layouts import LAYOUTS
+
+
+def _prompt_line(result: dict, label: str) -> str:
+    chat = "Llama 3 chat format" if result["chat"] else "plain prompt"
+    line = f"{label}{result['checkpoint']}: {chat} ({result['chat_reason']})"
+    if result["fewer_shots"] or result["truncated"]:
+        line += (f"; {result['fewer_shots']} questions with fewer shots to fit --max-seq-len, "
+                 f"{result['truncated']} cut even at 0 shots")
+    return line
+
+
+def format_summary(result: dict) -> str:
+    other = result.get("compare")
+    title = (f"{LAYOUTS[result['task']].title} {result['split']}, {result['shots']}-shot, "
+             f"{result['overall']['n']} questions")
+    lines: List[str] = [title, _prompt_line(result, "A " if other else "")]
+    if other:
+        lines.append(_prompt_line(other, "B "))
+        header = f"{'':<40} {'n':>5} {'acc A':>7} {'acc B':>7} {'Δacc':>7} {'norm A':>7} {'norm B':>7} {'Δnorm':>7}"
+    else:
+        header = f"{'':<40} {'n':>5} {'acc':>7} {'acc_norm':>8}"
+    lines.append(header)
+
+    def row(name: str, section: str) -> str:
+        mine = result[section] if section == "overall" else result[section][name]
+        if not other:
+            return f"{name:<40} {mine['n']:>5} {mine['acc']:>7.4f} {mine['acc_norm']:>8.4f}"
+        theirs = other[section] if section == "overall" else other[section][name]
+        return (f"{name:<40} {mine['n']:>5} {mine['acc']:>7.4f} {theirs['acc']:>7.4f} "
+                f"{theirs['acc'] - mine['acc']:>+7.4f} {mine['acc_norm']:>7.4f} {theirs['acc_norm']:>7.4f} "
+                f"{theirs['acc_norm'] - mine['acc_norm']:>+7.4f}")
+
+    lines += [row(s, "subjects") for s in result["subjects"]]
+    if result["categories"]:
+        lines.append("-" * len(header))
+        lines += [row(c, "categories") for c in result["categories"]]
+    lines.append("-" * len(header))
+    lines.append(row("overall", "overall"))
+    return "\n".join(lines)

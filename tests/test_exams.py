@@ -1,0 +1,274 @@
+"""`llama-npu eval --task ceval|cmmlu|mmlu` on the shipped samples, checked question by
+question against `transformers` on the same prompt ids, and the prompts against lm-eval's
+task files; the bad layouts it refuses."""
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch  # the test extra's reference implementation: a missing torch is an error, never a skip
+import transformers
+import yaml
+import lm_eval.tasks
+
+from conftest import REPO, run_cli
+
+
+SAMPLES = {task: REPO / "data" / f"{task}_sample" for task in ("ceval", "cmmlu", "mmlu")}
+LM_EVAL_TASKS = Path(lm_eval.tasks.__file__).parent
+CUT_TO = 280  # --max-seq-len of the C-Eval 5-shot run: some of its prompts (247-310 tokens) lose shots
+
+# name -> (checkpoint kind, task, shots, extra arguments): each layout at 0 and 5 shots, each
+# kind of checkpoint (converted, a LoRA run trained on chat data, a Hugging Face directory).
+RUNS = {
+    "converted-ceval-5": ("converted", "ceval", 5, ["--max-seq-len", str(CUT_TO)]),
+    "converted-ceval-0-self": ("converted", "ceval", 0, ["--compare", "<converted>"]),
+    "hf-mmlu-5": ("hf", "mmlu", 5, []),
+    "hf-cmmlu-0": ("hf", "cmmlu", 0, []),
+    "lora-cmmlu-5": ("lora", "cmmlu", 5, []),
+    "lora-mmlu-0": ("lora", "mmlu", 0, ["--subjects", "astronomy"]),
+}
+
+
+@pytest.fixture(scope="session")
+def exam_runs(hf_dir, conversions, request, tmp_path_factory):
+    """name -> (summary from --json, records from --output, the transformers reference model),
+    each run once per session when a test first asks for it."""
+    out = tmp_path_factory.mktemp("exams")
+    results = {}
+
+    def checkpoint_and_reference(kind):
+        if kind == "lora":  # the merged export of the LoRA run is its reference
+            lora_run, export = request.getfixturevalue("lora_export")
+            return lora_run, transformers.LlamaForCausalLM.from_pretrained(export).eval()
+        return (conversions["float32"] if kind == "converted" else hf_dir[0]), hf_dir[1]
+
+    def run(name):
+        if name not in results:
+            kind, task, shots, extra = RUNS[name]
+            checkpoint, reference = checkpoint_and_reference(kind)
+            extra = [str(conversions["float32"]) if a == "<converted>" else a for a in extra]
+            proc = run_cli("eval", "--task", task, "--checkpoint", checkpoint, "--data", SAMPLES[task], "--shots",
+                           shots, "--batch-size", 8, "--output", out / f"{name}.jsonl", "--json", *extra, check=True)
+            lines = (out / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+            results[name] = json.loads(proc.stdout), [json.loads(line) for line in lines], reference
+        return results[name]
+    return run
+
+
+def reference_logprobs(model, record) -> np.ndarray:
+    """log p(choice | prompt_ids) for each choice, summed over its tokens, by transformers.
+    The choices differ only in their last token here, so one forward pass scores all four."""
+    choices = [c if isinstance(c, list) else [c] for c in record["choice_ids"]]
+    shared = choices[0][:-1]
+    assert all(c[:-1] == shared for c in choices)
+    with torch.no_grad():
+        logits = model(torch.tensor([record["prompt_ids"] + shared])).logits[0, -len(shared) - 1:]
+    logp = torch.log_softmax(logits.double(), -1)
+    prefix = sum(logp[i, t].item() for i, t in enumerate(shared))
+    return np.array([prefix + logp[-1, c[-1]].item() for c in choices])
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_every_choice_scores_as_transformers_does(exam_runs, name):
+    """The four log-likelihoods of every question equal transformers' on the same prompt ids
+    within 1e-3, the predictions are identical, and the summary's accuracy is the share of
+    predictions equal to the answers, per subject and overall."""
+    summary, records, reference = exam_runs(name)
+    kind, task, shots, _ = RUNS[name]
+    letters = ["A", "B", "C", "D"]
+    for record in records:
+        theirs = reference_logprobs(reference, record)
+        ours = np.array([record["logprobs"][letter] for letter in letters])
+        assert np.abs(ours - theirs).max() < 1e-3, (record["subject"], record["id"])
+        assert record["prediction"] == letters[int(np.argmax(theirs))]
+        if kind != "lora":  # one token a choice (chat prompts: below)
+            assert all(isinstance(c, int) for c in record["choice_ids"])
+    assert summary["overall"]["n"] == len(records)
+    right = [r["prediction"] == r["answer"] for r in records]
+    assert summary["overall"]["acc"] == pytest.approx(np.mean(right))
+    for subject, row in summary["subjects"].items():
+        mine = [r["prediction"] == r["answer"] for r in records if r["subject"] == subject]
+        assert row["n"] == len(mine) and row["acc"] == pytest.approx(np.mean(mine))
+    assert summary["chat"] is (kind == "lora")  # on by default for a run trained on chat data only
+    assert {r["shots"] for r in records} <= set(range(shots + 1))
+
+
+def test_prompts_are_lm_evals_from_its_task_files(exam_runs):
+    """The C-Eval 5-shot prompt, decoded, is lm-eval's ceval-valid template filled in (its
+    description, the first dev rows as shots, ' X' answers, '\\n\\n' between them); a prompt
+    over --max-seq-len dropped shots from the end until it fit, and the output counts them."""
+    from llama_npu.data.tokenizer import load_tokenizer
+
+    summary, records, _ = exam_runs("converted-ceval-5")
+    tok = load_tokenizer("llama3.2")
+    template = yaml.safe_load((LM_EVAL_TASKS / "ceval" / "_default_ceval_yaml").read_text(encoding="utf-8"))
+    assert template["doc_to_text"].endswith("答案：") and template["fewshot_config"]["sampler"] == "first_n"
+
+    def rows(path):
+        return list(csv.DictReader(path.open(encoding="utf-8")))
+
+    def question(row):
+        return f"{row['question'].strip()}\nA. {row['A']}\nB. {row['B']}\nC. {row['C']}\nD. {row['D']}\n答案："
+
+    for record in records:
+        subject = record["subject"]
+        description = yaml.safe_load((LM_EVAL_TASKS / "ceval" / f"ceval-valid_{subject}.yaml").read_text(
+            encoding="utf-8"))["description"]
+        dev = rows(SAMPLES["ceval"] / "dev" / f"{subject}_dev.csv")[:record["shots"]]
+        row = rows(SAMPLES["ceval"] / "val" / f"{subject}_val.csv")[int(record["id"])]
+        expected = description + "".join(question(d) + f" {d['answer']}\n\n" for d in dev) + question(row)
+        assert record["prompt_ids"][0] == 128000 and tok.decode(record["prompt_ids"][1:]) == expected
+        assert len(record["prompt_ids"]) + 1 <= CUT_TO
+        assert [tok.decode([c]) for c in record["choice_ids"]] == [" A", " B", " C", " D"]
+    fewer = [r for r in records if r["shots"] < 5]
+    assert 0 < len(fewer) < len(records) and summary["fewer_shots"] == len(fewer) and summary["truncated"] == 0
+
+
+def test_chat_fine_tunes_get_the_prompt_in_the_training_chat_format(exam_runs):
+    """A run trained on chat data: lm-eval's prompt inside the Llama 3 chat format (the
+    description as the system turn, each shot a user/assistant turn) and the choice letter
+    right after the assistant header, as data/chat_template.py renders it for training. As
+    lm-eval does, the context's trailing whitespace (the header's "\n\n") is scored as the
+    start of each continuation."""
+    from llama_npu.data.tokenizer import load_tokenizer
+
+    summary, records, _ = exam_runs("lora-cmmlu-5")
+    tok = load_tokenizer("llama3.2")
+    assert "trained on alpaca data" in summary["chat_reason"]
+    for record in records:
+        text = tok.decode(record["prompt_ids"], skip_special_tokens=False)
+        assert text.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n以下是关于")
+        assert text.endswith("答案：<|eot_id|><|start_header_id|>assistant<|end_header_id|>")
+        assert text.count("<|start_header_id|>assistant<|end_header_id|>") == record["shots"] + 1 == 6
+        assert [tok.decode(c) for c in record["choice_ids"]] == ["\n\nA", "\n\nB", "\n\nC", "\n\nD"]
+
+
+def test_compare_with_itself_gives_zero_deltas(exam_runs):
+    summary, records, _ = exam_runs("converted-ceval-0-self")
+    assert summary["compare"]["overall"] == summary["overall"]
+    assert all(v == 0 for row in summary["delta"]["subjects"].values() for v in row.values())
+    assert all(v == 0 for row in summary["delta"]["categories"].values() for v in row.values())
+    assert summary["delta"]["overall"] == {"acc": 0, "acc_norm": 0}
+    assert set(summary["categories"]) == {"STEM", "Social Science", "Humanities", "Other", "Hard"}
+    assert summary["categories"]["Hard"]["n"] == 3  # high_school_physics is in C-Eval's hard subset
+    for record in records:
+        assert record["compare"] == {"logprobs": record["logprobs"], "prediction": record["prediction"]}
+
+
+def test_the_table_shows_each_subject_category_and_overall(exam_runs):
+    """What eval --task prints without --json (format_summary of the same summary)."""
+    from llama_npu.exams.report import format_summary
+
+    summary = exam_runs("converted-ceval-5")[0]
+    lines = format_summary(summary).splitlines()
+    assert lines[0] == "C-Eval val, 5-shot, 12 questions"
+    assert f"plain prompt (not a run directory); {summary['fewer_shots']} questions with fewer shots" in lines[1]
+    rows = {line.split()[0]: line.split()[-3:] for line in lines[3:] if line[:1].isalnum()}
+    assert list(rows) == ["basic_medicine", "high_school_geography", "high_school_physics", "modern_chinese_history",
+                          "STEM", "Social", "Humanities", "Other", "Hard", "overall"]
+    assert rows["overall"] == ["12", f"{summary['overall']['acc']:.4f}", f"{summary['overall']['acc_norm']:.4f}"]
+    compared = format_summary(exam_runs("converted-ceval-0-self")[0]).splitlines()
+    assert compared[1].startswith("A ") and compared[2].startswith("B ") and "Δacc" in compared[3]
+    assert compared[-1].split()[-4:-3] == ["+0.0000"] and compared[-1].split()[-1] == "+0.0000"
+
+
+# ---------------------------------------------------------------- bad input
+
+def broken_copy(tmp_path, task, path, edit):
+    data = tmp_path / task
+    shutil.copytree(SAMPLES[task], data)
+    target = data / path
+    if edit is None:
+        target.unlink()
+    else:
+        lines = target.read_text(encoding="utf-8").splitlines()
+        edit(lines)
+        target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return data
+
+
+def _replace(lines, index, old, new):
+    lines[index] = lines[index].replace(old, new)
+
+
+BAD = {
+    "not a layout": ("ceval", lambda tmp: tmp, [], "--data {data}: no val/<subject>_val.csv files; expected "
+                                                   "C-Eval's layout"),
+    "unknown subject": ("mmlu", lambda tmp: SAMPLES["mmlu"], ["--subjects", "astrology"],
+                        "--subjects astrology: no {data}/test/astrology_test.csv; the test split here has astronomy, "
+                        "high_school_geography"),
+    "missing choice": ("cmmlu", lambda tmp: broken_copy(tmp, "cmmlu", "test/computer_science.csv",
+                                                       lambda ls: _replace(ls, 2, ",25,", ",,")), [],
+                       "{data}/test/computer_science.csv:3: choice B is empty"),
+    "answer letter": ("ceval", lambda tmp: broken_copy(tmp, "ceval", "val/basic_medicine_val.csv",
+                                                       lambda ls: ls.__setitem__(1, ls[1].rsplit(",", 2)[0] + ",E,")), [],
+                      "{data}/val/basic_medicine_val.csv:2: answer 'E' is not one of A, B, C, D"),
+    "jsonl file": ("ceval", lambda tmp: REPO / "data" / "zh_instruct_eval.jsonl", [],
+                   "--data {data}: a file; --task ceval reads a directory in C-Eval's layout"),
+    "no dev split": ("mmlu", lambda tmp: broken_copy(tmp, "mmlu", "dev/astronomy_dev.csv", None), [],
+                     "{data}/dev/astronomy_dev.csv: missing; --shots 5 takes its examples from the dev split"),
+    "columns": ("cmmlu", lambda tmp: broken_copy(tmp, "cmmlu", "dev/computer_science.csv",
+                                                 lambda ls: ls.__setitem__(0, "Question,A,B,C,D")), [],
+                "{data}/dev/computer_science.csv:1: header is 'Question,A,B,C,D'; CMMLU files start with "
+                "',Question,A,B,C,D,Answer'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_data_is_one_line_naming_the_file_and_line_and_writes_nothing(tmp_path, case):
+    task, make, extra, message = BAD[case]
+    data = make(tmp_path / "data")
+    if case == "not a layout":
+        data.mkdir(parents=True)
+        (data / "notes.txt").write_text("not a benchmark")
+    out = tmp_path / "scores.jsonl"
+    proc = run_cli("eval", "--task", task, "--checkpoint", REPO / "no-such-checkpoint", "--data", data,
+                   "--output", out, *extra)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llama-npu: error: "), proc.stderr
+    assert message.format(data=data) in lines[0], lines[0]
+    assert not out.exists() and proc.stdout == ""
+
+
+# ---------------------------------------------------------------- the adapter's other two requests
+
+def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir, conversions):
+    """loglikelihood_rolling (perplexity tasks) over disjoint --max-seq-len windows, and
+    generate_until (generative tasks) greedy and cut at its `until` string, as transformers
+    computes them on the same model."""
+    from lm_eval import utils
+    from lm_eval.api.instance import Instance
+
+    from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.evaluate import build_from_checkpoint
+    from llama_npu.exams.lm_adapter import MindSporeLM
+
+    reference = hf_dir[1]
+    net, _, _ = build_from_checkpoint(conversions["float32"], 16)
+    tok = load_tokenizer("llama3.2")
+    lm = MindSporeLM(net, tok, max_seq_len=16, batch_size=2, progress=False)
+    text = "长江是中国最长的河流，黄河是中国第二长的河流，它们都向东流入大海。"
+    tokens = tok.encode(text, add_special_tokens=False).ids
+    windows = list(map(utils.make_disjoint_window, utils.get_rolling_token_windows(
+        token_list=tokens, prefix_token=128000, max_seq_len=16, context_len=1)))
+    assert len(windows) > 1 and sum(len(c) for _, c in windows) == len(tokens)
+    expected = 0.0
+    with torch.no_grad():
+        for context, continuation in windows:
+            logits = reference(torch.tensor([context + continuation[:-1]])).logits[0, -len(continuation):]
+            expected += torch.log_softmax(logits.double(), -1)[torch.arange(len(continuation)), continuation].sum().item()
+    [ours] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    assert ours == pytest.approx(expected, abs=1e-3)
+
+    prompt = "长江流入"
+    [reply] = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["\n"], "max_gen_toks": 6}), 0)])
+    ids = [128000] + tok.encode(prompt, add_special_tokens=False).ids
+    assert len(ids) + 6 <= 16  # not cut
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=[128001, 128008,
+                                 128009], pad_token_id=128004)[0, len(ids):].tolist()
+    assert reply == tok.decode([t for t in out if t not in (128001, 128008, 128009)]).split("\n")[0]
