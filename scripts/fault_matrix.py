@@ -169,7 +169,7 @@ def run_cell(fault: str, moment: str, reference: dict, work: Path) -> Cell:
     cell.last_line = said[-1].split("; continue with: ")[0] if said else ""
     trained = max(metric_steps(out), default=0)
     cell.ranks_stopped_at = tuple(int(m.group(1)) for r in (0, 1) if (m := re.search(
-        r"stopped by \w+ after step (\d+)", _read(logs / "msrun" / f"worker_{r}.log"))))
+        r"stopped by [\w ]+? after step (\d+)", _read(logs / "msrun" / f"worker_{r}.log"))))
     if cell.exit_status == 0:  # the stop request reached the last step: the run simply finished
         cell.exact, cell.steps_lost = same_losses(out, reference), 0
         cell.note = "finished: the stop request reached the last step"

@@ -179,7 +179,7 @@ if [ $status -ne 0 ]; then
     status="${worker_status:-$status}"
 fi
 if [ "$status" = 75 ]; then
-    step=$(grep -ho "stopped by [A-Z]* after step [0-9]*" "$LOG_DIR"/worker_*.log | head -n 1 | grep -o "[0-9]*$")
+    step=$(grep -ho "stopped by [A-Za-z ]* after step [0-9]*" "$LOG_DIR"/worker_*.log | head -n 1 | grep -o "[0-9]*$")
     echo "launch: every rank stopped after step ${step:-?} and saved it; continue with: $(continue_command "$@")" >&2
 elif [ "$status" != 0 ] && [ "$status" != 2 ]; then
     echo "launch: continue with: $(continue_command "$@")" >&2
