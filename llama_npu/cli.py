@@ -228,6 +228,15 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_selftest(args) -> int:
+    from .selftest import run_selftest
+
+    if is_scheduler():  # msrun runs the command as its scheduler too (scripts/launch.sh --selftest)
+        run_scheduler()
+        return 0
+    return run_selftest(args.device, args.json, args.speed)
+
+
 DESCRIPTION = "Fine-tune Llama 3.2 1B/3B on Chinese data with MindSpore, on Ascend NPUs or the CPU."
 EPILOG = """typical use:
   llama-npu doctor                                        what this machine can train
@@ -384,6 +393,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="directory of recipes to judge (default: the shipped ones)")
     doctor.set_defaults(func=cmd_doctor)
 
+    selftest = sub.add_parser("selftest", help="prove each Ascend-only path on this device in minutes, "
+                                                "each check against a reference computed in the same run")
+    selftest.add_argument("--device", default="auto", choices=("auto", "cpu", "ascend"),
+                          help="auto: the NPU when there is one, else the CPU")
+    selftest.add_argument("--json", metavar="FILE", help="also write the device and every check as JSON "
+                                                         "(attach it to a bug report)")
+    selftest.add_argument("--speed", action="store_true", help="also time a 1B step (tokens/s, MFU)")
+    selftest.set_defaults(func=cmd_selftest)
+
     prof = sub.add_parser("profile", help="train the recipe under each strategy combination and measure it")
     prof.add_argument("recipe", help="recipe YAML file")
     prof.add_argument("--combos", metavar="SPEC",
@@ -431,9 +449,10 @@ def user_errors() -> tuple:
     from .data.readers import RecordError
     from .merge import MergeError
     from .preflight import PreflightError, RunDirError
+    from .selftest import SelftestError
 
     return (RecipeError, RunDirError, PreflightError, RecordError, CheckpointError, ConvertError, MergeError,
-            DeviceError, FileExistsError, FileNotFoundError)
+            DeviceError, FileExistsError, FileNotFoundError, SelftestError)
 
 
 def main(argv=None) -> int:

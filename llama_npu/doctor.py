@@ -80,4 +80,6 @@ def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
         if recipe.device.name == "910a":
             verdict += " (910A: outside MindFormers 1.9's supported hardware)"
         lines.append(f"  {path.name:<40} {verdict}")
+    lines.append("next           llama-npu selftest --json selftest.json proves each Ascend-only path on this "
+                 "device in minutes; attach its JSON to a bug report (docs/ascend.md)")
     return lines, (1 if cpu_error and not has_npu else 0)

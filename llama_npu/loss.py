@@ -64,13 +64,23 @@ class CausalLMLoss(nn.Cell):
         if self.flash_attention:
             # Flash attention honours a passed uint8 mask (1 = masked), MindFormers >= 1.4.
             return self.backbone(tokens, attention_mask=blocked.reshape(bs, 1, t, t).astype(ms.uint8))
-        # Without flash attention LlamaModel would cast a passed mask to uint8 and *add* it to
-        # the scores, masking nothing; run its layers with the additive mask its own causal
-        # mask uses instead (mindformers/models/llama/llama.py LlamaModel.construct).
-        llama = self.backbone
-        mask = (blocked * -10000.0).reshape(bs, 1, t, t).astype(llama.dtype)
-        h = llama.tok_embeddings(tokens).astype(llama.dtype)
-        freqs = llama.freqs_mgr(t)
-        for i in range(llama.num_layers):
-            h = llama.layers[i](h, freqs, mask)
-        return llama.norm_out(h)
+        mask = (blocked * -10000.0).reshape(bs, 1, t, t)
+        return layers_with_additive_mask(self.backbone, tokens, mask)
+
+
+def layers_with_additive_mask(llama_model, tokens, mask):
+    """LlamaModel's forward with an additive attention mask (0 = attend, -10000 = masked,
+    (B, 1, T, T)) that it would not take: passed as `attention_mask`, LlamaModel casts any
+    mask to uint8 (mindformers/models/llama/llama.py LlamaModel.construct), which flash
+    attention reads as 1 = masked but the plain path *adds* to the scores
+    (llama_transformer.py LLamaAttention._attn), masking nothing. So without flash attention
+    the layers run here with the additive mask of the form LowerTriangularMaskWithDynamic
+    builds for them (mindformers/modules/transformer/transformer.py)."""
+    bs, t = tokens.shape
+    h = llama_model.cast(llama_model.tok_embeddings(tokens), llama_model.dtype)
+    h = llama_model.reshape(h, (bs, t, llama_model.hidden_size))  # (B, T, H)
+    mask = llama_model.cast(mask, llama_model.dtype)
+    freqs = llama_model.freqs_mgr(t)
+    for i in range(llama_model.num_layers):
+        h = llama_model.layers[i](h, freqs, mask)
+    return llama_model.norm_out(h)

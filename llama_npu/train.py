@@ -293,6 +293,8 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
     first_loss = last_loss = None
     timed_tokens, timed_seconds = 0, 0.0
     streak = NonFiniteStreak(t.max_nonfinite_steps, s.scaler)
+    # Ranks reading the step's tokens apart: under full_batch every sharded rank reads the global batch.
+    token_readers = 1 if world.sharded else world.size
     step, stopped_by = start_step, None
     progress = progress_bar(t.max_steps, "train", "step", initial=start_step, enabled=world.is_main)
     with signals.training(), progress, metrics or nullcontext():
@@ -307,7 +309,7 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
                 timed_tokens, timed_seconds = timed_tokens + input_tokens, timed_seconds + seconds
             peak, source = peak_memory(s.on_ascend)
             record = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
-                      "target_tokens": result.target_tokens, "tokens_per_s": input_tokens * world.size / seconds,
+                      "target_tokens": result.target_tokens, "tokens_per_s": input_tokens * token_readers / seconds,
                       "step_seconds": seconds, "loss_scale": result.loss_scale,
                       "overflow": result.overflow, "nonfinite_in_a_row": streak.count,
                       "samples_consumed": stream.samples_consumed, "peak_memory_bytes": peak,
@@ -336,7 +338,7 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
 
     summary = {"steps": step, "steps_this_run": step - start_step, "stopped_by": stopped_by,
                "first_loss": first_loss, "last_loss": last_loss,
-               "tokens_per_s": timed_tokens * world.size / timed_seconds if timed_seconds else None}
+               "tokens_per_s": timed_tokens * token_readers / timed_seconds if timed_seconds else None}
     if s.eval_samples and not stopped_by:  # a preempted job has seconds left, not minutes
         summary["eval_loss"], summary["eval_tokens"] = evaluate(s.eval_cell, s.eval_samples, s.eval_batch, length)
     peak, source = peak_memory(s.on_ascend)

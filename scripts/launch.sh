@@ -27,6 +27,23 @@
 # background of a non-interactive shell they inherit SIGINT ignored.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# selftest's multi-card checks (data parallel N against one process) on N workers:
+#   scripts/launch.sh --selftest N [llama-npu selftest args, e.g. --json FILE]
+# Rank 0 prints the checks and writes the JSON; the exit status is the selftest's.
+if [ "${1:-}" = "--selftest" ]; then
+    N="${2:-}"
+    case "$N" in ''|*[!0-9]*|0|1) echo "launch: --selftest N needs N >= 2 workers, got '$N'" >&2; exit 2 ;; esac
+    shift 2
+    SELFTEST_LOGS="${LOG_DIR:-runs/msrun_logs/selftest}"
+    mkdir -p "$SELFTEST_LOGS" && rm -f "$SELFTEST_LOGS"/worker_*.log
+    PATH="$ROOT/.venv/bin:$PATH" "$ROOT/.venv/bin/msrun" --worker_num="$N" --local_worker_num="${LOCAL_WORKERS:-$N}" \
+        --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-8118}" \
+        --node_rank="${NODE_RANK:-0}" --log_dir="$SELFTEST_LOGS" --join=True \
+        "$ROOT/.venv/bin/llama-npu" selftest "$@" >"$SELFTEST_LOGS/msrun.log" 2>&1
+    status=$?
+    grep -E "^[a-z_]+[ (].* (pass|fail|skip) |^selftest on |llama-npu: error" "$SELFTEST_LOGS/worker_0.log"
+    exit $status
+fi
 if [ $# -lt 2 ]; then
     echo "usage: scripts/launch.sh RECIPE NUM_WORKERS [llama-npu train args ...]" >&2
     exit 2

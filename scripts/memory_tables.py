@@ -103,13 +103,33 @@ activations include every layer's attention scores: fp32 probabilities and their
 half-precision cast, micro-batch x heads x tokens². The 910B keeps only flash attention's
 softmax statistics.
 
-Gradients are counted as they are alive in the train step. With one micro-batch a step the
-gradients exist once, in the trainable parameters' dtype (fp32 under O0-O2 and for LoRA
-adapters, the half dtype under O3), and no accumulation buffer is allocated; all of them are
-alive together at the overflow check and the clip by global norm, which read every
-gradient before the update. With accumulation the step keeps one fp32 accumulator per
-trainable parameter, and the last micro-batch adds its gradients into it in place before
-the clip: 4 bytes a parameter.
+## Which tensors are alive in each phase
+
+A plan's total is the largest of the step's three phases plus the 10% margin, not the sum
+of its components: the half-precision weight copies and the activations are gone by the
+update, and the gradients of a one-micro-batch step do not exist in the forward.
+
+| phase | k = 1 (one micro-batch a step) | k > 1 (accumulating) |
+|---|---|---|
+| forward | weights, optimizer states, half-precision weight copies, activations, logits + loss | the same + the fp32 accumulators |
+| backward, start | the forward's + the LM head's fp32 weight gradient (the tied embedding's) | the same |
+| backward, end | weights, states, copies, every gradient + the embedding's two gradient parts (lookup, head) before their sum | weights, states, copies, accumulators + the embedding's two parts and their sum; every other gradient is added into its accumulator as the backward makes it |
+| update | weights, states, gradients: unscaled and clipped in place | weights, states, accumulators: unscaled and clipped in place |
+
+With data parallel, every phase also holds HCCL's buffers (2 x 200 MB), and the update the
+all-reduce's output, one fusion bucket at a time (MindSpore's 64 MB threshold, or the
+largest gradient, the embedding's), which k > 1 copies back into the accumulators. The
+sharded layouts (model / pipeline parallel, optimizer sharding) use MindFormers' wrappers,
+whose accumulating variant scales the accumulators out of place
+(`MFPipelineWithLossScaleCell`, mindformers/wrapper/wrapper.py): a full fp32 set more in
+the update. `tests/test_strategies.py` counts the embedding-sized fp32 tensors in the
+compiled train step's graph: the lookup's gradient, the head's and their sum, nothing else.
+
+The shipped 910A recipes, phase by phase (GB, the margin excluded):
+
+| recipe | forward | backward | update | peak | spare beyond the margin |
+|---|---|---|---|---|---|
+{phases}
 
 ## Where the usual figures go wrong
 
@@ -151,10 +171,29 @@ INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道
 910A 上不使用 flash attention（CANN 只在 Atlas A2/A3 上支持），因此激活包含每层的注意力分数：fp32 概率及其
 半精度副本，micro-batch × 头数 × token²。910B 只保留 flash attention 的 softmax 统计量。
 
-梯度按训练步中实际存活的量计算。每步只有一个 micro-batch 时，梯度只存在一份，类型与可训练参数相同（O0-O2 和
-LoRA 适配器为 fp32，O3 为半精度），不分配累积缓冲区；溢出检查和按全局范数裁剪会在更新前读取全部梯度，所以它们
-同时存活。梯度累积时，每个可训练参数有一个 fp32 累积缓冲区，最后一个 micro-batch 在裁剪前把梯度就地加进去：
-每参数 4 字节。
+## 各阶段存活的张量
+
+规划的总量是训练步三个阶段中最大的一个再加 10% 余量，而不是各部分之和：半精度权重副本和激活在更新阶段已经释放，
+每步只有一个 micro-batch 时，前向阶段还没有梯度。
+
+| 阶段 | k = 1（每步一个 micro-batch） | k > 1（梯度累积） |
+|---|---|---|
+| 前向 | 权重、优化器状态、半精度权重副本、激活、logits + loss | 同左 + fp32 累积缓冲区 |
+| 反向开始 | 前向的全部 + LM head 的 fp32 权重梯度（即共享的词嵌入的梯度） | 同左 |
+| 反向结束 | 权重、状态、副本、全部梯度 + 词嵌入求和前的两部分梯度（查表、head） | 权重、状态、副本、累积缓冲区 + 词嵌入的两部分梯度及其和；其余梯度一产生就加进各自的累积缓冲区 |
+| 更新 | 权重、状态、梯度：就地反缩放和裁剪 | 权重、状态、累积缓冲区：就地反缩放和裁剪 |
+
+数据并行时，每个阶段还有 HCCL 的缓冲区（2 × 200 MB），更新阶段还有 all-reduce 的输出，每次一个融合桶
+（MindSpore 默认 64 MB 阈值，或最大的梯度，即词嵌入的梯度），k > 1 时再拷回累积缓冲区。切分布局（模型 / 流水线并行、
+优化器切分）使用 MindFormers 的封装，其累积版本非就地地缩放累积缓冲区（`MFPipelineWithLossScaleCell`，
+mindformers/wrapper/wrapper.py）：更新阶段多一整份 fp32 梯度。`tests/test_strategies.py` 在编译后的训练步计算图中
+统计与词嵌入同形的 fp32 张量：查表的梯度、head 的梯度及其和，没有别的。
+
+随附的 910A 配方，逐阶段（GB，不含余量）：
+
+| 配方 | 前向 | 反向 | 更新 | 峰值 | 余量之外的剩余 |
+|---|---|---|---|---|---|
+{phases}
 
 ## 常见数字错在哪里
 
@@ -169,8 +208,27 @@ LoRA 适配器为 fp32，O3 为半精度），不分配累积缓冲区；溢出�
 """
 
 
+def phase_rows():
+    from llama_npu.memory.devices import get_device
+    from llama_npu.architecture import resolve_shape
+    from llama_npu.memory.planner import strategy_from_recipe
+    from llama_npu.recipe import load_recipe
+
+    rows = []
+    for path in sorted((REPO / "recipes").glob("*910a*.yaml")):
+        recipe = load_recipe(path)
+        device = get_device(recipe.device.name, recipe.device.max_device_memory)
+        shape = resolve_shape(recipe.model)
+        plan = estimate(shape, cached_parameter_count(shape), device, strategy_from_recipe(recipe, recipe.device.name))
+        p = plan.phases
+        rows.append(f"| `{path.name}` | {g(p['forward'])} | {g(p['backward'])} | {g(p['update'])} | "
+                    f"{plan.peak_phase} | {g(device.usable_bytes - plan.total_bytes)} |")
+    return rows
+
+
 def render() -> dict:
-    values = dict(inference="\n".join(inference_rows()), training="\n".join(training_rows()), **facts())
+    values = dict(inference="\n".join(inference_rows()), training="\n".join(training_rows()),
+                  phases="\n".join(phase_rows()), **facts())
     return {REPO / "docs" / "memory.md": EN.format(**values), REPO / "docs" / "memory.zh-CN.md": ZH.format(**values)}
 
 

@@ -16,7 +16,7 @@ from conftest import REPO
     ("harness_overhead.py", ["--micro", "1", "--seq", "16", "--steps", "1"], "ratio ours / bare: "),
     ("cpu_throughput.py", ["--micro", "1", "--seq", "16", "--steps", "1", "--matmul", "128",
                            "--small-hidden", "128", "--small-layers", "2"], "fraction of matmul FLOP/s: tiny "),
-    ("grad_accum_overhead.py", ["--k", "2", "--micro", "1", "--seq", "16", "--steps", "1"],
+    ("grad_accum_overhead.py", ["--k", "2", "--micro", "1", "--seq", "16", "--steps", "1", "--runs", "2"],
      "ratio accumulated / one batch: "),
     ("data_prep.py", ["--samples", "200", "--max-seq-len", "64"], "ratio packed / unpacked throughput: "),
     ("packing.py", ["--max-seq-len", "256"], "ratio best-fit decreasing / in order, effective tokens per step: "),

@@ -15,6 +15,7 @@ def test_doctor_reports_versions_and_which_recipes_run_here():
     assert re.search(r"llama3_2_1b_zh_full_910a.yaml\s+needs Ascend 910a.*outside MindFormers 1.9's supported",
                      proc.stdout)
     assert "MindFormers 1.9 lists Atlas 800T A2, Atlas 800I A2 and Atlas 900 A3 SuperPoD" in proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("next           llama-npu selftest --json selftest.json")
 
 
 def test_doctor_fails_when_mindspore_cannot_compute(tmp_path):

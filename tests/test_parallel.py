@@ -57,8 +57,12 @@ def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, tmp_pat
     assert len(logs) == 2 and len(digests) == 1, "ranks must hold bit-identical weights"
     got, want = final_weights(ms, out), final_weights(ms, single)
     assert got.keys() == want.keys()
+    # Adam divides each gradient element by its own running magnitude, so a different fp32
+    # summation order (all-reduce vs one batch) in a near-zero element moves that weight by a
+    # fraction of the learning rate, not of the gradient: allow 1% of one step's update (lr 3e-3;
+    # measured here: 1.03e-5 on 1 of 2048 embedding weights with 2 x 2 micro-batches).
     for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-5)  # Adam: tiny grads, tiny drift
+        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=0.01 * 3.0e-3)
     for a, b in zip(read_metrics(out), read_metrics(single)):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["samples_consumed"] == b["samples_consumed"]
@@ -481,3 +485,33 @@ def test_merge_checkpoints_joins_the_shards_of_every_pipeline_stage(ms, tmp_path
     merged = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "merged.ckpt")).items()}
     assert sorted(merged) == ["model.layers.0.w", "model.layers.1.w"]
     assert merged["model.layers.0.w"].mean() == 1.0 and merged["model.layers.1.w"].mean() == 2.0
+
+
+def test_sharded_loss_keeps_packed_rows_apart_on_the_910a_path(ms):
+    """The 910A (no flash attention) with a sharded layout and packed rows: the sharded
+    step's loss, on what CPU can run of it (stand-alone mode, flash attention off as on the
+    910A), gives each packed sample the summed loss it has alone. Before the fix the uint8
+    mask was added to the scores and the samples saw each other."""
+    from llama_npu.data.packing import pack
+    from llama_npu.data.samples import Sample, pad_batch
+    from llama_npu.architecture import resolve_shape
+    from llama_npu.model import IGNORE_ID, PAD_ID, build_model, llama_config
+    from llama_npu.strategies.sharded_step import TrainLoss
+
+    recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
+    ms.set_seed(0)
+    net = build_model(llama_config(resolve_shape(recipe.model), 16, on_ascend=False, calculate_per_token_loss=True))
+    assert not net.config.use_flash_attention
+    net.set_train(True)
+    rng = np.random.default_rng(1)
+    samples = [Sample(list(ids), [IGNORE_ID] + list(ids[1:]), None)
+               for ids in (rng.integers(0, 1000, 7), rng.integers(0, 1000, 9))]
+    loss = TrainLoss(net, 1, 16)
+    alone = [loss(*map(ms.Tensor, pad_batch([s], 17, PAD_ID))) for s in samples]
+    (row,) = pack(samples, 17)
+    numerator, denominator = loss(*map(ms.Tensor, pad_batch([row], 17, PAD_ID)))
+    assert numerator.asnumpy().item() == pytest.approx(sum(n.asnumpy().item() for n, _ in alone), rel=1e-5)
+    assert denominator.asnumpy().item() == 6 + 8
+    ids, labels, _ = pad_batch([row], 17, PAD_ID)
+    leaky, _ = loss(ms.Tensor(ids), ms.Tensor(labels))  # the same row without its mask
+    assert abs(leaky.asnumpy().item() - numerator.asnumpy().item()) > 1e-3

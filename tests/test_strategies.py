@@ -268,3 +268,39 @@ def test_lora_trains_adapters_only_and_merges_exactly(ms):
 def test_impossible_combinations_are_refused_before_building(overrides, message):
     with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):
         recipe(*overrides)
+
+
+def fp32_producers_of_shape(ir_file, shape) -> dict:
+    """{op: count} of the graph nodes in a MindSpore IR dump whose output is a new (not a
+    Ref, i.e. not an in-place) fp32 tensor of `shape`."""
+    import collections
+    import re
+
+    lines = ir_file.read_text().splitlines()
+    wanted = re.compile(r"-> \(<Tensor\[Float32\], \(" + re.escape(", ".join(map(str, shape))) + r"\)>\)$")
+    found = collections.Counter()
+    for line, typed in zip(lines, lines[1:]):
+        op = re.search(r"=\s*(?:PrimFunc_)?(\w+)\(", line)
+        if op and wanted.search(typed.strip()):
+            found[op.group(1)] += 1
+    return dict(found)
+
+
+def test_the_update_allocates_no_second_set_of_gradients(ms, tmp_path):
+    """The compiled train step makes exactly the embedding-sized fp32 tensors its backward
+    makes (the gather's gradient, the tied head's gradient and their sum): the unscale and
+    clip run in place, as docs/memory.md's update phase counts. Before, the update's
+    fp32 `grad * factor` was a second full set of gradients beside the accumulators."""
+    net, cell = build(ms)
+    k = 2  # SGD: a fused kernel, no temporaries of its own
+    step = train_step(ms, net, cell, "train.optimizer.name=sgd", "train.grad_clip=1.0", k=k)
+    ids, labels = batch(2, 1, seed=0)
+    ms.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
+    try:
+        step([(ids, labels)] * k, lr=0.01)
+    finally:
+        ms.set_context(save_graphs=0)
+    (final,) = [f for f in tmp_path.glob("*_validate_*.ir") if "FinalMicroStep" in f.read_text()]
+    made = fp32_producers_of_shape(final, net.model.tok_embeddings.embedding_weight.shape)
+    made.pop("Load", None)  # reads of the weight and of its accumulator
+    assert made == {"UnsortedSegmentSum": 1, "MatMul": 1, "AddN": 1, "SGD": 1}

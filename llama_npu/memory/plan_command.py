@@ -71,6 +71,7 @@ def never_run_on_npu(s: Strategy) -> List[str]:
 def plan_json(plan: Plan, preset: str) -> dict:
     return {"model": preset, "params": plan.params, "device": plan.device.name, "devices": plan.strategy.devices,
             "device_bytes": plan.device.usable_bytes, "components": dict(plan.components),
+            "phases": dict(plan.phases), "peak_phase": plan.peak_phase,
             "total_bytes": plan.total_bytes, "fits": plan.fits, "strategy": asdict(plan.strategy),
             "never_run_on_npu": never_run_on_npu(plan.strategy)}
 
@@ -87,7 +88,10 @@ def format_plan(plan: Plan, preset: str, title: str = "") -> str:
              f"  {'component':<24}{'bytes':>18}{'GB':>10}"]
     for name, value in plan.components.items():
         lines.append(f"  {name:<24}{value:>18,}{gb(value):>10}")
-    lines.append(f"  {'total':<24}{plan.total_bytes:>18,}{gb(plan.total_bytes):>10}")
+    # Not every component is alive at once: the total is the largest phase plus the margin.
+    lines.append("  alive at each phase's peak: " + ", ".join(
+        f"{name} {gb(value)} GB" for name, value in plan.phases.items()) + f" (peak: {plan.peak_phase})")
+    lines.append(f"  {'total (peak + margin)':<24}{plan.total_bytes:>18,}{gb(plan.total_bytes):>10}")
     gap = plan.total_bytes - d.usable_bytes
     lines.append(f"  fits: yes, {gb(-gap)} GB to spare beyond the 10% margin" if plan.fits else
                  f"  fits: no, {gb(gap)} GB over the {gb(d.usable_bytes)} GB usable")

@@ -1,15 +1,18 @@
-"""The memory planner: what a recipe needs per device, component by component, and a search
-for the plan that fits with the highest estimated throughput.
+"""The memory planner: what a recipe needs per device, tensor class by tensor class, the
+peak over the step's phases, and a search for the plan that fits with the highest estimated
+throughput.
 
 Every number is a formula over the exact parameter counts and the recipe; the formulas
-follow this harness's implementation, not an idealised trainer:
+follow this harness's implementation, not an idealised trainer (docs/memory.md says which
+tensors are alive in which phase):
 - weights: parameters in their stored dtype (fp32 under O0-O2, the half dtype under O3; a
   LoRA base in the compute dtype) plus, under O1/O2, the half-precision copies the matmuls
-  use, which autodiff keeps for the backward pass;
-- gradients: what is alive at the overflow check and the clip, which need every gradient at
-  once. One micro-batch a step: the gradients themselves, in the trainable parameters'
-  dtype (no accumulation buffer exists). Accumulating: the fp32 accumulators of the train
-  step, into which the last micro-batch adds its gradients in place before the clip;
+  use, which autodiff keeps for the backward pass (freed before the update);
+- gradients: one micro-batch a step: the gradients themselves, in the trainable
+  parameters' dtype, from the backward to the update. Accumulating: the fp32 accumulators,
+  alive the whole step; each new gradient is added into them as the backward produces it;
+- embedding_gradient: the tied embedding's fp32 gradient in flight: the LM head's part from
+  the start of the backward, the lookup's part and their sum at its end;
 - optimizer states: AdamW's two fp32 moments; MindSpore's SGD keeps `accum` and `stat`
   buffers even without momentum, also 8 bytes a parameter; divided by data parallel with
   optimizer sharding;
@@ -17,8 +20,14 @@ follow this harness's implementation, not an idealised trainer:
   the device, times the micro-batches a pipeline stage holds in flight;
 - logits and loss: the LM head output and the cross-entropy's fp32 buffers over the whole
   micro-batch, or over one chunk with chunked cross-entropy;
+- update_copies: what the update makes beside the gradients. Our train step unscales and
+  clips in place (strategies/accumulation.py), so only data parallel's all-reduce output
+  exists, one fusion bucket at a time (the 64 MB threshold, or the largest gradient);
+  MindFormers' wrappers of the sharded layouts scale the accumulators out of place
+  (mindformers/wrapper/wrapper.py MFPipelineWithLossScaleCell): a full fp32 set;
 - communication buffers: HCCL keeps 2 x 200 MB per communicator;
 - margin: 10% of the usable memory, kept free for the runtime and fragmentation.
+The plan's total is the largest phase (forward, backward, update) plus the margin.
 """
 from __future__ import annotations
 
@@ -32,6 +41,8 @@ from .devices import GB, Device, get_device
 
 MARGIN_FRACTION = 0.10
 HCCL_BUFFER = 2 * 200 * 10**6
+ALLREDUCE_BUCKET = 64 * 2**20  # MindSpore's default all-reduce fusion threshold (set_fusion_threshold_mb)
+PHASES = ("forward", "backward", "update")
 LORA_SHAPES = {"wq": ("h", "h"), "wk": ("h", "kv"), "wv": ("h", "kv"), "wo": ("h", "h"),
                "w1": ("h", "f"), "w2": ("f", "h"), "w3": ("h", "f")}
 
@@ -75,10 +86,17 @@ class Plan:
     device: Device
     strategy: Strategy
     components: Dict[str, int] = field(default_factory=dict)
+    phases: Dict[str, int] = field(default_factory=dict)  # bytes alive at each phase's peak, margin excluded
+
+    @property
+    def peak_phase(self) -> Optional[str]:
+        return max(self.phases, key=self.phases.get) if self.phases else None
 
     @property
     def total_bytes(self) -> int:
-        return sum(self.components.values())
+        if not self.phases:  # inference: one forward pass, everything alive at once
+            return sum(self.components.values())
+        return self.phases[self.peak_phase] + self.components["margin"]
 
     @property
     def fits(self) -> bool:
@@ -167,6 +185,41 @@ def logits_loss(shape: LlamaShape, s: Strategy) -> int:
     return buffers + (tokens * shape.hidden_size * 4 if s.chunked_ce else 0)
 
 
+def sharded(s: Strategy) -> bool:
+    return s.model > 1 or s.pipeline > 1 or s.optimizer_shard
+
+
+def step_transients(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
+    """The gradients in flight in the backward and the update's own copies (module docstring)."""
+    embedding = 0 if s.lora else split_params(shape)["embedding"] // (1 if s.vocab_emb_dp else s.model) * 4
+    # The largest gradient a one-at-a-time copy holds: the embedding's, or a layer's adapters.
+    largest = embedding or 4 * lora_params_per_layer(shape, s.lora_rank, s.lora_targets)
+    accumulates = s.accumulation > 1 or s.pipeline > 1
+    if sharded(s):
+        update = model_states(shape, s)["gradients"] if accumulates else largest
+    else:
+        update = max(ALLREDUCE_BUCKET, largest) if s.data > 1 else 0
+    if s.amp_level == "O3" and accumulates and not s.lora:
+        update += model_states(shape, s)["gradients"] // 2  # the fp32 accumulators cast to the half weights
+    return {"embedding_gradient": embedding, "update_copies": update}
+
+
+def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
+    """Bytes alive at the peak of each phase of one micro-step (docs/memory.md)."""
+    c = components
+    accumulates = s.accumulation > 1 or s.pipeline > 1
+    always = c["weights"] + c["optimizer_states"] + c["communication_buffers"] + (c["gradients"] if accumulates else 0)
+    forward = always + c["weight_compute_copies"] + c["activations"] + c["logits_loss"]
+    # Start of the backward: every activation, the logits' gradient and the head's weight
+    # gradient; its end: the embedding's two gradient parts and their sum, beside the
+    # other gradients (k = 1) or the accumulators.
+    start = forward + c["embedding_gradient"]
+    end = always + c["weight_compute_copies"] + (3 * c["embedding_gradient"] if accumulates
+                                                  else c["gradients"] + 2 * c["embedding_gradient"])
+    update = always + (0 if accumulates else c["gradients"]) + c["update_copies"]
+    return {"forward": forward, "backward": max(start, end), "update": update}
+
+
 def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
     """The recipe's settings as a Strategy (strategies.parallel.data already resolved from
     `auto` when the recipe loaded)."""
@@ -190,9 +243,11 @@ def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Pla
     plan.components.update(model_states(shape, s))
     plan.components["activations"] = activations(shape, s)
     plan.components["logits_loss"] = logits_loss(shape, s)
+    plan.components.update(step_transients(shape, s))
     communicators = (s.data > 1) + (s.model > 1) + (s.pipeline > 1)
     plan.components["communication_buffers"] = communicators * HCCL_BUFFER
     plan.components["margin"] = int(device.usable_bytes * MARGIN_FRACTION)
+    plan.phases = phase_peaks(plan.components, s)
     return plan
 
 

@@ -15,6 +15,11 @@ mindformers/wrapper/wrapper.py (MFTrainOneStepCell: clip by global norm, then
   path ORs its overflow flag into a device flag. `FinalMicroStep` adds its own gradients
   into the accumulators in place, then all-reduces once, checks, clips, updates and zeroes
   the buffers.
+- The update makes no second set of gradients: unscale and clip multiply the gradients (the
+  accumulators when k > 1) in place, the all-reduce's output is copied back into the
+  accumulators tensor by tensor, and the optimizer takes them as they are where the
+  weights' dtype is theirs (docs/memory.md, the update phase; tests/test_strategies.py
+  counts the step's parameter-sized tensors in its compiled graph).
 - The host reads one small vector per optimizer step (loss, tokens, norm, overflow, scale,
   stop request), never per micro-batch.
 
@@ -39,31 +44,48 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.ops.auto_generate.gen_ops_prim import InplaceCopy, InplaceMul
 
 from ..model import IGNORE_ID
 
 REGISTERS, INFNAN, ISFINITE = "float-status registers", "INFNAN (AllFinite / IsFinite)", "is-finite reduction"
 _add_into = ops.MultitypeFuncGraph("add_into")
-_times = ops.MultitypeFuncGraph("times")
-_update_of = ops.MultitypeFuncGraph("update_of")
+_scale_in_place = ops.MultitypeFuncGraph("scale_in_place")
+_copy_into = ops.MultitypeFuncGraph("copy_into")
+_for_optimizer = ops.MultitypeFuncGraph("for_optimizer")
 _square_sum = ops.MultitypeFuncGraph("square_sum")
 _self_dot = ops.MultitypeFuncGraph("self_dot")
+# In-place kernels (aclnnInplaceMul / aclnnInplaceCopy on Ascend; they run on the CPU backend
+# in GRAPH_MODE too): mindspore/ops/auto_generate/gen_ops_prim.py InplaceMul, InplaceCopy.
+_inplace_mul = InplaceMul()
+_inplace_copy = InplaceCopy()
 
 
 @_add_into.register("Tensor", "Tensor")
 def _add_into_tensor(accumulator, grad):
-    return ops.assign_add(accumulator, grad.astype(accumulator.dtype))
+    """The accumulator itself, after the gradient is added into it."""
+    return ops.depend(accumulator, ops.assign_add(accumulator, grad.astype(accumulator.dtype)))
 
 
-@_times.register("Tensor", "Tensor")
-def _times_tensor(factor, grad):
-    return grad * factor.astype(grad.dtype)
+@_scale_in_place.register("Tensor", "Tensor")
+def _scale_in_place_tensor(factor, grad):
+    return _inplace_mul(grad, factor.astype(grad.dtype))
 
 
-@_update_of.register("Tensor", "Tensor", "Tensor")
-def _update_of_tensor(factor, grad, weight):
-    """The gradient the optimizer applies: unscaled and clipped in fp32, in the weight's dtype."""
-    return ops.cast(grad.astype(ms.float32) * factor, ops.dtype(weight))
+@_copy_into.register("Tensor", "Tensor")
+def _copy_into_tensor(accumulator, reduced):
+    """The all-reduced gradient back into its accumulator: each reduced copy lives only until
+    it is copied, not beside the whole set of accumulators until the update."""
+    return _inplace_copy(accumulator, reduced)
+
+
+@_for_optimizer.register("Tensor", "Tensor")
+def _for_optimizer_tensor(grad, weight):
+    """The gradient in the weight's dtype: a copy only where they differ (O3's half weights
+    with fp32 accumulators), the fp32 master weights of O0-O2 take the gradient as it is."""
+    if ops.dtype(grad) == ops.dtype(weight):
+        return grad
+    return ops.cast(grad, ops.dtype(weight))
 
 
 @_square_sum.register("Tensor")
@@ -170,7 +192,8 @@ class FinalMicroStep(MicroStep):
             # Each rank's gradients are its own token mean; weighting by the rank's share of the
             # step's target tokens and summing gives the mean over every target token.
             share = token_count / ops.maximum(flags[1], 1.0)
-            grads = self.grad_reducer(self.hyper_map(ops.partial(_times, share), grads))
+            reduced = self.grad_reducer(self.hyper_map(ops.partial(_scale_in_place, share), grads))
+            grads = self.hyper_map(_copy_into, self.carry.gradients, reduced) if self.accumulate else reduced
         if self.overflow_check == ISFINITE:
             square_sum = ops.addn(self.hyper_map(_self_dot, grads))
             # One reduction serves the norm and the check: the sum of squares is finite only
@@ -185,7 +208,10 @@ class FinalMicroStep(MicroStep):
         factor = 1.0 / scale
         if self.grad_clip > 0:
             factor = factor * ops.select(norm > self.grad_clip, self.grad_clip / (norm + 1e-6), ops.ones_like(norm))
-        grads = self.hyper_map(ops.partial(_update_of, factor), grads, self.weights)
+        # Unscaled and clipped in place, then handed over in the weights' dtype: the update
+        # allocates no second set of gradients (docs/memory.md, the update phase).
+        grads = self.hyper_map(ops.partial(_scale_in_place, factor), grads)
+        grads = self.hyper_map(_for_optimizer, grads, self.weights)
         overflow = self.process_loss_scale(overflow)
         if not overflow:
             norm = ops.depend(norm, self.optimizer(grads))

@@ -35,6 +35,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 from mindspore.ops import operations as P
 
+from ..loss import layers_with_additive_mask
 from ..model import IGNORE_ID
 from ..recipe import Recipe, accumulation_steps
 from .accumulation import StepResult
@@ -50,6 +51,7 @@ class TrainLoss(nn.Cell):
     def __init__(self, llama, data_parallel: int, seq_length: int):
         super().__init__(auto_prefix=False)  # keep MindFormers' parameter names
         self.llama = llama
+        self.flash_attention = llama.config.use_flash_attention
         dp = data_parallel
         self.causal = Tensor(np.tril(np.ones((1, seq_length, seq_length), np.bool_)))
         self.slice = P.StridedSlice().shard(((dp, 1),))
@@ -58,6 +60,11 @@ class TrainLoss(nn.Cell):
         self.logical_and = P.LogicalAnd().shard(((dp, 1, 1), (1, 1, 1)))
         self.logical_not = P.LogicalNot().shard(((dp, 1, 1),))
         self.cast = P.Cast()
+        # The additive path (no flash attention): its mask and the training branch of
+        # LlamaForCausalLM.construct after the layers, with llama.py's strategies.
+        self.to_additive = P.Mul().shard(((dp, 1, 1), ()))
+        self.not_equal = P.NotEqual().shard(((dp, 1), ()))
+        self.mul = P.Mul().shard(((dp, 1), (dp, 1)))
 
     def construct(self, input_ids, labels, segment_ids=None):
         if segment_ids is None:
@@ -67,9 +74,20 @@ class TrainLoss(nn.Cell):
         segments = self.slice(segment_ids, (0, 0), (bs, t), (1, 1))  # (B, T), as llama slices tokens
         same = self.equal(self.reshape(segments, (bs, t, 1)), self.reshape(segments, (bs, 1, t)))
         blocked = self.logical_not(self.logical_and(same, self.causal))  # (B, T, T), True = masked
-        # Flash attention (every Ascend run) honours a passed uint8 mask, 1 = masked.
-        mask = self.reshape(self.cast(blocked, ms.uint8), (bs, 1, t, t))
-        return self.llama(input_ids, labels, None, None, mask)
+        if self.flash_attention:
+            # Flash attention honours a passed uint8 mask, 1 = masked (910B and later).
+            mask = self.reshape(self.cast(blocked, ms.uint8), (bs, 1, t, t))
+            return self.llama(input_ids, labels, None, None, mask)
+        # No flash attention (the 910A): LlamaModel would turn any passed mask into a uint8
+        # that the plain attention adds to its scores (loss.layers_with_additive_mask).
+        tokens = self.slice(input_ids, (0, 0), (bs, t), (1, 1))
+        targets = self.slice(labels, (0, 1), (bs, length), (1, 1))
+        mask = self.reshape(self.to_additive(self.cast(blocked, ms.float32), -10000.0), (bs, 1, t, t))
+        logits = self.llama.lm_head(layers_with_additive_mask(self.llama.model, tokens, mask))
+        weights = self.mul(self.cast(self.not_equal(tokens, self.llama.pad_token_id), ms.float32),
+                           self.cast(self.not_equal(targets, IGNORE_ID), ms.float32))
+        logits = self.cast(self.reshape(logits, (-1, logits.shape[-1])), ms.float32)
+        return self.llama.loss(logits, self.reshape(targets, (-1,)), self.reshape(weights, (-1,)))
 
 
 class EvalLoss(nn.Cell):

@@ -1,0 +1,68 @@
+"""llama-npu selftest on the CPU: the command CI runs, and each CPU check broken on purpose."""
+import json
+
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.fixture(scope="session")
+def cpu_selftest(tmp_path_factory):
+    out = tmp_path_factory.mktemp("selftest") / "selftest.json"
+    proc = run_cli("selftest", "--device", "cpu", "--json", out, timeout=900)
+    return proc, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason(cpu_selftest):
+    proc, report = cpu_selftest
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = report["checks"]
+    passed = [c["name"] for c in checks if c["status"] == "pass"]
+    assert len(passed) >= 6 and not [c for c in checks if c["status"] == "fail"]
+    assert all(c["reason"] for c in checks if c["status"] == "skip")
+    assert {c["category"] for c in checks} == {"overflow", "precision", "mask", "memory", "speed", "parallel", "export"}
+    # A check the CPU cannot run is a skip, never a pass.
+    status = {c["name"]: c["status"] for c in checks}
+    assert status["precision_bf16_vs_fp32"] == status["mask_flash_vs_plain"] == status["memory_vs_plan"] == "skip"
+    assert set(report["device"]) >= {"soc", "cann", "mindspore", "mindformers", "hbm_bytes", "overflow_mode"}
+    assert report["device"]["overflow_mode"] == "is-finite reduction"
+    for c in checks:  # one printed line a check: name, status, figure against tolerance or reason
+        assert any(line.startswith(c["name"]) and c["status"] in line for line in proc.stdout.splitlines())
+    assert "6 passed, 0 failed" in proc.stdout.splitlines()[-1]
+
+
+def test_selftest_on_ascend_without_an_npu_is_one_line_and_exit_2():
+    proc = run_cli("selftest", "--device", "ascend")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0 and "no Ascend NPU on this host" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["overflow_skips_update", "precision_fp16", "mask_packed",
+                                  "mask_packed_sharded_loss", "resume_exact", "export_exact"])
+def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
+    """The fault of each check (a scale that cannot overflow, a half run at 10^5 x the rate,
+    packed rows without their mask, a resume without the optimizer state, a float16
+    export) makes it fail: none of them passes whatever happens."""
+    from llama_npu import selftest
+
+    check = getattr(selftest, f"check_{name}")(selftest.Context("cpu", "cpu"), fault=True)
+    assert check.status == "fail" and check.reason
+    assert check.figure > check.tolerance
+
+
+def test_launch_selftest_runs_the_data_parallel_check_on_two_workers(tmp_path):
+    """scripts/launch.sh --selftest 2: two msrun workers step a data-parallel model 3 times;
+    the ranks' weights hash the same and equal one process stepping the global batch."""
+    import os
+    import subprocess
+
+    from conftest import REPO
+
+    out = tmp_path / "parallel.json"
+    env = {**os.environ, "LOG_DIR": str(tmp_path / "logs"), "MASTER_PORT": "8167"}
+    proc = subprocess.run(["bash", "scripts/launch.sh", "--selftest", "2", "--json", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (check,) = json.loads(out.read_text())["checks"]
+    assert (check["name"], check["status"]) == ("data_parallel_equals_one_process", "pass")
+    assert check["figure"] <= check["tolerance"] and "data_parallel_equals_one_process" in proc.stdout
