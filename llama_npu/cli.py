@@ -88,8 +88,11 @@ def cmd_train(args) -> int:
                            force=args.force, rehearsal=rehearsal)
     print(format_summary(summary))
     if summary["stopped_by"]:
+        # Under msrun scripts/launch.sh prints the command that continues the whole launch.
+        then = ("scripts/launch.sh prints the command that continues the launch" if "workers" in summary else
+                f"continue with: {resume_command(run_dir, recipe)}")
         print(f"llama-npu: stopped by {summary['stopped_by']} after step {summary['steps']}; newest checkpoint: "
-              f"{summary['checkpoint']}; continue with: {resume_command(run_dir, recipe)}", file=sys.stderr)
+              f"{summary['checkpoint']}; {then}", file=sys.stderr)
         return PREEMPTED
     return 0
 

@@ -10,6 +10,7 @@ per call, so one chunk of logits exists at a time.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 

@@ -7,12 +7,15 @@ Layout it reads: <run>/checkpoints/rank_<R>/step_<N>/model.ckpt and
 strategy file describes the whole network; with one, each stage's file holds only its
 own parameters, and mindspore.merge_pipeline_strategys joins them first (as MindFormers'
 checkpoint transformation does, mindformers/tools/ckpt_transform/transform_checkpoint.py).
+Each rank's weights are cut to the parameters its own strategy file names before the
+transformation: transform_checkpoints loads the ranks in descending order, keyed by
+rank % stage_device_num, so another stage's stale copy in a low rank's file (runs that saved
+every parameter on every rank) would otherwise overwrite the owning stage's value.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import Optional
 
 from .architecture import resolve_shape
 from .atomic import staged_directory
-from .checkpoint import WEIGHTS, checkpoint_root, read_state
+from .checkpoint import WEIGHTS, rank_roots, read_state
 from .stored_recipe import STORED_RECIPE, stored_recipe
 
 
@@ -28,10 +31,21 @@ class MergeError(RuntimeError):
     pass
 
 
-def rank_dirs(run_dir: Path) -> list[Path]:
-    root = checkpoint_root(run_dir)
-    found = sorted((int(m.group(1)), p) for p in root.glob("rank_*") if (m := re.fullmatch(r"rank_(\d+)", p.name)))
-    return [p for _, p in found]
+def pipeline_stages(run_dir: Path) -> int:
+    recipe = stored_recipe(run_dir)
+    if recipe is None:
+        raise MergeError(f"{Path(run_dir) / STORED_RECIPE}: not found; the run writes it at start and merging "
+                         f"needs its strategies.parallel.pipeline")
+    return recipe.strategies.parallel.pipeline
+
+
+def stage_parameters(strategy_file: Path) -> set:
+    """The parameters a rank's own strategy file lays out: those of its pipeline stage."""
+    import mindspore as ms
+
+    strategy = ms.train.node_strategy_pb2.ParallelStrategyMap()
+    strategy.ParseFromString(Path(strategy_file).read_bytes())
+    return {item.param_name for item in strategy.parallel_layout_item}
 
 
 def source_strategy(run_dir: Path, work_dir: Path) -> Path:
@@ -44,12 +58,7 @@ def source_strategy(run_dir: Path, work_dir: Path) -> Path:
     if not files:
         raise MergeError(f"{strategy_dir}: no rank_<R>.ckpt strategy files; each rank of a sharded run writes "
                          f"its own when its train graph compiles")
-    recipe = stored_recipe(run_dir)
-    if recipe is None:
-        raise MergeError(f"{Path(run_dir) / STORED_RECIPE}: not found; the run writes it at start and merging "
-                         f"needs its strategies.parallel.pipeline")
-    stages = recipe.strategies.parallel.pipeline
-    if stages == 1:
+    if pipeline_stages(run_dir) == 1:
         return strategy_dir / "rank_0.ckpt"
     merged = Path(work_dir) / "merged_strategy.ckpt"
     ms.merge_pipeline_strategys(str(strategy_dir), str(merged))
@@ -83,7 +92,7 @@ def merge_shards(run_dir: Path, dst: Path, step: Optional[int] = None) -> Path:
     as_directory = dst.suffix != ".ckpt"
     if as_directory and dst.exists():
         raise MergeError(f"{dst} exists; remove it or choose another --dst")
-    ranks = rank_dirs(run_dir)
+    ranks = rank_roots(run_dir)
     if not ranks:
         raise MergeError(f"{run_dir}: no checkpoints/rank_<R> directories; only runs with model, pipeline "
                          f"or optimizer sharding save per-rank shards (a data-parallel run saves whole weights)")
@@ -95,13 +104,19 @@ def merge_shards(run_dir: Path, dst: Path, step: Optional[int] = None) -> Path:
         step = max(common)
     with tempfile.TemporaryDirectory() as tmp:
         strategy = source_strategy(run_dir, Path(tmp))
-        # transform_checkpoints wants <dir>/rank_<R>/<one .ckpt>: link the weights there.
+        pipelined = pipeline_stages(run_dir) > 1
+        # transform_checkpoints wants <dir>/rank_<R>/<one .ckpt>: each rank's own parameters.
         for index, rank in enumerate(ranks):
             shard = rank / f"step_{step}" / WEIGHTS
             if read_state(shard.parent) is None:
                 raise MergeError(f"{shard.parent} is not a complete checkpoint")
-            (Path(tmp) / "src" / f"rank_{index}").mkdir(parents=True)
-            os.symlink(shard.resolve(), Path(tmp) / "src" / f"rank_{index}" / WEIGHTS)
+            src = Path(tmp) / "src" / f"rank_{index}" / WEIGHTS
+            src.parent.mkdir(parents=True)
+            if not pipelined:  # every rank holds every parameter's shard: link it
+                os.symlink(shard.resolve(), src)
+                continue
+            own = stage_parameters(run_dir / "strategy" / f"rank_{index}.ckpt")
+            ms.save_checkpoint(ms.load_checkpoint(str(shard), choice_func=lambda name: name in own), str(src))
         ms.transform_checkpoints(str(Path(tmp) / "src"), str(Path(tmp) / "dst"), "merged",
                                  src_strategy_file=str(strategy), dst_strategy_file=None)
         merged = next((Path(tmp) / "dst").rglob("*.ckpt"))

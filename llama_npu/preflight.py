@@ -172,26 +172,43 @@ def _writable(run_dir: Path) -> Optional[str]:
 
 
 def resume_candidates(run_dir: Path, resume: Optional[str]) -> list:
-    """The checkpoints to resume from, newest first (the loop falls back to the next when
-    one turns out damaged); raises when there is none that could be."""
-    from .checkpoint import checkpoint_root, problem, read_state, step_dirs_newest_first
+    """The checkpoints to resume from, newest first: with `auto`, the steps complete on every
+    rank (checkpointer.Checkpointer.choose reads them against their CRC and takes the newest
+    good one); raises when there is none that could be."""
+    from .checkpoint import checkpoint_root, problem, rank_roots, read_state, step_dirs_newest_first
 
     if resume == "auto":
-        root = checkpoint_root(run_dir)
-        if (root / "rank_0").is_dir():  # sharded run: every rank holds the same steps
-            root = root / "rank_0"
-        found = step_dirs_newest_first(root)
-        complete = [path for path in found if read_state(path) is not None]
+        roots = rank_roots(run_dir) or [checkpoint_root(run_dir)]
+        found = step_dirs_newest_first(roots[0])  # a step missing on rank 0 is complete nowhere
+        complete = [path for path in found if all(read_state(root / path.name) is not None for root in roots)]
         if found and not complete:
-            reasons = "; ".join(f"{path.name}: {problem(path)}" for path in found)
-            raise RunDirError(f"resume: none of the checkpoints under {root} is complete ({reasons}); "
-                              f"pass --resume PATH to pick one, or --overwrite to start again")
+            reasons = "; ".join(f"{path.name}: {next(filter(None, (problem(r / path.name) for r in roots)))}"
+                                for path in found)
+            where = roots[0] if len(roots) == 1 else f"{checkpoint_root(run_dir)} (on every rank)"
+            raise RunDirError(f"resume: none of the checkpoints under {where} is complete ({reasons}); pass "
+                              f"--resume PATH to pick one, or --overwrite to start again")
         return complete
     path = Path(resume)
-    if not path.is_dir() or read_state(path) is None:
-        raise RunDirError(f"--resume {path}: not a complete checkpoint directory (expected a step_<N> "
-                          f"directory holding model.ckpt, optimizer.ckpt and state.json)")
+    reason = problem(path) if path.is_dir() else "no such directory"
+    if reason:
+        raise RunDirError(f"--resume {path}: not a complete checkpoint directory ({reason}); expected a step_<N> "
+                          f"directory holding model.ckpt, optimizer.ckpt and state.json")
     return [path]
+
+
+def check_rewind(run_dir: Path, candidates: list) -> None:
+    """Resuming from an older step than the run directory holds sets the later ones aside
+    (checkpointer.Checkpointer.start_branch); refuse now, before anything is written, when
+    they could not be moved."""
+    from .checkpoint import checkpoint_root, inspect, rank_roots, unmovable
+
+    if not candidates:
+        return
+    step = inspect(candidates[0])[0]["step"]
+    for root in rank_roots(run_dir) or [checkpoint_root(run_dir)]:
+        reason = unmovable(root, step)
+        if reason:
+            raise RunDirError(f"resume: {reason}; fix the permissions, or resume into another --output-dir")
 
 
 def check_output_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
@@ -203,6 +220,8 @@ def check_output_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
         problems.append("--resume and --overwrite exclude each other")
     elif resume:
         candidates = _collect(problems, resume_candidates, run_dir, resume) or []
+        if main_rank:  # rank 0 sets the later checkpoints aside
+            _collect(problems, check_rewind, run_dir, candidates)
     elif main_rank and run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
         problems.append(f"output directory {run_dir} is not empty; pass --resume auto to continue it or "
                         f"--overwrite to start again")

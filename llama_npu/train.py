@@ -1,7 +1,11 @@
-"""The training loop: build -> wrap -> step -> log -> checkpoint.
+"""A training run: `run_training` checks, tokenizes and opens the run directory;
+`setup(recipe, run_dir, ...) -> Session` builds the network, train step, data stream,
+evaluation, metrics and checkpointer and resumes; `run_loop(session, signals)` steps, logs,
+evaluates and checkpoints.
 
-Strategy logic lives in llama_npu/strategies; this file only wires the pieces together and
-runs them in order, so the whole loop reads in one sitting.
+Strategy logic lives in llama_npu/strategies and the checkpoint policy in checkpointer.py;
+this file only wires the pieces together and runs them in order, so the loop reads in one
+sitting.
 """
 from __future__ import annotations
 
@@ -11,11 +15,14 @@ import shutil
 import tempfile
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import yaml
 
+from .checkpoint import inspect
+from .checkpointer import Checkpointer
 from .console import note, progress_bar, warn
 from .preflight import PreflightError, preflight, recipe_difference
 from .recipe import Recipe, accumulation_steps, with_absolute_paths
@@ -39,35 +46,17 @@ def open_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool) -> bool:
     return created
 
 
-def resume_state(candidates: list, net, optimizer) -> tuple[Optional[Path], Optional[dict]]:
-    """Load the newest checkpoint that loads; warn about each that does not."""
-    from .checkpoint import CheckpointError, load_checkpoint
-
-    for path in candidates:
-        note(f"loading checkpoint {path}")
-        try:
-            return path, load_checkpoint(path, net, optimizer)
-        except CheckpointError as exc:
-            if len(candidates) == 1:
-                raise
-            warn(f"skipping checkpoint {path}: {exc}")
-    if candidates:
-        raise CheckpointError(f"resume: no checkpoint among {', '.join(p.name for p in candidates)} "
-                              f"under {candidates[0].parent} could be loaded (see the warnings above)")
-    return None, None
-
-
-def compile_then_resume(step_fn, example_batches, candidates: list, net, optimizer):
+def compile_then_resume(step_fn, example_batches, checkpointer, path: Path, net, optimizer) -> dict:
     """Resume in MindFormers' order (base_trainer.training_process: compile_model, then
     load_checkpoint). A step that compiles ahead -- the sharded step, whose compile slices
     every Parameter to this rank's shard (mindspore/parallel/_utils.py) -- compiles before a
     rank_<R> shard is loaded into it; our own step has whole Parameters and compiles at its
     first call. `example_batches()` gives one step's micro-batches of the run's shapes."""
     compile_graph = getattr(step_fn, "compile", None)
-    if candidates and compile_graph is not None:
+    if compile_graph is not None:
         note("compiling the train graph before loading the checkpoint, so parameters have their sharded shapes")
         compile_graph(example_batches())
-    return resume_state(candidates, net, optimizer)
+    return checkpointer.load(path, net, optimizer)
 
 
 def _raw_samples(recipe: Recipe, tokenizer, files):
@@ -142,6 +131,30 @@ def weights_digest(params) -> str:
     return digest.hexdigest()[:16]
 
 
+@dataclass
+class Session:
+    """Everything the loop needs, built by `setup`: the network and its train step, the
+    data stream at the step the run starts from, evaluation, metrics and checkpoints."""
+    recipe: Recipe
+    run_dir: Path
+    world: object  # strategies.parallel.World
+    on_ascend: bool
+    net: object
+    params: list
+    optimizer: object
+    scaler: object
+    step_fn: object
+    stream: object  # data.batches.BatchStream
+    eval_cell: object
+    eval_batch: int
+    eval_samples: list
+    checkpointer: Checkpointer
+    metrics: Optional[object]  # metrics.MetricLogger on rank 0
+    planned_peak: int
+    start_step: int = 0
+    rehearsal: Optional[dict] = None
+
+
 def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Optional[str] = None,
                  overwrite: bool = False, force: bool = False, rehearsal: Optional[dict] = None) -> dict:
     """Check everything, then train. Nothing is written, deleted (--overwrite) or built
@@ -149,10 +162,11 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     interrupted (stopping.StopSignals) after that removes the run directory it created."""
     from .data.tokenizer import load_tokenizer
     from .launcher import launched_rank, launched_workers
+    from .runtime import init_runtime, quiet_frameworks
 
     run_dir = Path(run_dir)
-    main_rank = launched_rank() == 0
-    problems, resume_candidates = preflight(recipe, run_dir, resume, overwrite, force, launched_workers(), main_rank,
+    rank = launched_rank()
+    problems, resume_candidates = preflight(recipe, run_dir, resume, overwrite, force, launched_workers(), rank == 0,
                                             rehearsal=rehearsal is not None)
     if problems:
         raise PreflightError(problems)
@@ -170,46 +184,41 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     eval_samples = _raw_samples(recipe, tokenizer, recipe.data.eval_files)[0] if recipe.data.eval_files else []
     # Under msrun only rank 0 clears and writes the run directory; the others read.
     with signals.creating_run_dir():
-        created = open_run_dir(run_dir, recipe, overwrite) if main_rank else False
+        created = open_run_dir(run_dir, recipe, overwrite) if rank == 0 else False
         if created:
             signals.remove_on_startup_signal(run_dir)
     try:
-        return _train(recipe, run_dir, resume_candidates, train_source, eval_samples, signals,
-                      warn_recipe_hash=stored is None, rehearsal=rehearsal)
+        quiet_frameworks(run_dir / "logs" if rank == 0 else
+                         Path(tempfile.gettempdir()) / "llama-npu-logs" / run_dir.name / f"rank_{rank}")
+        on_ascend = init_runtime(recipe)
+        session = setup(recipe, run_dir, train_source, eval_samples, on_ascend,
+                        resume_candidates if resume else None, warn_recipe_hash=stored is None)
+        session.rehearsal = rehearsal
+        return run_loop(session, signals)
     except BaseException:
         if created and not signals.training_started:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
 
 
-def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source, eval_samples: list,
-           signals: StopSignals, warn_recipe_hash: bool, rehearsal: Optional[dict]) -> dict:
-    from .runtime import init_runtime, quiet_frameworks
-    from .launcher import launched_rank
-
-    main_rank = launched_rank() == 0
-
-    quiet_frameworks(run_dir / "logs" if main_rank else
-                     Path(tempfile.gettempdir()) / "llama-npu-logs" / run_dir.name / f"rank_{launched_rank()}")
-    on_ascend = init_runtime(recipe)
-
+def setup(recipe: Recipe, run_dir: Path, train_source, eval_samples: list, on_ascend: bool,
+          resume_candidates: Optional[list] = None, warn_recipe_hash: bool = False) -> Session:
+    """Build the run: communication and layout, network, optimizer, train step, evaluation,
+    checkpoints, then resume (`resume_candidates`, newest first; None: no resume asked) and
+    place the data stream and metrics at the step it starts from."""
     from .build import build_network
-    from .evaluate import evaluate
-    from .checkpoint import checkpoint_root, optimizer_state_params, save_checkpoint
     from .data.batches import BatchStream
-    from .memory.measure import current_rss, peak_memory
     from .metrics import MetricLogger
     from .architecture import resolve_shape
-    from .optim import build_optimizer, lr_at
+    from .optim import build_optimizer
     from .strategies.accumulation import TrainStep
     from .strategies.parallel import describe_layout, eval_layout, init_parallel, stream_layout
     from .strategies.precision import LossScaler
-    from .stopping import NonFiniteStreak, RunFailure, all_finite
 
-    t = recipe.train
+    t, parallel = recipe.train, recipe.strategies.parallel
     k = accumulation_steps(recipe)
     length = recipe.data.max_seq_len + 1
-    world = init_parallel(recipe.strategies.parallel, run_dir)
+    world = init_parallel(parallel, run_dir)
     note(describe_layout(recipe))
 
     shape = resolve_shape(recipe.model)
@@ -219,7 +228,6 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
     # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
     optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
     scaler = LossScaler(recipe.strategies.precision)
-    parallel = recipe.strategies.parallel
     if world.sharded:  # MindFormers' wrapper chain, one semi-auto graph
         from .strategies.sharded_step import ShardedStep
 
@@ -227,59 +235,76 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
     else:
         step_fn = TrainStep(loss_cell, optimizer, scaler, t.grad_clip, k)
     eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
-    ckpt_root = checkpoint_root(run_dir, world)
-    planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
     # LoRA checkpoints hold adapters only: they are not a whole model to describe.
     model_description = None if recipe.strategies.lora.enabled or world.sharded else {
         "format": "llama-npu", "shape": shape.__dict__, "dtype": str(params[0].dtype).lower(),
         "source": str(run_dir), "hf_config": pretrained_hf_config(recipe)}
-
-    start_step, samples_consumed = 0, 0
-    if world.sharded:  # each rank resumes its own shard of the same step
-        resume_candidates = [ckpt_root / path.name for path in resume_candidates]
+    checkpointer = Checkpointer(run_dir, world, t.keep_last, model_description)
     batch_size, rank, ranks = stream_layout(parallel, world, t.micro_batch_size)
 
-    def example_batches():
-        example = BatchStream(train_source, batch_size, length, t.seed, 0, rank, ranks)
-        return [example.next_batch() for _ in range(k)]
+    start_step, samples_consumed = 0, 0
+    if resume_candidates is not None:
+        resume_from = checkpointer.choose(resume_candidates)
+        start_step = inspect(resume_from)[0]["step"] if resume_from is not None else 0
+        checkpointer.agree(start_step)
+    if start_step:
+        def example_batches():
+            example = BatchStream(train_source, batch_size, length, t.seed, 0, rank, ranks)
+            return [example.next_batch() for _ in range(k)]
 
-    resume_from, state = compile_then_resume(step_fn, example_batches, resume_candidates, net, optimizer)
-    if resume_from is not None:
+        state = compile_then_resume(step_fn, example_batches, checkpointer, resume_from, net, optimizer)
         if warn_recipe_hash and state.get("recipe_hash") != recipe.digest():
             warn(f"the recipe differs from the one {resume_from} was trained with")
-        start_step, samples_consumed = state["step"], state["samples_consumed"]
+        samples_consumed = state["samples_consumed"]
         step_fn.load_loss_scale_state(state["loss_scale"])
+        checkpointer.start_branch(start_step)
         note(f"resumed from {resume_from} at step {start_step}")
     stream = BatchStream(train_source, batch_size, length, t.seed, samples_consumed, rank, ranks)
     metrics = MetricLogger(run_dir, start_step) if world.is_main else None
-    saves_checkpoints = world.is_main or world.sharded
-    last_path = resume_from
-
-    def checkpoint(step: int) -> Path:
-        kept = (f"the last complete checkpoint, {last_path}, is intact" if last_path else
-                "no checkpoint of this run exists")
-        if not all_finite(params):
-            raise RunFailure(f"the weights after step {step} are not finite, so they were not saved; {kept}; "
-                             f"lower train.optimizer.lr and resume from it")
-        state = {"samples_consumed": stream.samples_consumed,
-                 "rng": {"seed": t.seed, "data_epoch": stream.epoch},
-                 "loss_scale": step_fn.loss_scale_state(), "recipe_hash": recipe.digest()}
-        try:
-            return save_checkpoint(ckpt_root, step, params, optimizer_state_params(optimizer, params),
-                                   state, t.keep_last, model_description)
-        except OSError as exc:  # disk full, quota, read-only: say what survives, then stop
-            raise RunFailure(f"could not write the checkpoint of step {step} under {ckpt_root}: {exc}; "
-                             f"training stopped at step {step} and {kept}; free space and resume with "
-                             f"--resume auto") from exc
-
-    trainable = sum(p.size for p in params)
-    note(f"model {recipe.model.preset} ({shape.describe()}); {trainable:,} trainable "
+    planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
+    note(f"model {recipe.model.preset} ({shape.describe()}); {sum(p.size for p in params):,} trainable "
          f"parameters{'' if world.size == 1 else f' (rank {world.rank} of {world.size})'}")
+    return Session(recipe, run_dir, world, on_ascend, net, params, optimizer, scaler, step_fn, stream, eval_cell,
+                   eval_batch, eval_samples, checkpointer, metrics, planned_peak, start_step)
+
+
+def save(session: Session, step: int) -> Path:
+    """This rank's checkpoint of `step`; a failure stops the run, saying what survives."""
+    from .stopping import RunFailure, all_finite
+
+    s, t = session, session.recipe.train
+    last = s.checkpointer.last
+    kept = f"the last complete checkpoint, {last}, is intact" if last else "no checkpoint of this run exists"
+    if not all_finite(s.params):
+        raise RunFailure(f"the weights after step {step} are not finite, so they were not saved; {kept}; "
+                         f"lower train.optimizer.lr and resume from it")
+    state = {"samples_consumed": s.stream.samples_consumed,
+             "rng": {"seed": t.seed, "data_epoch": s.stream.epoch},
+             "loss_scale": s.step_fn.loss_scale_state(), "recipe_hash": s.recipe.digest()}
+    try:
+        return s.checkpointer.save(step, s.params, s.optimizer, state)
+    except OSError as exc:  # disk full, quota, read-only: say what survives, then stop
+        raise RunFailure(f"could not write the checkpoint of step {step} under {s.checkpointer.root}: {exc}; "
+                         f"training stopped at step {step} and {kept}; free space and resume with "
+                         f"--resume auto") from exc
+
+
+def run_loop(session: Session, signals: StopSignals) -> dict:
+    """Step, log, evaluate and checkpoint from the session's start step to train.max_steps,
+    or until a stop request (a signal to any rank); return the run's summary."""
+    from .evaluate import evaluate
+    from .memory.measure import current_rss, peak_memory
+    from .optim import lr_at
+    from .stopping import NonFiniteStreak, RunFailure
+
+    s = session
+    t, world, stream, step_fn, metrics = s.recipe.train, s.world, s.stream, s.step_fn, s.metrics
+    k, length, start_step = accumulation_steps(s.recipe), s.recipe.data.max_seq_len + 1, s.start_step
     note(f"training for {t.max_steps} steps, {k} micro-batch(es) of "
          f"{t.micro_batch_size} x {length} tokens per step and rank; the first step compiles the graph")
     first_loss = last_loss = None
     timed_tokens, timed_seconds = 0, 0.0
-    streak = NonFiniteStreak(t.max_nonfinite_steps, scaler)
+    streak = NonFiniteStreak(t.max_nonfinite_steps, s.scaler)
     # Ranks reading the step's tokens apart: under full_batch every sharded rank reads the global batch.
     token_readers = 1 if world.sharded else world.size
     step, stopped_by = start_step, None
@@ -291,18 +316,18 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
             result = step_fn(batches, lr_at(step, t), stop_requested=signals.received is not None)
             seconds = time.perf_counter() - begin
             streak.update(step, result.overflow, result.loss_scale)
-            input_tokens = sum(int((batch[0] != net.config.pad_token_id).sum()) for batch in batches)
+            input_tokens = sum(int((batch[0] != s.net.config.pad_token_id).sum()) for batch in batches)
             if step > start_step + 1:  # the first step of a process includes graph compilation
                 timed_tokens, timed_seconds = timed_tokens + input_tokens, timed_seconds + seconds
-            peak, source = peak_memory(on_ascend)
+            peak, source = peak_memory(s.on_ascend)
             record = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                       "target_tokens": result.target_tokens, "tokens_per_s": input_tokens * token_readers / seconds,
                       "step_seconds": seconds, "loss_scale": result.loss_scale,
                       "overflow": result.overflow, "nonfinite_in_a_row": streak.count,
                       "samples_consumed": stream.samples_consumed, "peak_memory_bytes": peak,
-                      "memory_source": source, "planned_peak_bytes": planned_peak, "host_rss_bytes": current_rss()}
-            if eval_samples and t.eval_every and step % t.eval_every == 0:
-                record["eval_loss"] = evaluate(eval_cell, eval_samples, eval_batch, length)[0]
+                      "memory_source": source, "planned_peak_bytes": s.planned_peak, "host_rss_bytes": current_rss()}
+            if s.eval_samples and t.eval_every and step % t.eval_every == 0:
+                record["eval_loss"] = evaluate(s.eval_cell, s.eval_samples, s.eval_batch, length)[0]
             if metrics:
                 metrics.log(record)
             first_loss = result.loss if first_loss is None else first_loss
@@ -310,13 +335,15 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
             progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{result.lr:.2e}")
             progress.update(1)
             if streak.exhausted:
-                raise RunFailure(streak.message(step, last_path))
+                raise RunFailure(streak.message(step, s.checkpointer.last))
             # Every rank must stop at the same step: under msrun the request is summed across ranks.
             stopping = result.stop_requested if world.size > 1 else signals.received is not None
-            due = step % t.save_every == 0 or step == t.max_steps or stopping
-            # Weights are saved only after a finite step, so no checkpoint holds a poisoned state.
-            if saves_checkpoints and due and streak.count == 0:
-                last_path = checkpoint(step)
+            # A periodic save waits for a finite step, so no checkpoint holds a poisoned state.
+            # The end and a stop save whatever the streak: a skipped step left the weights as
+            # they were, and save() still refuses weights that are not finite.
+            due = step == t.max_steps or stopping or (step % t.save_every == 0 and streak.count == 0)
+            if s.checkpointer.saves and due:
+                save(s, step)
             if stopping and step < t.max_steps:
                 stopped_by = signals.received or "a signal to another rank"
                 break
@@ -324,21 +351,23 @@ def _train(recipe: Recipe, run_dir: Path, resume_candidates: list, train_source,
     summary = {"steps": step, "steps_this_run": step - start_step, "stopped_by": stopped_by,
                "first_loss": first_loss, "last_loss": last_loss,
                "tokens_per_s": timed_tokens * token_readers / timed_seconds if timed_seconds else None}
-    if eval_samples and not stopped_by:  # a preempted job has seconds left, not minutes
-        summary["eval_loss"], summary["eval_tokens"] = evaluate(
-            eval_cell, eval_samples, eval_batch, length)
-    peak, source = peak_memory(on_ascend)
+    if s.eval_samples and not stopped_by:  # a preempted job has seconds left, not minutes
+        summary["eval_loss"], summary["eval_tokens"] = evaluate(s.eval_cell, s.eval_samples, s.eval_batch, length)
+    peak, source = peak_memory(s.on_ascend)
+    last = s.checkpointer.last
     summary.update({"peak_memory_bytes": peak, "memory_source": source,
                     # a rank that saves nothing would name the step it resumed from
-                    "checkpoint": str(last_path) if last_path and saves_checkpoints else None,
-                    "output_dir": str(run_dir)})
-    if rehearsal:
-        summary["rehearsal"] = rehearsal
+                    "checkpoint": str(last) if last and s.checkpointer.saves else None,
+                    "output_dir": str(s.run_dir)})
+    if s.rehearsal:
+        summary["rehearsal"] = s.rehearsal
     if world.size > 1:
-        summary.update({"rank": world.rank, "workers": world.size, "weights_sha256": weights_digest(params)})
+        summary.update({"rank": world.rank, "workers": world.size, "weights_sha256": weights_digest(s.params)})
         note(f"rank {world.rank} weights sha256 {summary['weights_sha256']}")
     if world.is_main:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        (s.run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    if stopped_by:
+        s.checkpointer.wait_for_every_rank()
     return summary
 
 

@@ -17,6 +17,14 @@
 # Before msrun starts, `llama-npu validate` runs train's pre-flight checks (the output
 # directory included). A worker that fails ends the launch within seconds, with the worker's
 # exit status and its one-line error last on stderr.
+#
+# This script is the run's supervisor. SIGINT or SIGTERM to it (Ctrl-C, a scheduler's
+# preemption) goes to every worker as SIGTERM, a stop request: each rank finishes the same
+# optimizer step, writes its checkpoint, and the launch exits 75 with the command that
+# continues it. A second signal kills everything at once. msrun itself is never signalled:
+# on SIGINT it SIGKILLs its workers without letting them save (mindspore/parallel/cluster/
+# process_entity/_api.py, join_processes). Workers get SIGTERM, not SIGINT: started in the
+# background of a non-interactive shell they inherit SIGINT ignored.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # selftest's multi-card checks (data parallel N against one process) on N workers:
@@ -86,12 +94,49 @@ setsid msrun --worker_num="$WORKERS" --local_worker_num="${LOCAL_WORKERS:-$WORKE
       --cluster_time_out="${CLUSTER_TIME_OUT:-600}" \
       "$ROOT/.venv/bin/llama-npu" train "$RECIPE" "$@" >"$LOG_DIR/msrun.log" 2>&1 &
 msrun_pid=$!
-tail -n +1 -f --pid="$msrun_pid" "$LOG_DIR/msrun.log" &
-trap 'kill -INT "$msrun_pid" 2>/dev/null' INT TERM  # msrun stops its workers on SIGINT
+setsid tail -n +1 -f --pid="$msrun_pid" "$LOG_DIR/msrun.log" &
+
+declare -A rank_of=()  # worker pid -> rank, recorded while the worker lives
+declare -A told=()     # workers already sent the stop request
+stop=""                # the signal this script received
+find_workers() {  # msrun's children that train: not its scheduler, not its `tail`s of the logs
+    local pid env
+    for pid in $(ps -o pid= --ppid "$msrun_pid" 2>/dev/null); do
+        [ -n "${rank_of[$pid]:-}" ] && continue
+        env=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ") || continue
+        grep -qx "MS_ROLE=MS_WORKER" <<<"$env" && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != tail ] || continue
+        rank_of[$pid]=$(sed -n 's/^RANK_ID=//p' <<<"$env")
+    done
+}
+tell_workers() {  # the stop request, once to each worker, also to one started after the signal
+    local pid
+    find_workers
+    for pid in "${!rank_of[@]}"; do
+        [ -n "${told[$pid]:-}" ] && continue
+        kill -TERM "$pid" 2>/dev/null
+        told[$pid]=1
+    done
+}
+on_signal() {
+    local pid
+    if [ -n "$stop" ]; then
+        for pid in "${!rank_of[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+        kill -KILL -- "-$msrun_pid" 2>/dev/null
+        echo "launch: second SIG$1: every worker killed; a checkpoint being written is left as a hidden partial directory" >&2
+        exit $((128 + $(kill -l "$1")))
+    fi
+    stop="$1"
+    echo "launch: SIG$1 received: every worker finishes its step and saves a checkpoint (send it again to end at once)" >&2
+    tell_workers
+}
+trap 'on_signal INT' INT
+trap 'on_signal TERM' TERM
 # When a worker exits non-zero, msrun kills the other workers, then waits for its scheduler,
 # which waits CLUSTER_TIME_OUT seconds for the workers that are gone (mindspore/parallel/
 # cluster/process_entity/_api.py, join_processes): end msrun and its scheduler instead.
 while kill -0 "$msrun_pid" 2>/dev/null; do
+    find_workers
+    [ -n "$stop" ] && tell_workers
     if grep -q "exit with exception" "$LOG_DIR/msrun.log"; then
         sleep 2  # msrun kills the remaining workers first
         kill -TERM -- "-$msrun_pid" 2>/dev/null
@@ -99,12 +144,37 @@ while kill -0 "$msrun_pid" 2>/dev/null; do
         kill -KILL -- "-$msrun_pid" 2>/dev/null
         break
     fi
-    sleep 1
+    sleep 1 & wait $!  # a signal interrupts `wait`, so its trap runs at once
 done
 wait "$msrun_pid"
 status=$?
+
+# The command that continues this launch: the same arguments, --resume auto instead of
+# --resume/--overwrite, the output directory named, and this node's environment.
+continue_command() {
+    local words=() arg skip=""
+    for name in LOCAL_WORKERS MASTER_ADDR MASTER_PORT NODE_RANK; do
+        [ -n "${!name:-}" ] && words+=("$name=${!name}")
+    done
+    words+=("$0" "$RECIPE" "$WORKERS")
+    for arg in "$@"; do
+        if [ -n "$skip" ]; then skip=""; continue; fi
+        case "$arg" in
+            --resume|--output-dir) skip=1 ;;
+            --resume=*|--output-dir=*|--overwrite) ;;
+            *) words+=("$arg") ;;
+        esac
+    done
+    words+=(--output-dir "${output_dir:-runs/$(basename "${RECIPE%.*}")}" --resume auto)
+    local quoted
+    quoted=$(printf '%q ' "${words[@]}")
+    echo "${quoted% }"
+}
+
 if [ $status -ne 0 ]; then
-    worker_status=$(grep -o "exit with exception. Error code: [0-9]*" "$LOG_DIR/msrun.log" | head -n 1 | grep -o "[0-9]*$")
+    line=$(grep -o "Worker process [0-9]* exit with exception. Error code: -\?[0-9]*" "$LOG_DIR/msrun.log" | head -n 1)
+    worker_pid=$(grep -o "process [0-9]*" <<<"$line" | grep -o "[0-9]*")
+    worker_status=$(grep -o "\-\?[0-9]*$" <<<"$line")
     errors=()
     for log in "$LOG_DIR"/worker_*.log; do
         [ -f "$log" ] || continue
@@ -117,9 +187,19 @@ if [ $status -ne 0 ]; then
             tail -n 25 "$log" >&2
         fi
     done
-    echo "launch: msrun exited with status $status (logs in $LOG_DIR)" >&2
+    if [ "${worker_status:-0}" -lt 0 ]; then  # killed by signal -N
+        errors+=("launch: rank ${rank_of[$worker_pid]:-?} (pid $worker_pid) was killed by SIG$(kill -l $((-worker_status))); the newest step complete on every rank is intact")
+        worker_status=$((128 - worker_status))
+    fi
+    [ "$worker_status" != 75 ] && echo "launch: msrun exited with status $status (logs in $LOG_DIR)" >&2
     # The cause last, one line a failing rank, where the eye lands.
     for line in "${errors[@]}"; do echo "$line" >&2; done
     status="${worker_status:-$status}"
+fi
+if [ "$status" = 75 ]; then
+    step=$(grep -ho "stopped by [A-Za-z ]* after step [0-9]*" "$LOG_DIR"/worker_*.log | head -n 1 | grep -o "[0-9]*$")
+    echo "launch: every rank stopped after step ${step:-?} and saved it; continue with: $(continue_command "$@")" >&2
+elif [ "$status" != 0 ] && [ "$status" != 2 ]; then
+    echo "launch: continue with: $(continue_command "$@")" >&2
 fi
 exit $status

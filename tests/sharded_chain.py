@@ -1,6 +1,6 @@
 """Run under msrun by tests/test_parallel.py: each rank builds the train step of several
-sharded layouts exactly as train.py does (init_parallel, build_network, ShardedStep) and
-writes what it built to <out>/rank_<R>.json. Nothing is compiled: semi-auto parallel cannot
+sharded layouts with train.setup, the function a run builds itself with, and writes what it
+built to <out>/rank_<R>.json. Nothing is compiled: semi-auto parallel cannot
 compile on the CPU backend, but MindFormers' wrappers build there once communication is up
 (MFPipelineWithLossScaleCell creates a communication group in its constructor).
 
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import mindspore as ms
 
-from llama_npu.build import build_network
-from llama_npu.optim import build_optimizer
+from llama_npu.data.batches import ListSamples
+from llama_npu.data.samples import Sample
 from llama_npu.launcher import is_scheduler
 from llama_npu.recipe import load_recipe
-from llama_npu.strategies.parallel import auto_parallel_context, eval_layout, init_parallel, run_scheduler, strategy_file
-from llama_npu.strategies.precision import LossScaler
+from llama_npu.strategies.parallel import run_scheduler
 from llama_npu.strategies.sharded_step import ShardedStep
+from llama_npu.train import setup
 
 REPO = Path(__file__).resolve().parent.parent
 ASCEND_TINY = ["device.target=ascend", "device.name=910b", "model.preset=tiny", "data.max_seq_len=16",
@@ -64,21 +64,15 @@ def describe(step: ShardedStep) -> dict:
 def main(out: Path) -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    world, found = None, {}
+    found, samples = {}, ListSamples([Sample(list(range(1, 18)), list(range(1, 18)))])
     for name, overrides in LAYOUTS.items():
         recipe = load_recipe(REPO / "recipes" / "cpu_smoke.yaml", [*ASCEND_TINY, *overrides])
         par = recipe.strategies.parallel
-        if world is None:
-            world = init_parallel(par, out / "run")
-        else:
-            ms.reset_auto_parallel_context()
-            ms.set_auto_parallel_context(**auto_parallel_context(par, world.size, strategy_file(out / "run", world.rank)))
-        net, loss_cell = build_network(recipe, on_ascend=False)
-        optimizer = build_optimizer(net.trainable_params(), recipe.train, schedule_in_graph=True)
-        step = ShardedStep(net, optimizer, LossScaler(recipe.strategies.precision), recipe)
-        eval_cell, eval_batch = eval_layout(net, loss_cell, par, world, recipe.train.micro_batch_size)
-        found[name] = dict(describe(step), data=par.data, sharded=world.sharded, eval_chain=chain(eval_cell),
-                           eval_batch=eval_batch, layer_stages=[layer.pipeline_stage for layer in net.model.layers],
+        session = setup(recipe, out / "run", samples, [], on_ascend=False)  # nothing compiles: no resume
+        world, net = session.world, session.net
+        found[name] = dict(describe(session.step_fn), data=par.data, sharded=world.sharded,
+                           eval_chain=chain(session.eval_cell), eval_batch=session.eval_batch,
+                           layer_stages=[layer.pipeline_stage for layer in net.model.layers],
                            model_parallel=net.config.parallel_config.model_parallel)
     (out / f"rank_{world.rank}.json").write_text(json.dumps(found, indent=1))
 

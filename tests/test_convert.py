@@ -34,7 +34,7 @@ def logits_of(ms, net, tokens):
 
 def test_converted_logits_equal_transformers(ms, hf_dir, conversions):
     from llama_npu.build import build_network
-    from llama_npu.recipe import load_recipe, recipe_from_dict
+    from llama_npu.recipe import load_recipe
 
     _, reference = hf_dir
     out = conversions["float32"]

@@ -283,6 +283,8 @@ def test_resume_compiles_the_train_graph_before_loading_the_checkpoint(ms, tmp_p
     from llama_npu.build import build_network
     from llama_npu.checkpoint import optimizer_state_params, save_checkpoint
     from llama_npu.optim import build_optimizer
+    from llama_npu.checkpointer import Checkpointer
+    from llama_npu.strategies.parallel import World
     from llama_npu.train import compile_then_resume
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16", "train.micro_batch_size=2"])
@@ -292,15 +294,15 @@ def test_resume_compiles_the_train_graph_before_loading_the_checkpoint(ms, tmp_p
     saved = [p.asnumpy() + 1.0 for p in params]
     for p, value in zip(params, saved):
         p.set_data(ms.Tensor(value))
-    path = save_checkpoint(tmp_path / "ckpt", 3, params, optimizer_state_params(optimizer, params), {"step": 3},
-                           keep_last=1)
+    path = save_checkpoint(tmp_path / "ckpt", 3, params, optimizer_state_params(optimizer, params), {"step": 3})
     net, loss_cell = build_network(recipe, on_ascend=False)  # fresh weights
     fresh = net.trainable_params()[0].asnumpy().copy()
     optimizer = build_optimizer(net.trainable_params(), recipe.train)
     step = CompilingStep(loss_cell, net.trainable_params()[0])
     ids = np.random.default_rng(0).integers(0, 1000, (2, 17)).astype(np.int32)
-    resumed, state = compile_then_resume(step, lambda: [(ids, ids)], [path], net, optimizer)
-    assert resumed == path and state["step"] == 3
+    checkpointer = Checkpointer(tmp_path, World(), keep_last=1)
+    state = compile_then_resume(step, lambda: [(ids, ids)], checkpointer, path, net, optimizer)
+    assert checkpointer.last == path and state["step"] == 3
     np.testing.assert_array_equal(step.weights_at_compile, fresh)  # compiled while the weights were unloaded
     np.testing.assert_array_equal(net.trainable_params()[0].asnumpy(), saved[0])
     out = capsys.readouterr().out
@@ -430,7 +432,7 @@ def test_sharded_resume_restores_the_schedules_step(ms, tmp_path):
     first, net, optimizer, _ = overflow_gated_step(ms)
     first_lrs = run_gated(ms, first, OVERFLOWS[:4])
     params = net.trainable_params()
-    path = save_checkpoint(tmp_path, 4, params, optimizer_state_params(optimizer, params), {}, keep_last=1)
+    path = save_checkpoint(tmp_path, 4, params, optimizer_state_params(optimizer, params), {})
 
     resumed, net, optimizer, _ = overflow_gated_step(ms)  # fresh weights, global_step 0
     resumed.compile(ms.Tensor(X), ms.Tensor(False))
@@ -486,17 +488,19 @@ def test_evaluation_leaves_the_train_graphs_strategy_file_alone(ms, tmp_path):
 
 
 def test_merge_checkpoints_joins_the_shards_of_every_pipeline_stage(ms, tmp_path):
-    """Two pipeline stages of one rank each: rank 0 holds layer 0, rank 1 layer 1, each
-    with its stage's strategy file. The merged checkpoint has both layers' values."""
+    """Two pipeline stages of one rank each: rank 0 owns layer 0, rank 1 layer 1, each with
+    its stage's strategy file. Each rank's file also holds a stale copy of the other stage's
+    layer (as every rank saved every parameter before #19): the merged checkpoint has each
+    layer's value from its owning stage."""
     from llama_npu.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
     store_recipe(run, pipeline=2)
     for rank in (0, 1):
-        name = f"model.layers.{rank}.w"
-        write_stage_strategy(run / "strategy" / f"rank_{rank}.ckpt", rank, name)
-        weight = ms.Parameter(ms.Tensor(np.full((4, 4), rank + 1.0, np.float32)), name=name)
-        save_checkpoint(run / "checkpoints" / f"rank_{rank}", 1, [weight], [], {}, keep_last=1)
+        write_stage_strategy(run / "strategy" / f"rank_{rank}.ckpt", rank, f"model.layers.{rank}.w")
+        both = [ms.Parameter(ms.Tensor(np.full((4, 4), rank + 1.0 if layer == rank else -1.0, np.float32)),
+                             name=f"model.layers.{layer}.w") for layer in (0, 1)]
+        save_checkpoint(run / "checkpoints" / f"rank_{rank}", 1, both, [], {})
     proc = run_cli("merge-checkpoints", run, "--dst", tmp_path / "merged.ckpt")
     assert proc.returncode == 0, proc.stderr
     merged = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "merged.ckpt")).items()}

@@ -6,6 +6,8 @@ import resource
 import shlex
 import shutil
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -331,3 +333,26 @@ def test_a_worker_failing_after_start_ends_the_launch_with_its_error(tmp_path):
     assert re.fullmatch(rf"launch: rank [01] failed: no training sample left in {re.escape(str(data))}: all 4 "
                         rf"records were dropped, .*", proc.stderr.strip().splitlines()[-1])
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- scripts/launch.sh keeps the work (#19)
+
+def test_launch_stops_every_rank_on_a_signal_and_names_a_killed_rank(tmp_path):
+    """Two cells of scripts/fault_matrix.py (its whole table is in docs/multi-device.md):
+    Ctrl-C to launch.sh between two saves, and kill -9 of rank 0 while it writes step 6.
+    Each is followed by the command the launch printed, and both resumed runs' losses must
+    equal an uninterrupted launch's."""
+    proc = subprocess.run([sys.executable, "scripts/fault_matrix.py", "--cells", "sigint_launch:mid_step",
+                           "sigkill_worker:mid_save", "--json", str(tmp_path / "cells.json"), "--work",
+                           str(tmp_path / "work")], cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stop, kill = json.loads((tmp_path / "cells.json").read_text())
+    assert stop["exit_status"] == PREEMPTED, stop
+    step = stop["ranks_stopped_at"][0]
+    assert stop["ranks_stopped_at"] == [step, step]  # both ranks finished the same optimizer step
+    assert stop["last_line"] == f"launch: every rank stopped after step {step} and saved it"
+    assert (stop["resumed_from"], stop["steps_lost"], stop["exact"]) == (step, 0, True), stop
+    assert kill["exit_status"] == 128 + signal.SIGKILL, kill
+    assert re.fullmatch(r"launch: rank 0 \(pid \d+\) was killed by SIGKILL; the newest step complete on every "
+                        r"rank is intact", kill["last_line"]), kill
+    assert (kill["resumed_from"], kill["steps_lost"], kill["exact"]) == (3, 3, True), kill  # step 6 died unwritten

@@ -5,7 +5,7 @@ categories, and the "hard" subset of its paper) and CMMLU's src/categories.py (f
 specific" overlapping the others)."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import List
 
 _CEVAL = {
     "STEM": "computer_network operating_system computer_architecture college_programming college_physics "

@@ -106,16 +106,20 @@ def strategy_file(run_dir: Path, rank: int) -> Path:
 
 
 def init_parallel(section: ParallelSection, run_dir: Path) -> World:
-    """Initialise communication when msrun launched us, and check the layout fills it."""
+    """Initialise communication when msrun launched us, and check the layout fills it.
+    Again in the same process (tests/sharded_chain.py builds several layouts) it keeps the
+    communication and replaces the layout."""
     workers = launched_workers()
     check_workers(section, workers)
     if workers == 1:
         return World()
     import mindspore as ms
-    from mindspore.communication import get_group_size, get_rank, init
+    from mindspore.communication import GlobalComm, get_group_size, get_rank, init
 
-    init()
+    if not GlobalComm.INITED:
+        init()
     rank = get_rank()
+    ms.reset_auto_parallel_context()
     ms.set_auto_parallel_context(**auto_parallel_context(section, workers, strategy_file(run_dir, rank)))
     return World(rank=rank, size=get_group_size(), sharded=is_sharded(section))
 

@@ -1,0 +1,199 @@
+"""Checkpoint rules, in-process on real MindSpore checkpoint files: rank agreement, what a
+rank saves, rewinds, pruning, a stop that saves whatever the non-finite streak; and the bad
+input of --resume through the real command line."""
+import os
+import shutil
+import subprocess
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from conftest import SIX_STEPS, SMOKE, TINY_RUN, run_cli
+
+pytestmark = pytest.mark.usefixtures("ms")
+
+
+def world(rank=0, size=1, sharded=False):
+    from llama_npu.strategies.parallel import World
+
+    return World(rank=rank, size=size, sharded=sharded)
+
+
+def weights(ms, value=0.0, names=("w0", "w1")):
+    return [ms.Parameter(ms.Tensor(np.full((4, 4), value, np.float32)), name=name) for name in names]
+
+
+def write_steps(ms, root, steps):
+    from llama_npu.checkpoint import save_checkpoint
+
+    for step in steps:
+        save_checkpoint(root, step, weights(ms, step), [], {"samples_consumed": step})
+
+
+def damage(path):
+    """Same size, different bytes: only a CRC notices."""
+    with open(path, "r+b") as fh:
+        fh.seek(fh.seek(0, 2) // 2)
+        fh.write(b"\xde\xad\xbe\xef" * 4)
+
+
+@pytest.mark.parametrize("rank_1_step_4", ["missing", "damaged"])
+def test_every_rank_resumes_the_newest_step_complete_on_every_rank(ms, tmp_path, rank_1_step_4, capsys):
+    from llama_npu.checkpointer import Checkpointer
+    from llama_npu.preflight import resume_candidates
+
+    run = tmp_path / "run"
+    for rank in (0, 1):
+        write_steps(ms, run / "checkpoints" / f"rank_{rank}", [2, 4])
+    if rank_1_step_4 == "missing":
+        shutil.rmtree(run / "checkpoints" / "rank_1" / "step_4")
+    else:
+        damage(run / "checkpoints" / "rank_1" / "step_4" / "model.ckpt")
+    candidates = resume_candidates(run, "auto")
+    for rank in (0, 1):
+        chosen = Checkpointer(run, world(rank, 2, sharded=True), keep_last=3).choose(candidates)
+        assert chosen == run / "checkpoints" / f"rank_{rank}" / "step_2"
+    if rank_1_step_4 == "damaged":
+        assert "rank_1/step_4/model.ckpt is damaged or unreadable (its CRC-32 differs" in capsys.readouterr().err
+
+
+def test_a_damaged_resume_path_is_refused_and_nothing_is_moved(ms, tmp_path):
+    from llama_npu.checkpoint import CheckpointError
+    from llama_npu.checkpointer import Checkpointer
+
+    root = tmp_path / "checkpoints"
+    write_steps(ms, root, [3, 6])
+    damage(root / "step_3" / "model.ckpt")
+    with pytest.raises(CheckpointError, match=r"--resume \S+step_3: \S+model.ckpt is damaged or unreadable"):
+        Checkpointer(tmp_path, world(), keep_last=3).choose([root / "step_3"])
+    assert sorted(p.name for p in root.iterdir()) == ["step_3", "step_6"]
+
+
+def test_a_rank_saves_only_the_parameters_its_graph_sliced_and_resumes_from_them(ms, tmp_path):
+    """Two pipeline stages: rank 0's compiled graph holds stage 0's weight, which compile marks
+    `sliced` (mindspore/parallel/_utils.py); stage 1's copy on rank 0 is never sliced."""
+    from llama_npu.checkpoint import CheckpointError, load_checkpoint
+    from llama_npu.checkpointer import Checkpointer
+
+    class TwoStages(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.stage0, self.stage1 = weights(ms, 1.0, ("model.layers.0.w", "model.layers.1.w"))
+
+    net = TwoStages()
+    optimizer = ms.nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    for p in [net.stage0, *[p for p in optimizer.get_parameters() if "layers.1" not in p.name]]:
+        p.sliced = True
+    path = Checkpointer(tmp_path, world(0, 2, sharded=True), keep_last=1).save(
+        5, net.trainable_params(), optimizer, {"samples_consumed": 10})
+    assert sorted(ms.load_checkpoint(str(path / "model.ckpt"))) == ["model.layers.0.w"]
+    assert not [name for name in ms.load_checkpoint(str(path / "optimizer.ckpt")) if "layers.1" in name]
+    # Resuming checks for the weights this rank owns, not for the other stage's.
+    assert load_checkpoint(path, net, optimizer, sharded=True)["step"] == 5
+    with pytest.raises(CheckpointError, match="lacks trained weights: model.layers.1.w"):
+        load_checkpoint(path, net, optimizer, sharded=False)
+
+
+def test_pruning_counts_only_complete_checkpoints(ms, tmp_path):
+    from llama_npu.checkpoint import prune
+
+    root = tmp_path / "checkpoints"
+    write_steps(ms, root, [1, 2, 3, 4, 5])
+    (root / "step_4" / "state.json").unlink()  # died before its sidecar
+    with open(root / "step_5" / "model.ckpt", "r+b") as fh:
+        fh.truncate(100)
+    assert [p.name for p in prune(root, keep_last=2)] == ["step_1"]
+    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3", "step_4", "step_5"]
+
+
+def test_a_rewind_sets_the_later_branch_aside_and_auto_continues_the_new_one(ms, tmp_path, capsys):
+    """Run to step 6, resume from step 3 into the same directory (keep_last 2): the new
+    branch's steps 4 and 5 are kept, step 6 of the old branch is moved aside, not deleted,
+    and a later --resume auto picks step 5."""
+    from llama_npu.checkpointer import Checkpointer
+    from llama_npu.preflight import resume_candidates
+
+    root = tmp_path / "checkpoints"
+    write_steps(ms, root, [2, 3, 6])
+    checkpointer = Checkpointer(tmp_path, world(), keep_last=2)
+    checkpointer.start_branch(3)
+    aside = root / "set_aside" / "after_step_3"
+    assert f"resume: moved step_6 (later than step_3, another branch) aside to {aside}" in capsys.readouterr().out
+    for step in (4, 5):
+        checkpointer.save(step, weights(ms, 10.0 + step), ms.nn.SGD(weights(ms)), {"samples_consumed": step})
+    assert sorted(p.name for p in root.iterdir()) == ["set_aside", "step_4", "step_5"]
+    assert sorted(p.name for p in aside.iterdir()) == ["step_6"]
+    assert resume_candidates(tmp_path, "auto")[0] == root / "step_5"
+    checkpointer.start_branch(3)  # a second rewind to the same step keeps the first one's set-aside
+    assert (root / "set_aside" / "after_step_3_2" / "step_4").is_dir() and (aside / "step_6").is_dir()
+
+
+def test_a_stop_saves_even_after_a_skipped_step(ms, tmp_path):
+    """fp16 with a static loss scale of 2**20 overflows every step: each is skipped, the
+    streak grows, and the stop still writes the (unchanged, finite) weights."""
+    from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.recipe import load_recipe
+    from llama_npu.stopping import StopSignals
+    from llama_npu.train import run_loop, setup, training_source
+
+    recipe = load_recipe(SMOKE, [arg for arg in TINY_RUN if arg != "--set"] + [
+        "train.max_steps=3", "train.save_every=100", "train.max_nonfinite_steps=0",
+        "strategies.precision.amp_level=O2", "strategies.precision.loss_scale=static:1048576"])
+    session = setup(recipe, tmp_path, training_source(recipe, load_tokenizer(recipe.data.tokenizer)), [],
+                    on_ascend=False)
+    signals = StopSignals()
+    signals.received = "SIGTERM"  # as the watcher thread sets it
+    summary = run_loop(session, signals)
+    assert (summary["steps"], summary["stopped_by"]) == (1, "SIGTERM")
+    assert summary["checkpoint"] == str(tmp_path / "checkpoints" / "step_1")
+    from llama_npu.checkpoint import problem
+    assert problem(tmp_path / "checkpoints" / "step_1") is None
+
+
+# ---------------------------------------------------------------- bad input to --resume
+
+def test_resume_from_an_incomplete_path_is_one_line_and_moves_nothing(six_step_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(six_step_run[0], out)
+    (out / "checkpoints" / "step_3" / "state.json").unlink()
+    proc = run_cli("train", "--output-dir", out, "--resume", out / "checkpoints" / "step_3")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"llama-npu: error: --resume {out / 'checkpoints' / 'step_3'}: not a complete checkpoint directory "
+        f"(sidecar state.json unreadable ([Errno 2] No such file or directory: "
+        f"'{out / 'checkpoints' / 'step_3' / 'state.json'}')); expected a step_<N> directory holding model.ckpt, "
+        f"optimizer.ckpt and state.json"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_3", "step_6"]
+
+
+@contextmanager
+def unwritable(path):
+    """No write permission on `path`, for root too: root passes every mode check, not the
+    immutable attribute."""
+    as_root = os.geteuid() == 0
+    mode = path.stat().st_mode
+    path.chmod(0o555)
+    if as_root:
+        subprocess.run(["chattr", "+i", str(path)], check=True)
+    try:
+        yield
+    finally:
+        if as_root:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(mode)
+
+
+def test_a_rewind_whose_later_checkpoints_cannot_be_moved_is_refused_before_writing(six_step_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(six_step_run[0], out)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    root = out / "checkpoints"
+    with unwritable(root):
+        proc = run_cli("train", "--output-dir", out, "--resume", root / "step_3", *SIX_STEPS)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"llama-npu: error: resume: step_6 under {root} (later than step_3) must be moved aside so the resumed "
+        f"run's own checkpoints are the newest, but {root} is not writable; fix the permissions, or resume into "
+        f"another --output-dir")
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
