@@ -2,7 +2,9 @@
 itself (the `tag` of each subject's YAML); for C-Eval and CMMLU it has one flat group, so
 their authors' categories are written out here: C-Eval's subject_mapping.json (four
 categories, and the "hard" subset of its paper) and CMMLU's src/categories.py (five, "China
-specific" overlapping the others)."""
+specific" overlapping the others). Both were checked entry by entry against those files
+(hkust-nlp/ceval, haonan-li/CMMLU); C-Eval's file names no category for clinical_medicine,
+which its paper's table counts under Other."""
 from __future__ import annotations
 
 from typing import List
