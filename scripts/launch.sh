@@ -75,7 +75,8 @@ for arg in "$@"; do
 done
 # Only node 0 holds rank 0, the one rank that writes the (shared) output directory: another
 # node started later would find it already in use by this very launch, so it checks as rank 1.
-output_args=(--output-dir "${output_dir:-runs/$(basename "${RECIPE%.*}")$rehearsal}" "${resume[@]}")
+run_dir="${output_dir:-runs/$(basename "${RECIPE%.*}")$rehearsal}"  # train's own default
+output_args=(--output-dir "$run_dir" "${resume[@]}")
 if [ "${NODE_RANK:-0}" != 0 ]; then
     output_args+=(--rank 1)
 fi
@@ -165,7 +166,7 @@ continue_command() {
             *) words+=("$arg") ;;
         esac
     done
-    words+=(--output-dir "${output_dir:-runs/$(basename "${RECIPE%.*}")}" --resume auto)
+    words+=(--output-dir "$run_dir" --resume auto)
     local quoted
     quoted=$(printf '%q ' "${words[@]}")
     echo "${quoted% }"
