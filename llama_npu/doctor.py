@@ -46,8 +46,6 @@ def _cpu_backend_works() -> str:
 def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
     import psutil
 
-    from .preflight import check_data  # imported here: it loads numpy, needless for --help
-
     lines = []
     versions = {p: _version(p) for p in ("mindspore", "mindformers", "numpy", "llama-npu")}
     lines.append("versions       " + ", ".join(f"{k} {v}" for k, v in versions.items()))
@@ -67,6 +65,9 @@ def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
                  f"attention and the fused RmsNorm")
 
     lines.append("recipes")
+    check_data = None
+    if not cpu_error:  # the data check loads numpy, which is what a broken environment may lack
+        from .preflight import check_data
     for path in sorted(recipes_dir.glob("*.yaml")):
         try:
             recipe = load_recipe(path)
@@ -81,7 +82,8 @@ def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
             verdict = f"needs Ascend {recipe.device.name}: no NPU or CANN environment here"
         if recipe.device.name == "910a":
             verdict += " (910A: outside MindFormers 1.9's supported hardware)"
-        problems = check_data(recipe)  # train's data check: a recipe that reads its data wrong runs nowhere
+        # train's data check: a recipe that reads its data wrong runs nowhere
+        problems = check_data(recipe) if check_data else []
         if problems:
             more = f" (and {len(problems) - 1} more: llama-npu validate lists them)" if len(problems) > 1 else ""
             verdict = f"cannot start: {problems[0]}{more}"
