@@ -129,10 +129,9 @@ def _converted_blocks(stored: StoredTensor, code: str):
         yield from_float32(to_float32(array[rows], stored.code), code)
 
 
-def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
-    src, dst = Path(src), Path(dst)
-    if dst.exists():
-        raise ConvertError(f"{dst} exists; remove it or choose another --dst")
+def checked_hf_model(src: Path) -> tuple[LlamaShape, dict, Dict[str, StoredTensor]]:
+    """(shape, config, name -> tensor) of a Hugging Face Llama 3.2 directory whose config,
+    tokenizer and every tensor header agree; nothing is read beyond the headers."""
     shape, config = read_hf_config(src)
     check_tokenizer(src)
     tensors = hf_tensors(src)
@@ -140,12 +139,21 @@ def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
     missing = [name for name in expected if name not in tensors]
     if missing:
         raise ConvertError(f"{src}: tensor {missing[0]} is missing ({len(missing)} missing in all)")
-    for name, stored in tensors.items():  # every problem the headers show, before writing
+    for name, stored in tensors.items():
         if name not in expected:
             raise ConvertError(f"{src}: tensor {name!r} is not part of a Llama 3.2 model")
         if stored.shape != expected[name]:
             raise ConvertError(f"{src}: tensor {name} has shape {stored.shape}, but {CONFIG} implies "
                                f"{expected[name]}")
+    return shape, config, tensors
+
+
+def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        raise ConvertError(f"{dst} exists; remove it or choose another --dst")
+    shape, config, tensors = checked_hf_model(src)  # every problem the headers show, before writing
+    expected = expected_shapes(shape)
     note(f"writing {dst / WEIGHTS} ({dtype}) from {src}, one tensor at a time")
     with staged_directory(dst) as staging:
         writer = CkptWriter(staging / WEIGHTS)

@@ -137,14 +137,13 @@ def hf_model_weights(src: Path):
     """(shape, tokenizer, name -> float32 Tensor in MindFormers' names) of a Hugging Face
     Llama 3.2 directory, read as `convert hf-to-ms` reads it, with nothing written."""
     import mindspore as ms
-    import numpy as np
 
-    from .convert import bf16_to_f32, check_tokenizer, read_hf_config, read_hf_weights, rename
+    from .convert import checked_hf_model
+    from .weights_format import rename, to_float32
 
-    shape, _ = read_hf_config(src)
-    check_tokenizer(src)
-    weights = {rename(name, to_ms=True): ms.Tensor(bf16_to_f32(array) if dtype == "BF16" else array.astype(np.float32))
-               for name, (dtype, array) in read_hf_weights(src).items()}
+    shape, _, tensors = checked_hf_model(src)
+    weights = {rename(name, to_ms=True): ms.Tensor(to_float32(stored.read(), stored.code))
+               for name, stored in tensors.items()}
     tokenizer = str(src / "tokenizer.json") if (src / "tokenizer.json").is_file() else "llama3.2"
     return shape, tokenizer, weights
 

@@ -443,7 +443,8 @@ def check_export_exact(ctx: Context, fault=None) -> Check:
     """Train a step, save it as a run does, ms-to-hf, read the safetensors back: the trained
     weights bit-exactly. `fault`: export in float16."""
     from .checkpoint import save_checkpoint
-    from .convert import read_safetensors, rename, ms_to_hf
+    from .convert import ms_to_hf
+    from .weights_format import read_safetensors, rename
     from .architecture import resolve_shape
 
     recipe, net, cell = build(ctx)
