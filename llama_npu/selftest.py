@@ -418,7 +418,7 @@ def check_resume_exact(ctx: Context, fault=None) -> Check:
         step = train_step(recipe, net, cell)
         step(batches[0], lr=1e-3)
         path = save_checkpoint(Path(tmp), 1, net.trainable_params(),
-                               optimizer_state_params(step.optimizer, net.trainable_params()), {}, keep_last=1)
+                               optimizer_state_params(step.optimizer, net.trainable_params()), {})
         for b in batches[1:]:
             step(b, lr=1e-3)
         whole = weights(net)
@@ -453,7 +453,7 @@ def check_export_exact(ctx: Context, fault=None) -> Check:
     description = {"format": "llama-npu", "shape": resolve_shape(recipe.model).__dict__,
                    "dtype": str(params[0].dtype).lower(), "source": "selftest", "hf_config": None}
     with tempfile.TemporaryDirectory(prefix="llama-npu-selftest-") as tmp:
-        step_dir = save_checkpoint(Path(tmp) / "checkpoints", 1, params, [], {}, 1, description)
+        step_dir = save_checkpoint(Path(tmp) / "checkpoints", 1, params, [], {}, description)
         out = ms_to_hf(step_dir, Path(tmp) / "hf", dtype="float16" if fault else "float32")
         exported = read_safetensors(out / "model.safetensors")
         trained = weights(net)
