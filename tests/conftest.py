@@ -101,6 +101,21 @@ def run_launch(recipe, workers, *args, log_dir, env=None, timeout=300) -> subpro
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
+# The launch scripts/fault_matrix.py injects its faults into (its ARGS): 8 steps, saving at 3 and 6.
+EIGHT_STEPS = [*TINY_RUN, "--set", "train.max_steps=8", "--set", "train.save_every=3", "--set", "train.keep_last=3"]
+
+
+@pytest.fixture(scope="session")
+def dp2_launch(tmp_path_factory):
+    """One uninterrupted 2-worker data-parallel launch of EIGHT_STEPS (data: auto -> 2), the
+    reference of the data-parallel check and of the fault matrix: (run dir, process, worker logs)."""
+    base = tmp_path_factory.mktemp("dp2")
+    proc = run_launch(SMOKE, 2, "--output-dir", base / "run", *EIGHT_STEPS, log_dir=base / "logs",
+                      env={"CLUSTER_TIME_OUT": "60"}, timeout=900)
+    logs = {p.name: p.read_text() for p in (base / "logs").glob("worker_*.log")}
+    return base / "run", proc, logs
+
+
 # ---------------------------------------------------------------- tiny Hugging Face model, its conversions and runs
 # (shared by test_convert.py and test_exams.py)
 
@@ -150,16 +165,23 @@ LORA_RECIPE = REPO / "recipes" / "llama3_2_3b_zh_lora_910a.yaml"
 
 @pytest.fixture(scope="session")
 def shrunk_run(conversions, tmp_path_factory):
-    """(recipe, dtype) -> the run directory of that recipe shrunk to tiny, started from the
-    `dtype` conversion; each trained once per session."""
+    """(recipe, dtype) -> (run directory, process) of that recipe shrunk to tiny, started from
+    the `dtype` conversion; each trained once per session, as a user starts a run: in a
+    working directory where the conversion (weights/DTYPE), the data (data/, as the recipes
+    name it) and the output directory are relative paths."""
+    work = tmp_path_factory.mktemp("shrunk")
+    (work / "weights").mkdir()
+    for dtype, path in conversions.items():
+        (work / "weights" / dtype).symlink_to(path)
+    (work / "data").symlink_to(REPO / "data")
     runs = {}
 
     def run(path, dtype):
         if (path, dtype) not in runs:
-            out = tmp_path_factory.mktemp("shrunk") / f"{path.stem}-{dtype}"
-            runs[path, dtype] = out, run_cli("train", path, "--output-dir", out,
-                                             "--rehearse",
-                                             *[a for s in rehearsal_sets(conversions[dtype]) for a in ("--set", s)])
+            name = f"{path.stem}-{dtype}"
+            runs[path, dtype] = work / name, run_cli(
+                "train", path, "--output-dir", name, "--rehearse",
+                *[a for s in rehearsal_sets(f"weights/{dtype}") for a in ("--set", s)], cwd=work)
         return runs[path, dtype]
     return run
 

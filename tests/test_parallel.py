@@ -14,22 +14,14 @@ from llama_npu.recipe import RecipeError, load_recipe
 from llama_npu.strategies.parallel import (World, auto_parallel_context, check_workers, is_sharded,
                                            mindformers_parallel_config, stream_layout)
 
-from conftest import REPO, SMOKE, TINY_RUN, read_metrics, run_cli, run_launch
-
-STEPS = ["--set", "train.max_steps=3", "--set", "train.save_every=3"]
+from conftest import EIGHT_STEPS, REPO, SMOKE, read_metrics, run_cli, run_launch
 
 
-def launch(out, workers, *args, tmp_path, cluster_time_out=60):
-    env = {**os.environ, "MASTER_PORT": str(random.randint(20000, 40000)), "LOG_DIR": str(tmp_path / "logs"),
-           "CLUSTER_TIME_OUT": str(cluster_time_out)}
-    proc = subprocess.run(["bash", "scripts/launch.sh", str(SMOKE), str(workers), "--output-dir", str(out),
-                           *TINY_RUN, *STEPS, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=900)
-    logs = {p.name: p.read_text() for p in (tmp_path / "logs").glob("worker_*.log")}
-    return proc, logs
+def worker_logs(log_dir):
+    return {p.name: p.read_text() for p in log_dir.glob("worker_*.log")}
 
 
-def final_weights(ms, run_dir):
+def weights_at_step_3(ms, run_dir):
     return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(run_dir / "checkpoints" / "step_3" / "model.ckpt")).items()}
 
 
@@ -37,25 +29,31 @@ def final_weights(ms, run_dir):
 def single_process_run(tmp_path_factory):
     """The reference: one process, 4 samples a step (what 2 ranks x 2, or x 1 x 2 micro-batches, make)."""
     single = tmp_path_factory.mktemp("single") / "run"
-    run_cli("train", SMOKE, "--output-dir", single, *TINY_RUN, *STEPS, "--set", "train.micro_batch_size=4",
-            check=True)
+    run_cli("train", SMOKE, "--output-dir", single, *EIGHT_STEPS, "--set", "train.micro_batch_size=4", check=True)
     return single
 
 
-@pytest.mark.parametrize("name, layout", [
-    ("dp2", ["--set", "train.micro_batch_size=2"]),  # strategies.parallel.data: auto -> 2
-    ("dp2-accum2", ["--set", "strategies.parallel.data=2", "--set", "train.micro_batch_size=1",
-                    "--set", "train.global_batch_size=4"]),
-])
-def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, tmp_path, single_process_run, name, layout):
+@pytest.fixture(params=["dp2", "dp2-accum2"])
+def data_parallel_run(request, tmp_path):
+    """(run dir, launch, worker logs) of 2 ranks x 2 samples (the session's shared launch,
+    strategies.parallel.data: auto -> 2) or 2 ranks x 2 accumulated micro-batches of 1."""
+    if request.param == "dp2":
+        return request.getfixturevalue("dp2_launch")
+    out = tmp_path / request.param
+    proc = run_launch(SMOKE, 2, "--output-dir", out, *EIGHT_STEPS, "--set", "strategies.parallel.data=2",
+                      "--set", "train.micro_batch_size=1", "--set", "train.global_batch_size=4",
+                      log_dir=tmp_path / "logs", env={"CLUSTER_TIME_OUT": "60"}, timeout=900)
+    return out, proc, worker_logs(tmp_path / "logs")
+
+
+def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, single_process_run, data_parallel_run):
     single = single_process_run
-    out = tmp_path / name
-    proc, logs = launch(out, 2, *layout, tmp_path=tmp_path)
+    out, proc, logs = data_parallel_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 worker(s), data parallel: data 2 x model 1 x pipeline 1" in proc.stdout
     digests = {line.split()[-1] for log in logs.values() for line in log.splitlines() if "weights sha256" in line}
     assert len(logs) == 2 and len(digests) == 1, "ranks must hold bit-identical weights"
-    got, want = final_weights(ms, out), final_weights(ms, single)
+    got, want = weights_at_step_3(ms, out), weights_at_step_3(ms, single)
     assert got.keys() == want.keys()
     # Adam divides each gradient element by its own running magnitude, so a different fp32
     # summation order (all-reduce vs one batch) in a near-zero element moves that weight by a
@@ -66,12 +64,14 @@ def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, tmp_pat
     for a, b in zip(read_metrics(out), read_metrics(single)):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["samples_consumed"] == b["samples_consumed"]
+    assert len(read_metrics(out)) == 8
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in single.iterdir())
 
 
 @pytest.mark.quick
 def test_launch_refuses_a_layout_that_does_not_fill_the_workers(tmp_path):
-    proc, _ = launch(tmp_path / "run", 2, "--set", "strategies.parallel.data=1", tmp_path=tmp_path)
+    proc = run_launch(SMOKE, 2, "--output-dir", tmp_path / "run", *EIGHT_STEPS, "--set", "strategies.parallel.data=1",
+                      log_dir=tmp_path / "logs")
     assert proc.returncode == 2
     assert "data 1 x model 1 x pipeline 1 = 1 workers, but 2 are running" in proc.stderr
 
