@@ -74,12 +74,15 @@ def test_hard_kill_then_resume_continues_exactly(six_step_run, tmp_path):
     assert "resumed from" in proc.stdout and "step 3" in proc.stdout
     assert_same_steps(out, straight, (4, 5, 6))
 
+# Each strategy setting in at least one combination, each combination a distinct code path
+# (precision level and scaling, LoRA or full fine-tune, optimizer): a setting that was a
+# combination of its own is part of a larger one here, and is checked alone, in process, in
+# tests/test_strategies.py. The whole product of the strategies is `llama-npu profile`'s
+# default matrix (docs/profiling-and-benchmarks.md).
 COMBOS = {
-    "fp16-O2-dynamic-scale": ["strategies.precision.amp_level=O2", "strategies.precision.loss_scale=dynamic"],
-    "accum2-recompute-full": ["train.global_batch_size=4", "strategies.recompute.mode=full"],
-    "chunked-ce-selective": ["strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=16",
-                             "strategies.recompute.mode=selective"],
-    "lora": ["strategies.lora.enabled=true"],
+    "fp16-O2-dynamic-scale-accum2-recompute-full": ["strategies.precision.amp_level=O2",
+                                                    "strategies.precision.loss_scale=dynamic",
+                                                    "train.global_batch_size=4", "strategies.recompute.mode=full"],
     "lora-fp16-accum2": ["strategies.lora.enabled=true", "strategies.precision.amp_level=O1",
                          "strategies.precision.loss_scale=static:1024", "train.global_batch_size=4"],
     "fp16-O3-sgd-chunked-accum2": ["strategies.precision.amp_level=O3", "train.optimizer.name=sgd", "strategies.precision.loss_scale=dynamic",
