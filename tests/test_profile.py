@@ -19,16 +19,17 @@ GOOD = "data/zh_instruct_train.jsonl"
 
 @pytest.fixture(scope="module")
 def profile_run(tmp_path_factory):
-    """chunked CE off/on x 1 or 4 micro-batches x good/bad training data. TINY_RUN's global
+    """chunked CE on (the recipe has it off) x 1 or 4 micro-batches x good/bad training data:
+    one combination of each outcome, each axis's values in the order given. TINY_RUN's global
     batch of 2 cannot be split into 4 micro-batches: the recipe refuses those combinations.
     The bad file passes validation (files are read when training starts), so its
-    combinations fail inside their training process."""
+    combination fails inside its training process."""
     tmp = tmp_path_factory.mktemp("profile")
     bad = tmp / "bad.jsonl"
     bad.write_text('{"instruction": "你好", "output": "好"}\n{not json\n', encoding="utf-8")
     out = tmp / "out"
     proc = run_cli("profile", SMOKE, "--out", out, "--steps", "2", *TINY_RUN,
-                   "--combos", f"chunked_ce=off,on;accumulation=1,4;data.train_files={GOOD},{bad}", check=True)
+                   "--combos", f"chunked_ce=on;accumulation=1,4;data.train_files={GOOD},{bad}", check=True)
     return out, proc, json.loads((out / "profile.json").read_text())
 
 
@@ -36,7 +37,6 @@ def test_profile_writes_one_row_per_combination(profile_run):
     out, proc, profile = profile_run
     rows = profile["rows"]
     assert [(r["combination"]["chunked_ce"], r["combination"]["accumulation"], r["status"]) for r in rows] == [
-        ("off", "1", "ok"), ("off", "1", "failed"), ("off", "4", "skipped"), ("off", "4", "skipped"),
         ("on", "1", "ok"), ("on", "1", "failed"), ("on", "4", "skipped"), ("on", "4", "skipped")]
     ok, failed, skipped = ([r for r in rows if r["status"] == status] for status in ("ok", "failed", "skipped"))
     for row in ok + failed:
@@ -50,18 +50,18 @@ def test_profile_writes_one_row_per_combination(profile_run):
     for row in skipped:
         assert "does not split into 4 micro-batches" in row["error"]
     # Each row's settings reached its run, and its checkpoints were not kept.
-    run_dir = Path(ok[1]["run_dir"])
+    run_dir = Path(ok[0]["run_dir"])
     assert yaml.safe_load((run_dir / "recipe.yaml").read_text())["strategies"]["chunked_ce"]["enabled"] is True
-    assert "--set strategies.chunked_ce.enabled=true" in ok[1]["command"]
+    assert "--set strategies.chunked_ce.enabled=true" in ok[0]["command"]
     assert not (run_dir / "checkpoints").exists()
-    assert "profile 8/8" in proc.stdout and "2 ok, 2 failed, 4 skipped" in proc.stdout
+    assert "profile 4/4" in proc.stdout and "1 ok, 1 failed, 2 skipped" in proc.stdout
 
 
 def test_profile_markdown_and_png(profile_run):
     out, _, profile = profile_run
     markdown = (out / "profile.md").read_text()
     table = [line for line in markdown.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert len(table) == len(profile["rows"]) == 8
+    assert len(table) == len(profile["rows"]) == 4
     assert "not NPU memory" in markdown and f"{profile['machine']['cores']} cores" in markdown
     assert "(host_rss)" in table[0] and "malformed JSON" in table[1] and "skipped" in table[2]
     assert (out / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
