@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from .checkpoint import (CheckpointError, checkpoint_root, inspect, load_checkpoint, optimizer_state_params, owned,
-                         prune, save_checkpoint, set_aside, step_of)
+                         prune, remove_abandoned_saves, save_checkpoint, set_aside, step_of)
 from .console import note, warn
 
 
@@ -126,12 +126,13 @@ class Checkpointer:
     # ------------------------------------------------------------ save
 
     def save(self, step: int, params, optimizer, state: dict) -> Path:
-        """Write this rank's checkpoint of `step`, then prune its root."""
+        """Write this rank's checkpoint of `step`, then prune its root (and what killed saves left)."""
         model = owned(params, self.world.sharded)
         opt = owned(optimizer_state_params(optimizer, params), self.world.sharded)
         path = save_checkpoint(self.root, step, model, opt, state, self.model_description)
         self.last = path
         prune(self.root, self.keep_last)
+        remove_abandoned_saves(self.root)
         return path
 
     def wait_for_every_rank(self) -> None:
