@@ -456,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
 def user_errors() -> tuple:
     """What bad input raises, from any command: one line and exit 2, never a traceback."""
     # Imported when a command fails, not at start: the weights format and preflight load numpy.
+    from .atomic import UnwritableError
     from .checkpoint import CheckpointError
     from .data.readers import RecordError
     from .data.tokenizer import TokenizerError
@@ -465,7 +466,7 @@ def user_errors() -> tuple:
     from .weights_format import ConvertError
 
     return (RecipeError, RunDirError, PreflightError, RecordError, TokenizerError, CheckpointError, ConvertError,
-            MergeError, DeviceError, FileExistsError, FileNotFoundError, SelftestError)
+            MergeError, DeviceError, FileExistsError, FileNotFoundError, SelftestError, UnwritableError)
 
 
 def main(argv=None) -> int:

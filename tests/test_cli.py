@@ -23,3 +23,20 @@ def test_help_shows_defaults_and_is_written_for_users():
     assert "(default: 2048)" in ev and "(default: auto)" in ev and "(default: None)" not in ev
     prep = " ".join(run_cli("prepare-data", "--help", check=True).stdout.split())
     assert prep.startswith("usage: llama-npu prepare-data") and "(default: error)" in prep
+
+
+@pytest.mark.parametrize("command", [
+    ["convert", "hf-to-ms", "--src", "Llama-3.2-1B", "--dst"],
+    ["convert", "ms-to-hf", "--src", "runs/x", "--dst"],
+    ["quantize", "--checkpoint", "runs/x", "--dst"],
+    ["merge-checkpoints", "runs/x", "--dst"],
+    ["prepare-data", "--format", "alpaca", "--input", "data/zh_instruct_train.jsonl", "--output"],
+])
+def test_a_destination_that_cannot_be_written_is_one_line_before_any_work(command, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("where the destination's parent should be a directory")
+    proc = run_cli(*command, blocker / "out")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (f"llama-npu: error: {command[-1]} {blocker / 'out'} is not "
+                                                    f"writable: {blocker} is a file, not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
