@@ -40,3 +40,23 @@ def test_a_destination_that_cannot_be_written_is_one_line_before_any_work(comman
     assert proc.stderr.strip().splitlines()[-1] == (f"llama-npu: error: {command[-1]} {blocker / 'out'} is not "
                                                     f"writable: {blocker} is a file, not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_the_readmes_own_data_check_passes_after_the_smoke_run(tmp_path):
+    """README, "Your own data": its `validate` runs after scripts/smoke.sh has filled
+    runs/cpu_smoke, so it must check the output directory the `train` below it writes."""
+    import shlex
+    import shutil
+
+    from conftest import REPO
+
+    block = (REPO / "README.md").read_text(encoding="utf-8").split("### Your own data", 1)[1].split("```")[1]
+    validate, train = (shlex.split(next(line for line in block.splitlines() if line.startswith(f"llama-npu {cmd} ")))
+                       for cmd in ("validate", "train"))
+    (tmp_path / "recipes").symlink_to(REPO / "recipes")
+    shutil.copy(REPO / "data" / "zh_instruct_train.jsonl", tmp_path / "my_train.jsonl")
+    (tmp_path / "runs" / "cpu_smoke").mkdir(parents=True)
+    (tmp_path / "runs" / "cpu_smoke" / "recipe.yaml").write_text("as the smoke run left it\n")
+    proc = run_cli(*validate[1:], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert validate[validate.index("--output-dir") + 1] == train[train.index("--output-dir") + 1]
