@@ -31,6 +31,10 @@ def test_help_shows_defaults_and_is_written_for_users():
     ["quantize", "--checkpoint", "runs/x", "--dst"],
     ["merge-checkpoints", "runs/x", "--dst"],
     ["prepare-data", "--format", "alpaca", "--input", "data/zh_instruct_train.jsonl", "--output"],
+    ["eval", "--task", "ceval", "--checkpoint", "runs/x", "--data", "data/ceval_sample", "--output"],
+    ["plan", "--model", "llama3.2-1b", "--device", "910b", "--fit", "--data", "data/zh_instruct_train.jsonl",
+     "--write-recipe"],
+    ["profile", "recipes/cpu_smoke.yaml", "--out"],
 ])
 def test_a_destination_that_cannot_be_written_is_one_line_before_any_work(command, tmp_path):
     blocker = tmp_path / "a-file"
