@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -469,7 +470,18 @@ def user_errors() -> tuple:
             MergeError, DeviceError, FileExistsError, FileNotFoundError, SelftestError, UnwritableError)
 
 
+class Terminated(BaseException):
+    """SIGTERM in a command other than train (which blocks it and takes it itself): unwound
+    like Ctrl-C, so an output being staged (atomic.staged_directory) is removed, not left as a
+    hidden .NAME.partial-PID directory the size of the model."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, _terminated)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -478,9 +490,10 @@ def main(argv=None) -> int:
     except RunFailure as exc:
         print(f"llama-npu: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C in a command other than train (train takes its signals itself)
-        print("llama-npu: error: interrupted (SIGINT)", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as exc:  # in a command other than train (it takes its signals itself)
+        number = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+        print(f"llama-npu: error: interrupted ({number.name})", file=sys.stderr)
+        return 128 + number
 
 
 if __name__ == "__main__":
