@@ -92,8 +92,9 @@ def cmd_train(args) -> int:
         # Under msrun scripts/launch.sh prints the command that continues the whole launch.
         then = ("scripts/launch.sh prints the command that continues the launch" if "workers" in summary else
                 f"continue with: {resume_command(run_dir, recipe)}")
-        print(f"llama-npu: stopped by {summary['stopped_by']} after step {summary['steps']}; newest checkpoint: "
-              f"{summary['checkpoint']}; {then}", file=sys.stderr)
+        saved = f"newest checkpoint: {summary['checkpoint']}; " if summary["checkpoint"] else ""  # rank 0 saves
+        print(f"llama-npu: stopped by {summary['stopped_by']} after step {summary['steps']}; {saved}{then}",
+              file=sys.stderr)
         return PREEMPTED
     return 0
 
