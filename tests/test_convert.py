@@ -353,3 +353,11 @@ def test_a_terminated_conversion_leaves_nothing(hf_dir, tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
     assert stderr.strip().splitlines()[-1] == "llama-npu: error: interrupted (SIGTERM)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_a_lora_run_prints_no_framework_info_lines(shrunk_run):
+    """mindpet logs each freeze step at INFO on stdout unless told not to."""
+    _, proc = shrunk_run(LORA_RECIPE, "float32")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [line for line in proc.stdout.splitlines() if line.startswith("[INFO]")] == []
+    assert proc.stdout.splitlines()[-1].startswith("not rehearsed")  # the summary ends stdout
