@@ -60,6 +60,9 @@ class Context:
     workers: int = 1
     speed: bool = False
     device: dict = field(default_factory=dict)
+    rank: int = 0
+    work: Optional[Path] = None  # a directory every rank shares (selftest_sharded.work_dir)
+    sharded_runs: dict = field(default_factory=dict)  # layout -> its trained train.Session
 
     @property
     def flash_attention(self) -> bool:
@@ -355,7 +358,8 @@ def check_data_parallel(ctx: Context, fault=None) -> Check:
 
     import mindspore as ms
     from mindspore.communication import get_rank
-    from mindspore import nn, ops
+
+    from .collective import all_reduce_sum
 
     batches = [random_batch(2 * ctx.workers, seed) for seed in (31, 32, 33)]
     recipe, net, cell = build(ctx, "train.optimizer.name=sgd")
@@ -376,18 +380,10 @@ def check_data_parallel(ctx: Context, fault=None) -> Check:
     finally:
         ms.reset_auto_parallel_context()
     digest = hashlib.sha256(b"".join(trained[n].tobytes() for n in sorted(trained))).digest()
-    # The CPU backend has only a summing AllReduce, inside a graph: the bytes d_r agree on
-    # every rank iff N * sum(d_r^2) == (sum d_r)^2 (Cauchy-Schwarz), byte by byte.
-    class Summed(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.all_reduce = ops.AllReduce()
-
-        def construct(self, x):
-            return self.all_reduce(x)
-
+    # The bytes d_r agree on every rank iff N * sum(d_r^2) == (sum d_r)^2 (Cauchy-Schwarz),
+    # byte by byte: one summing all-reduce, which is all the CPU backend has.
     mine = np.frombuffer(digest, np.uint8).astype(np.float64)
-    sums = Summed()(ms.Tensor(np.concatenate([mine, mine ** 2]).astype(np.float32))).asnumpy().astype(np.float64)
+    sums = all_reduce_sum(np.concatenate([mine, mine ** 2])).astype(np.float64)
     total, squares = np.split(sums, 2)
     same = bool((ctx.workers * squares == total ** 2).all())
     diff = max(float(np.abs(trained[n] - reference[n]).max() / (np.abs(reference[n]).max() + 1e-30))
@@ -396,12 +392,6 @@ def check_data_parallel(ctx: Context, fault=None) -> Check:
     if not same:
         return Check(name, "parallel", FAIL, diff, 1e-5, "the ranks' weight hashes differ")
     return check
-
-
-def check_sharded_layouts(ctx: Context, fault=None) -> Check:
-    return Check("sharded_model_pipeline_optimizer", "parallel", SKIP,
-                 reason="semi_auto_parallel runs on Ascend only; on a card run the train command with "
-                        "strategies.parallel.model=2 / pipeline=2 / optimizer_shard=true and compare 3-step losses")
 
 
 def check_resume_exact(ctx: Context, fault=None) -> Check:
@@ -464,18 +454,16 @@ def check_export_exact(ctx: Context, fault=None) -> Check:
                  "" if ok else f"{differing} of {len(exported)} exported tensors differ from the trained weights")
 
 
-def check_export_sharded(ctx: Context, fault=None) -> Check:
-    return Check("export_merge_sharded", "export", SKIP,
-                 reason="merge-checkpoints needs a sharded run's per-rank files, which only Ascend writes")
-
-
 # ---- the command ---------------------------------------------------------------------------
+
+# Imported here, after everything they import from this module is defined.
+from .selftest_sharded import check_export_sharded, check_sharded_layouts  # noqa: E402
 
 SINGLE: List[Callable] = [check_overflow_skips_update, check_saturation_registers, check_precision_fp16,
                           check_precision_bf16, check_mask_packed, check_mask_packed_sharded_loss,
                           check_mask_flash_vs_plain, check_memory_vs_plan, check_speed, check_resume_exact,
                           check_export_exact, check_export_sharded, check_data_parallel, check_sharded_layouts]
-MULTI: List[Callable] = [check_data_parallel]
+MULTI: List[Callable] = [check_data_parallel, check_sharded_layouts, check_export_sharded]
 
 
 def has_npu() -> bool:
@@ -500,7 +488,7 @@ def _version(package: str) -> str:
 def set_up(device: str, speed: bool) -> Context:
     import mindspore as ms
 
-    from .launcher import launched_workers
+    from .launcher import launched_rank, launched_workers
 
     if device == "ascend" and not has_npu():
         raise SelftestError("selftest --device ascend: no Ascend NPU on this host (no /dev/davinci_manager, "
@@ -520,7 +508,7 @@ def set_up(device: str, speed: bool) -> Context:
         from mindspore.communication import init
 
         init()
-    ctx = Context(target, soc, workers, speed)
+    ctx = Context(target, soc, workers, speed, rank=launched_rank())
     from .memory.devices import DEVICES
 
     profile = DEVICES.get(soc)
@@ -541,7 +529,7 @@ def run_selftest(device: str = "auto", json_path: Optional[str] = None, speed: b
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "selftest")
     mute_mindformers_info()
     ctx = set_up(device, speed)
-    main = int(os.environ.get("RANK_ID", "0")) == 0
+    main = ctx.rank == 0
     checks = []
     for fn in (MULTI if ctx.workers > 1 else SINGLE):
         try:
@@ -551,6 +539,12 @@ def run_selftest(device: str = "auto", json_path: Optional[str] = None, speed: b
         checks.append(check)
         if main:
             emit(check.line())
+    if ctx.work is not None:  # every rank is done with it before rank 0 removes it
+        from .selftest_sharded import barrier
+
+        barrier()
+        if main:
+            shutil.rmtree(ctx.work, ignore_errors=True)
     failed = sum(c.status == FAIL for c in checks)
     if main:
         counts = {s: sum(c.status == s for c in checks) for s in (PASS, FAIL, SKIP)}
