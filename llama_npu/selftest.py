@@ -63,6 +63,7 @@ class Context:
     rank: int = 0
     work: Optional[Path] = None  # a directory every rank shares (selftest_sharded.work_dir)
     sharded_runs: dict = field(default_factory=dict)  # layout -> its trained train.Session
+    trained: Optional[tuple] = None  # trained_once
 
     @property
     def flash_attention(self) -> bool:
@@ -429,6 +430,16 @@ def check_resume_exact(ctx: Context, fault=None) -> Check:
 
 # ---- export --------------------------------------------------------------------------------
 
+def trained_once(ctx: Context) -> tuple:
+    """(recipe, net) after one step on a fixed batch; the export checks share it (one
+    compile fewer)."""
+    if ctx.trained is None:
+        recipe, net, cell = build(ctx)
+        train_step(recipe, net, cell)([random_batch(2, 51)], lr=1e-2)
+        ctx.trained = (recipe, net)
+    return ctx.trained
+
+
 def check_export_exact(ctx: Context, fault=None) -> Check:
     """Train a step, save it as a run does, ms-to-hf, read the safetensors back: the trained
     weights bit-exactly. `fault`: export in float16."""
@@ -437,8 +448,7 @@ def check_export_exact(ctx: Context, fault=None) -> Check:
     from .weights_format import read_safetensors, rename
     from .architecture import resolve_shape
 
-    recipe, net, cell = build(ctx)
-    train_step(recipe, net, cell)([random_batch(2, 51)], lr=1e-2)
+    recipe, net = trained_once(ctx)
     params = net.trainable_params()
     description = {"format": "llama-npu", "shape": resolve_shape(recipe.model).__dict__,
                    "dtype": str(params[0].dtype).lower(), "source": "selftest", "hf_config": None}

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .selftest import FAIL, PASS, SKIP, Check, Context, build, judged, random_batch, train_step, weights
+from .selftest import (FAIL, PASS, SKIP, Check, Context, build, judged, random_batch, train_step, trained_once,
+                       weights)
 
 # Every layout steps the same N-row global batch (N workers): data x micro-batch (x the
 # pipeline's micro-batches) = N. AdamW: MindSpore's parallel optimizer refuses SGD
@@ -221,8 +222,7 @@ def simulated_export(ctx: Context, fault) -> Check:
     from .train import open_run_dir
 
     name = "export_merge_sharded"
-    recipe, net, cell = build(ctx)
-    train_step(recipe, net, cell)([random_batch(2, 52)], lr=1e-2)
+    recipe, net = trained_once(ctx)
     trained = weights(net)
     with tempfile.TemporaryDirectory(prefix="llama-npu-selftest-") as tmp:
         run_dir = Path(tmp) / "run"
