@@ -153,6 +153,8 @@ def test_data_parallel_configuration():
      "train.global_batch_size=12: with pipeline stages it must equal train.micro_batch_size=4 x strategies.parallel.data=1 x "
      "strategies.parallel.micro_batches=4 = 16"),
     (["strategies.parallel.sequence_parallel=true"], "sequence_parallel needs strategies.parallel.model > 1"),
+    (["strategies.parallel.optimizer_shard=true", "train.optimizer.name=sgd"],
+     "train.optimizer.name=sgd with strategies.parallel.optimizer_shard=true: MindSpore shards only AdamW's state"),
     (["strategies.parallel.model=2", "strategies.chunked_ce.enabled=true"],
      "strategies.chunked_ce.enabled=true with strategies.parallel.model=2: chunked cross-entropy has no sharded version"),
     (["strategies.parallel.optimizer_shard=true", "strategies.chunked_ce.enabled=true"],
