@@ -10,114 +10,27 @@ with the reason, never a pass.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, List, Optional
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
-SEQ = 32
-PASS, FAIL, SKIP = "pass", "fail", "skip"
+from .selftest_parts import (FAIL, PASS, REPO, SEQ, SKIP, Check, Context, build, judged, random_batch, train_step,
+                             trained_once, weights)
+from .selftest_sharded import check_export_sharded, check_sharded_layouts
+
 # FACTS.md's device table (public figures; the 910B's is an estimate).
 PEAK_FP16_FLOPS = {"910a": 256e12, "910b": 354e12}
+FP16 = ("strategies.precision.amp_level=O2", "strategies.precision.dtype=float16")
 
 
 class SelftestError(ValueError):
     """Bad input to selftest (exit 2)."""
-
-
-@dataclass
-class Check:
-    name: str
-    category: str
-    status: str
-    figure: Optional[float] = None
-    tolerance: Optional[float] = None
-    reason: str = ""
-
-    def line(self) -> str:
-        measured = "" if self.figure is None else f"  {self.figure:.3g} (tolerance {self.tolerance:.3g})"
-        return f"{self.name:<34}{self.status:<6}{measured}{'  ' + self.reason if self.reason else ''}"
-
-
-def judged(name: str, category: str, figure: float, tolerance: float, what: str) -> Check:
-    """Pass when the figure (a difference from the reference) is within the tolerance."""
-    ok = math.isfinite(figure) and figure <= tolerance
-    return Check(name, category, PASS if ok else FAIL, figure, tolerance, "" if ok else what)
-
-
-@dataclass
-class Context:
-    target: str  # "cpu" | "ascend"
-    soc: str  # "cpu", "910a", "910b", ...
-    workers: int = 1
-    speed: bool = False
-    device: dict = field(default_factory=dict)
-    rank: int = 0
-    work: Optional[Path] = None  # a directory every rank shares (selftest_sharded.work_dir)
-    sharded_runs: dict = field(default_factory=dict)  # layout -> its trained train.Session
-    trained: Optional[tuple] = None  # trained_once
-
-    @property
-    def flash_attention(self) -> bool:
-        from .model import fused_kernels
-
-        return fused_kernels(self.target == "ascend", self.soc)
-
-    @property
-    def bf16(self) -> bool:
-        return self.target == "ascend" and self.soc != "910a"
-
-    def recipe(self, *overrides):
-        from .recipe import load_recipe
-
-        device = [] if self.target == "cpu" else ["device.target=ascend", f"device.name={self.soc}"]
-        return load_recipe(SMOKE, [f"data.max_seq_len={SEQ}", "data.eval_files=[]", "train.global_batch_size=0",
-                                   "train.micro_batch_size=2", "train.warmup_steps=0", *device, *overrides])
-
-
-# ---- shared pieces -------------------------------------------------------------------------
-
-FP16 = ("strategies.precision.amp_level=O2", "strategies.precision.dtype=float16")
-
-
-def build(ctx: Context, *overrides):
-    import mindspore as ms
-
-    from .build import build_network
-
-    ms.set_seed(0)
-    recipe = ctx.recipe(*overrides)
-    net, cell = build_network(recipe, on_ascend=ctx.target == "ascend")
-    return recipe, net, cell
-
-
-def train_step(recipe, net, cell, k: int = 1):
-    from .optim import build_optimizer
-    from .strategies.accumulation import TrainStep
-    from .strategies.precision import LossScaler
-
-    optimizer = build_optimizer(net.trainable_params(), recipe.train)
-    return TrainStep(cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip, k)
-
-
-def random_batch(rows: int, seed: int):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, 128000, (rows, SEQ + 1)).astype(np.int32)
-    labels = ids.copy()
-    labels[:, :2] = -100
-    return ids, labels
-
-
-def weights(net) -> dict:
-    return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
 
 
 # ---- overflow ------------------------------------------------------------------------------
@@ -430,16 +343,6 @@ def check_resume_exact(ctx: Context, fault=None) -> Check:
 
 # ---- export --------------------------------------------------------------------------------
 
-def trained_once(ctx: Context) -> tuple:
-    """(recipe, net) after one step on a fixed batch; the export checks share it (one
-    compile fewer)."""
-    if ctx.trained is None:
-        recipe, net, cell = build(ctx)
-        train_step(recipe, net, cell)([random_batch(2, 51)], lr=1e-2)
-        ctx.trained = (recipe, net)
-    return ctx.trained
-
-
 def check_export_exact(ctx: Context, fault=None) -> Check:
     """Train a step, save it as a run does, ms-to-hf, read the safetensors back: the trained
     weights bit-exactly. `fault`: export in float16."""
@@ -466,8 +369,6 @@ def check_export_exact(ctx: Context, fault=None) -> Check:
 
 # ---- the command ---------------------------------------------------------------------------
 
-# Imported here, after everything they import from this module is defined.
-from .selftest_sharded import check_export_sharded, check_sharded_layouts  # noqa: E402
 
 SINGLE: List[Callable] = [check_overflow_skips_update, check_saturation_registers, check_precision_fp16,
                           check_precision_bf16, check_mask_packed, check_mask_packed_sharded_loss,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .selftest import (FAIL, PASS, SKIP, Check, Context, build, judged, random_batch, train_step, trained_once,
-                       weights)
+from .selftest_parts import (FAIL, PASS, SKIP, Check, Context, build, judged, random_batch, train_step,
+                             trained_once, weights)
 
 # Every layout steps the same N-row global batch (N workers): data x micro-batch (x the
 # pipeline's micro-batches) = N. AdamW: MindSpore's parallel optimizer refuses SGD

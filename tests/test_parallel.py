@@ -255,6 +255,10 @@ def test_sharded_layouts_train_through_mindformers_wrapper_chain(sharded_chains,
         assert built["lr_schedule"] == "WarmupCosineLR"  # the wrapper evaluates our schedule in its graph
         assert built["data"] == data and built["parallel_optimizer"] == (layout == "optimizer_shard")
         assert built["strategy_file"] == str(out / "run" / "strategy" / f"rank_{rank}.ckpt")
+        # selftest's sharded check (on the CPU it can only check what was built) sees the
+        # layout asked and fails one that was not
+        assert built["layout_problem"] == ""
+        assert built["other_layout_problem"].startswith("pipeline ")
     assert chains[0]["pipeline2"]["layer_stages"] == [0, 1]
     assert chains[0]["model2"]["model_parallel"] == 2
     # Evaluation: MindFormers' loss in _VirtualDatasetCell, fed the whole data-parallel batch.
