@@ -46,7 +46,7 @@ class Context:
     rank: int = 0
     work: Optional[Path] = None  # a directory every rank shares (selftest_sharded.work_dir)
     sharded_runs: dict = field(default_factory=dict)  # layout -> its trained train.Session
-    trained: Optional[tuple] = None  # trained_once
+    trained: Optional[tuple] = None  # trained_once's
 
     @property
     def flash_attention(self) -> bool:
@@ -99,10 +99,12 @@ def weights(net) -> dict:
 
 
 def trained_once(ctx: Context) -> tuple:
-    """(recipe, net) after one step on a fixed batch; the export checks share it (one
-    compile fewer)."""
+    """(recipe, net, its TrainStep) after one step on a fixed batch, built once a run: the
+    resume and export checks start from it (two compiles fewer). Each takes the weights as
+    it finds them; resume_exact steps them on."""
     if ctx.trained is None:
         recipe, net, cell = build(ctx)
-        train_step(recipe, net, cell)([random_batch(2, 51)], lr=1e-2)
-        ctx.trained = (recipe, net)
+        step = train_step(recipe, net, cell)
+        step([random_batch(2, 51)], lr=1e-2)
+        ctx.trained = (recipe, net, step)
     return ctx.trained

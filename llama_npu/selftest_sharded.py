@@ -222,7 +222,7 @@ def simulated_export(ctx: Context, fault) -> Check:
     from .train import open_run_dir
 
     name = "export_merge_sharded"
-    recipe, net = trained_once(ctx)
+    recipe, net, _ = trained_once(ctx)
     trained = weights(net)
     with tempfile.TemporaryDirectory(prefix="llama-npu-selftest-") as tmp:
         run_dir = Path(tmp) / "run"
@@ -239,7 +239,7 @@ def simulated_export(ctx: Context, fault) -> Check:
     return Check(name, "export", SKIP, float(differing), 0.0, (
         f"ran: 2 ranks' model=2 shards written by Checkpointer.save, merge-checkpoints and ms-to-hf give all "
         f"{exported} trained tensors bit-exactly; the shards and strategy files of a compiled sharded graph need "
-        f"Ascend: scripts/launch.sh --selftest N on a card"))
+        f"scripts/launch.sh --selftest N on Ascend"))
 
 
 def check_export_sharded(ctx: Context, fault=None) -> Check:
