@@ -164,18 +164,23 @@ def model2_split(name: str) -> list:
     return None
 
 
-def write_strategy(path: Path, shapes: dict) -> None:
-    """A strategy file in MindSpore's protobuf format (node_strategy.proto), as a compiled
-    model=2 graph saves it, for the weights `shapes` names."""
+def write_strategy(path: Path, tensor_maps: dict, stage: int = 0, devices: int = 2) -> None:
+    """A strategy file in MindSpore's protobuf format (node_strategy.proto) for pipeline
+    stage `stage` of `devices` devices a stage: `tensor_maps` gives each weight's tensor map
+    over the device matrix [devices] (-1: not split), as a compiled graph records it."""
     import mindspore as ms
 
     strategy = ms.train.node_strategy_pb2.ParallelStrategyMap()
-    strategy.current_stage = 0
-    for name, shape in shapes.items():
+    strategy.current_stage = stage
+    node = strategy.parallel_strategy_item.add()
+    node.node_name = f"MatMul-op{stage}"
+    node.parallel_strategys.stage = stage
+    node.parallel_strategys.parallel_strategy.add().dim.extend([1, 1])
+    for name, tensor_map in tensor_maps.items():
         item = strategy.parallel_layout_item.add()
         item.param_name = name
-        item.parallel_layouts.dev_matrix.add().dim.extend([2])
-        item.parallel_layouts.tensor_map.add().dim.extend(model2_split(name) or [-1] * len(shape))
+        item.parallel_layouts.dev_matrix.add().dim.extend([devices])
+        item.parallel_layouts.tensor_map.add().dim.extend(tensor_map)
         item.parallel_layouts.param_split_shape.add()
         item.parallel_layouts.indices_offset.add()
         item.parallel_layouts.field, item.parallel_layouts.opt_weight_shard_step = 0, 0
@@ -229,7 +234,7 @@ def simulated_export(ctx: Context, fault) -> Check:
         run_dir = Path(tmp) / "run"
         open_run_dir(run_dir, recipe, overwrite=False)
         for rank in (0, 1):
-            write_strategy(strategy_file(run_dir, rank), {n: v.shape for n, v in trained.items()})
+            write_strategy(strategy_file(run_dir, rank), {n: model2_split(n) or [-1] * v.ndim for n, v in trained.items()})
             mine = rank_slices(trained, 0 if fault else rank)
             Checkpointer(run_dir, World(rank, 2, sharded=True), keep_last=1).save(
                 1, mine, build_optimizer(mine, recipe.train), {"samples_consumed": 2})

@@ -316,25 +316,10 @@ def test_resume_compiles_the_train_graph_before_loading_the_checkpoint(ms, tmp_p
 
 
 def write_stage_strategy(path, stage, param):
-    """A strategy file as a pipeline stage's rank writes it (MindSpore's protobuf format)."""
-    import mindspore as ms
+    """A strategy file as a pipeline stage's one rank writes it, `param` (4 x 4) not split."""
+    from llama_npu.selftest_sharded import write_strategy
 
-    stra = ms.train.node_strategy_pb2.ParallelStrategyMap()
-    stra.current_stage = stage
-    item = stra.parallel_strategy_item.add()
-    item.node_name = f"MatMul-op{stage}"
-    item.parallel_strategys.stage = stage
-    item.parallel_strategys.parallel_strategy.add().dim.extend([1, 1])
-    layout = stra.parallel_layout_item.add()
-    layout.param_name = param
-    layout.parallel_layouts.dev_matrix.add().dim.extend([1])
-    layout.parallel_layouts.tensor_map.add().dim.extend([-1, -1])
-    layout.parallel_layouts.param_split_shape.add()  # no split
-    layout.parallel_layouts.indices_offset.add()
-    layout.parallel_layouts.field, layout.parallel_layouts.opt_weight_shard_step = 0, 0
-    layout.parallel_layouts.opt_weight_shard_size = 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(stra.SerializeToString())
+    write_strategy(path, {param: [-1, -1]}, stage, devices=1)
 
 
 @pytest.mark.parametrize("pipeline", [1, 2])
