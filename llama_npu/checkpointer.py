@@ -17,33 +17,15 @@ from .console import note, warn
 
 
 def _gathered(world, value: float) -> list:
-    """Every rank's `value`, on every rank: one all-reduce of a one-hot row (the CPU backend's
-    AllReduce sums only; exact for integers below 2**24 in float32). Also a barrier."""
-    import mindspore as ms
+    """Every rank's `value`, on every rank: the sum of one-hot rows (exact for integers below
+    2**24). Also a barrier."""
     import numpy as np
-    from mindspore import nn, ops
 
-    class _Sum(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.sum = ops.AllReduce()
-
-        def construct(self, x):
-            return self.sum(x)
+    from .collective import all_reduce_sum
 
     row = np.zeros(world.size, np.float32)
     row[world.rank] = value
-    # Under semi-auto parallel an op without a shard strategy is split along dimension 0;
-    # this small graph is compiled outside it, as one whole row per rank (not run: no NPU).
-    mode = ms.get_auto_parallel_context("parallel_mode")
-    sharded = mode in ("semi_auto_parallel", "auto_parallel")
-    if sharded:
-        ms.set_auto_parallel_context(parallel_mode="stand_alone")
-    try:
-        return [int(v) for v in _Sum()(ms.Tensor(row)).asnumpy()]
-    finally:
-        if sharded:
-            ms.set_auto_parallel_context(parallel_mode=mode)
+    return [int(v) for v in all_reduce_sum(row)]
 
 
 class Checkpointer:
