@@ -6,7 +6,7 @@ directory of --questions questions (the shipped sample's, repeated over its four
 0-shot and 5-shot, --batch-size 1 and 8. The scoring time is the command's own
 (`scoring_seconds` in --json: prompts built and scored, without start-up and model build;
 the graph compiles of each length bucket are included, as a real run pays them once); the
-RSS is the child's ru_maxrss. The ratio line compares batch 8 with batch 1, measured side by side.
+RSS is the child's own peak (VmHWM, benchmarks/child_peak.py). The ratio line compares batch 8 with batch 1, measured side by side.
 
 This is host memory and CPU speed, not NPU figures (FACTS.md); docs/evaluation-and-export.md
 says what the design gives on Ascend.
