@@ -3,8 +3,8 @@ shape in float32, and what it projects for 3B.
 
 A random-weight Hugging Face directory of the shape (config.json, model.safetensors: about
 5 GB for 1B in float32, written tensor by tensor) is made in a temporary directory, then
-converted both ways by the real command line, each in a child process whose peak RSS
-the kernel reports (os.wait4); the directory is deleted afterwards. The conversions hold
+converted both ways by the real command line, each in a child process that reports its
+own peak RSS (VmHWM, benchmarks/child_peak.py); the directory is deleted afterwards. The conversions hold
 about one tensor at a time (weights_format.py), so the peak is the process's base plus
 the largest tensor (the embedding, 128,256 x hidden) plus a few 64 MB row blocks: the 3B
 projection is the 1B peak less the 1B embedding plus the 3B one. The round trip is checked
@@ -29,6 +29,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from child_peak import run_with_peak  # noqa: E402
 from llama_npu.convert import hf_config  # noqa: E402
 from llama_npu.architecture import PRESETS  # noqa: E402
 from llama_npu.weights_format import (HF_WEIGHTS, SafetensorsWriter, expected_shapes, row_blocks,  # noqa: E402
@@ -58,13 +59,13 @@ def peak_rss(*args) -> tuple[int, float]:
     """(peak RSS in bytes, seconds) of `llama-npu ARGS` in a child process."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     begin = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "llama_npu", *map(str, args)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - begin
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"llama-npu {' '.join(map(str, args))} failed: {proc.stderr.read().decode()[-2000:]}")
-    return usage.ru_maxrss * 1024, seconds  # ru_maxrss is in KiB on Linux
+    with tempfile.TemporaryFile() as stderr:
+        code, peak = run_with_peak(args, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        seconds = time.perf_counter() - begin
+        if code != 0:
+            stderr.seek(0)
+            raise SystemExit(f"llama-npu {' '.join(map(str, args))} failed: {stderr.read().decode()[-2000:]}")
+    return peak, seconds
 
 
 def main() -> None:

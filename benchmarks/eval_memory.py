@@ -1,7 +1,7 @@
 """Peak host memory of `llama-npu eval` with its defaults (--max-seq-len 2048, --batch-size 4).
 
 Two inputs, each evaluated by the real command in its own child process, whose peak RSS
-(ru_maxrss from wait4) is printed: three short texts, and one record of 2048 tokens. The
+(its own VmHWM, benchmarks/child_peak.py) is printed: three short texts, and one record of 2048 tokens. The
 model is the tiny preset with Llama 3.2's full 128,256-token vocabulary (8.3M parameters,
 nearly all in the embedding), the size at which the fixed padding of every record to 2048
 tokens x batch 4 was killed at 24 GB (issue 16; not re-measured: it would take the machine
@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from child_peak import run_with_peak
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_TEXTS = ["长江是中国最长的河流。", "Llama 3.2 有 1B 和 3B 两个版本。", "今天天气很好，我们去公园散步吧。"]
@@ -60,13 +60,11 @@ def peak_rss_of_eval(checkpoint: Path, texts: list, work: Path, name: str) -> tu
     data.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
     out, err = work / f"{name}.out", work / f"{name}.err"
     with open(out, "w") as stdout, open(err, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "llama_npu", "eval", "--checkpoint", str(checkpoint),
-                                 "--data", str(data), "--device", "cpu", "--json"], cwd=REPO,
-                                stdout=stdout, stderr=stderr)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak, not the largest child's so far
-    if os.waitstatus_to_exitcode(status) != 0:
+        code, peak = run_with_peak(["eval", "--checkpoint", checkpoint, "--data", data, "--device", "cpu", "--json"],
+                                   cwd=REPO, stdout=stdout, stderr=stderr)
+    if code != 0:
         raise SystemExit(f"eval on {name} failed:\n{err.read_text()[-3000:]}")
-    return usage.ru_maxrss * 1024, json.loads(out.read_text())
+    return peak, json.loads(out.read_text())
 
 
 def main() -> None:

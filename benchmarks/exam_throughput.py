@@ -6,7 +6,7 @@ directory of --questions questions (the shipped sample's, repeated over its four
 0-shot and 5-shot, --batch-size 1 and 8. The scoring time is the command's own
 (`scoring_seconds` in --json: prompts built and scored, without start-up and model build;
 the graph compiles of each length bucket are included, as a real run pays them once); the
-RSS is the child's ru_maxrss. The ratio line compares batch 8 with batch 1, measured side by side.
+RSS is the child's own peak (VmHWM, benchmarks/child_peak.py). The ratio line compares batch 8 with batch 1, measured side by side.
 
 This is host memory and CPU speed, not NPU figures (FACTS.md); docs/evaluation-and-export.md
 says what the design gives on Ascend.
@@ -19,11 +19,10 @@ import argparse
 import csv
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from child_peak import run_with_peak
 from eval_memory import write_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,13 +51,12 @@ def measure(checkpoint: Path, data: Path, shots: int, batch: int, work: Path) ->
     """(the command's --json summary, its peak RSS in bytes)."""
     out, err = work / "out", work / "err"
     with open(out, "w") as stdout, open(err, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "llama_npu", "eval", "--task", "ceval", "--checkpoint",
-                                 str(checkpoint), "--data", str(data), "--shots", str(shots), "--batch-size",
-                                 str(batch), "--device", "cpu", "--json"], cwd=REPO, stdout=stdout, stderr=stderr)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak
-    if os.waitstatus_to_exitcode(status) != 0:
+        code, peak = run_with_peak(["eval", "--task", "ceval", "--checkpoint", checkpoint, "--data", data, "--shots",
+                                    shots, "--batch-size", batch, "--device", "cpu", "--json"],
+                                   cwd=REPO, stdout=stdout, stderr=stderr)
+    if code != 0:
         raise SystemExit(f"eval --shots {shots} --batch-size {batch} failed:\n{err.read_text()[-3000:]}")
-    return json.loads(out.read_text()), usage.ru_maxrss * 1024
+    return json.loads(out.read_text()), peak
 
 
 def main() -> None:

@@ -5,8 +5,37 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
+
+
+class UnwritableError(RuntimeError):
+    """A destination that cannot be created: bad input, found before any work is done."""
+
+
+def unwritable_reason(path: Path) -> Optional[str]:
+    """Why `path` could not be created or written, without creating it."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    try:  # an unnamed temporary file: nothing is left even if we die here
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"cannot create files in {existing} ({exc.strerror})"
+    return None
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Refuse a destination (`--dst`, `--output`) that cannot be written, before the command
+    reads or converts anything: otherwise the error comes as a traceback at the end."""
+    reason = unwritable_reason(path)
+    if reason:
+        raise UnwritableError(f"{option} {path} is not writable: {reason}")
 
 
 @contextmanager

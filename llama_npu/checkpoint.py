@@ -31,6 +31,7 @@ OPTIMIZER = "optimizer.ckpt"
 SIDECAR = "state.json"
 SET_ASIDE = "set_aside"  # <root>/set_aside/after_step_<N>[_<k>]/step_<M>: an abandoned branch
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_ABANDONED_SAVE = re.compile(r"^\.step_\d+\.partial-(\d+)$")  # atomic.staged_directory's staging name
 
 
 class CheckpointError(RuntimeError):
@@ -174,6 +175,31 @@ def prune(root: Path, keep_last: int) -> list:
     doomed = complete[:-keep_last] if keep_last > 0 else []
     for path in doomed:
         shutil.rmtree(path)
+    return doomed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    return True
+
+
+def remove_abandoned_saves(root: Path) -> list:
+    """Delete the hidden `.step_N.partial-PID` directories under `root` whose process is gone:
+    a save cut off by SIGKILL or a second signal leaves one (staged_directory cannot clean up
+    after a kill), and nothing else would ever remove it. Only this rank's processes write
+    into `root`, so a PID that is neither this process nor alive marks an abandoned save."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    doomed = [p for p in root.iterdir()
+              if (m := _ABANDONED_SAVE.match(p.name)) and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1)))]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
     return doomed
 
 

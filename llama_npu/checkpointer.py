@@ -12,38 +12,20 @@ from pathlib import Path
 from typing import Optional
 
 from .checkpoint import (CheckpointError, checkpoint_root, inspect, load_checkpoint, optimizer_state_params, owned,
-                         prune, save_checkpoint, set_aside, step_of)
+                         prune, remove_abandoned_saves, save_checkpoint, set_aside, step_of)
 from .console import note, warn
 
 
 def _gathered(world, value: float) -> list:
-    """Every rank's `value`, on every rank: one all-reduce of a one-hot row (the CPU backend's
-    AllReduce sums only; exact for integers below 2**24 in float32). Also a barrier."""
-    import mindspore as ms
+    """Every rank's `value`, on every rank: the sum of one-hot rows (exact for integers below
+    2**24). Also a barrier."""
     import numpy as np
-    from mindspore import nn, ops
 
-    class _Sum(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.sum = ops.AllReduce()
-
-        def construct(self, x):
-            return self.sum(x)
+    from .collective import all_reduce_sum
 
     row = np.zeros(world.size, np.float32)
     row[world.rank] = value
-    # Under semi-auto parallel an op without a shard strategy is split along dimension 0;
-    # this small graph is compiled outside it, as one whole row per rank (not run: no NPU).
-    mode = ms.get_auto_parallel_context("parallel_mode")
-    sharded = mode in ("semi_auto_parallel", "auto_parallel")
-    if sharded:
-        ms.set_auto_parallel_context(parallel_mode="stand_alone")
-    try:
-        return [int(v) for v in _Sum()(ms.Tensor(row)).asnumpy()]
-    finally:
-        if sharded:
-            ms.set_auto_parallel_context(parallel_mode=mode)
+    return [int(v) for v in all_reduce_sum(row)]
 
 
 class Checkpointer:
@@ -126,12 +108,13 @@ class Checkpointer:
     # ------------------------------------------------------------ save
 
     def save(self, step: int, params, optimizer, state: dict) -> Path:
-        """Write this rank's checkpoint of `step`, then prune its root."""
+        """Write this rank's checkpoint of `step`, then prune its root (and what killed saves left)."""
         model = owned(params, self.world.sharded)
         opt = owned(optimizer_state_params(optimizer, params), self.world.sharded)
         path = save_checkpoint(self.root, step, model, opt, state, self.model_description)
         self.last = path
         prune(self.root, self.keep_last)
+        remove_abandoned_saves(self.root)
         return path
 
     def wait_for_every_rank(self) -> None:

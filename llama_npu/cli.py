@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -91,8 +92,9 @@ def cmd_train(args) -> int:
         # Under msrun scripts/launch.sh prints the command that continues the whole launch.
         then = ("scripts/launch.sh prints the command that continues the launch" if "workers" in summary else
                 f"continue with: {resume_command(run_dir, recipe)}")
-        print(f"llama-npu: stopped by {summary['stopped_by']} after step {summary['steps']}; newest checkpoint: "
-              f"{summary['checkpoint']}; {then}", file=sys.stderr)
+        saved = f"newest checkpoint: {summary['checkpoint']}; " if summary["checkpoint"] else ""  # rank 0 saves
+        print(f"llama-npu: stopped by {summary['stopped_by']} after step {summary['steps']}; {saved}{then}",
+              file=sys.stderr)
         return PREEMPTED
     return 0
 
@@ -456,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
 def user_errors() -> tuple:
     """What bad input raises, from any command: one line and exit 2, never a traceback."""
     # Imported when a command fails, not at start: the weights format and preflight load numpy.
+    from .atomic import UnwritableError
     from .checkpoint import CheckpointError
     from .data.readers import RecordError
     from .data.tokenizer import TokenizerError
@@ -465,10 +468,21 @@ def user_errors() -> tuple:
     from .weights_format import ConvertError
 
     return (RecipeError, RunDirError, PreflightError, RecordError, TokenizerError, CheckpointError, ConvertError,
-            MergeError, DeviceError, FileExistsError, FileNotFoundError, SelftestError)
+            MergeError, DeviceError, FileExistsError, FileNotFoundError, SelftestError, UnwritableError)
+
+
+class Terminated(BaseException):
+    """SIGTERM in a command other than train (which blocks it and takes it itself): unwound
+    like Ctrl-C, so an output being staged (atomic.staged_directory) is removed, not left as a
+    hidden .NAME.partial-PID directory the size of the model."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
 
 
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, _terminated)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -477,9 +491,10 @@ def main(argv=None) -> int:
     except RunFailure as exc:
         print(f"llama-npu: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C in a command other than train (train takes its signals itself)
-        print("llama-npu: error: interrupted (SIGINT)", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as exc:  # in a command other than train (it takes its signals itself)
+        number = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+        print(f"llama-npu: error: interrupted ({number.name})", file=sys.stderr)
+        return 128 + number
 
 
 if __name__ == "__main__":

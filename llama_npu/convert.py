@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Dict
 
-from .atomic import staged_directory
+from .atomic import check_writable, staged_directory
 from .console import note, tracked_items
 from .architecture import VOCAB_SIZE, LlamaShape
 from .data.tokenizer import default_tokenizer_path
@@ -152,6 +152,7 @@ def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
+    check_writable(dst, "--dst")
     shape, config, tensors = checked_hf_model(src)  # every problem the headers show, before writing
     expected = expected_shapes(shape)
     note(f"writing {dst / WEIGHTS} ({dtype}) from {src}, one tensor at a time")
@@ -192,6 +193,7 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
+    check_writable(dst, "--dst")
     source = _export_source(src, weights, merge_lora)
     shape, meta = read_checkpoint_dir(source.base)
     dtype = dtype or {"BF16": "bfloat16", "F16": "float16"}.get((meta.get("source_dtypes") or ["F32"])[0], "float32")

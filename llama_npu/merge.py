@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from .architecture import resolve_shape
-from .atomic import staged_directory
+from .atomic import check_writable, staged_directory
 from .checkpoint import WEIGHTS, rank_roots, read_state
 from .stored_recipe import STORED_RECIPE, stored_recipe
 
@@ -92,6 +92,7 @@ def merge_shards(run_dir: Path, dst: Path, step: Optional[int] = None) -> Path:
     as_directory = dst.suffix != ".ckpt"
     if as_directory and dst.exists():
         raise MergeError(f"{dst} exists; remove it or choose another --dst")
+    check_writable(dst, "--dst")
     ranks = rank_roots(run_dir)
     if not ranks:
         raise MergeError(f"{run_dir}: no checkpoints/rank_<R> directories; only runs with model, pipeline "

@@ -12,11 +12,11 @@ from __future__ import annotations
 import glob
 import json
 import shlex
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from .atomic import unwritable_reason
 from .pretrained import check_pretrained
 from .recipe import Recipe, RecipeError, with_absolute_paths
 from .stored_recipe import STORED_RECIPE, stored_recipe
@@ -156,21 +156,6 @@ def check_rehearsed_recipe(recipe: Recipe) -> list:
 
 # ---------------------------------------------------------------- output directory
 
-def _writable(run_dir: Path) -> Optional[str]:
-    """Why `run_dir` could not be created or written, without creating it."""
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file, not a directory"
-    try:  # an unnamed temporary file: nothing is left even if we die here
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        return f"cannot create files in {existing} ({exc.strerror})"
-    return None
-
-
 def resume_candidates(run_dir: Path, resume: Optional[str]) -> list:
     """The checkpoints to resume from, newest first: with `auto`, the steps complete on every
     rank (checkpointer.Checkpointer.choose reads them against their CRC and takes the newest
@@ -225,7 +210,7 @@ def check_output_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
     elif main_rank and run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
         problems.append(f"output directory {run_dir} is not empty; pass --resume auto to continue it or "
                         f"--overwrite to start again")
-    reason = _writable(run_dir) if main_rank else None
+    reason = unwritable_reason(run_dir) if main_rank else None
     if reason:
         problems.append(f"output directory {run_dir} is not writable: {reason}")
     return problems, candidates

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from .architecture import resolve_shape
-from .atomic import replace_file
+from .atomic import check_writable, replace_file
 from .checkpoint import checkpoint_root
 from .console import note
 from .memory.plan_command import cached_parameter_count
@@ -310,6 +310,7 @@ def run_profile(recipe_path: Path, combos_spec: Optional[str], steps: int, out_d
     measured) and return the profile."""
     if steps < 1:
         raise ProfileError(f"--steps: expected at least 1 timed step, got {steps}")
+    check_writable(Path(out_dir), "--out")
     recipe_path = Path(recipe_path)
     base = load_recipe(recipe_path, sets)
     par = base.strategies.parallel

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import staged_directory
+from .atomic import check_writable, staged_directory
 from .pretrained import model_weights, resolve_weights
 from .weights_format import CONFIG, INT8_SCALE, WEIGHTS, ConvertError
 
@@ -36,6 +36,7 @@ def quantize_checkpoint(src: Path, dst: Path) -> dict:
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
+    check_writable(dst, "--dst")
     source = resolve_weights(src)
     _, meta, weights = model_weights(source)
     if meta.get("quantization") and source.adapters is None:

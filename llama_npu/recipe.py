@@ -572,6 +572,12 @@ def _validate_parallel(recipe: Recipe) -> None:
         raise RecipeError(f"strategies.chunked_ce.enabled=true with strategies.parallel.{sharded[0]}: chunked "
                           f"cross-entropy has no sharded version (its custom backward has no shard strategy); "
                           f"disable one of them")
+    if par.optimizer_shard and t.optimizer.name != "adamw":
+        # mindspore/nn/optim/optimizer.py _use_parallel_optimizer: only Lamb, AdamWeightDecay
+        # and AdaFactor shard their state; any other optimizer raises when it is built.
+        raise RecipeError(f"train.optimizer.name={t.optimizer.name} with strategies.parallel.optimizer_shard=true: "
+                          f"MindSpore shards only AdamW's state (AdamWeightDecay); use adamw or switch "
+                          f"optimizer_shard off")
     if par.pipeline > 1 and (t.eval_every or recipe.data.eval_files):
         key = f"train.eval_every={t.eval_every}" if t.eval_every else "data.eval_files"
         raise RecipeError(f"{key} with strategies.parallel.pipeline={par.pipeline}: evaluation does not run "

@@ -27,7 +27,8 @@
 # background of a non-interactive shell they inherit SIGINT ignored.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# selftest's multi-card checks (data parallel N against one process) on N workers:
+# selftest's multi-card checks (data parallel N against one process, the sharded layouts against
+# an unsharded reference, the sharded export) on N workers:
 #   scripts/launch.sh --selftest N [llama-npu selftest args, e.g. --json FILE]
 # Rank 0 prints the checks and writes the JSON; the exit status is the selftest's.
 if [ "${1:-}" = "--selftest" ]; then

@@ -113,7 +113,7 @@ update, and the gradients of a one-micro-batch step do not exist in the forward.
 |---|---|---|
 | forward | weights, optimizer states, half-precision weight copies, activations, logits + loss | the same + the fp32 accumulators |
 | backward, start | the forward's + the LM head's fp32 weight gradient (the tied embedding's) | the same |
-| backward, end | weights, states, copies, every gradient + the embedding's two gradient parts (lookup, head) before their sum | weights, states, copies, accumulators + the embedding's two parts and their sum; every other gradient is added into its accumulator as the backward makes it |
+| backward, end | weights, states, copies, every gradient + one copy of the embedding's: the lookup's gradient comes back as one row per token and is added into a copy of the head's part | weights, states, copies, accumulators + the head's part of the embedding's gradient until it is added in; the lookup's rows go into the accumulator in place, and every other gradient is added into its accumulator as the backward makes it |
 | update | weights, states, gradients: unscaled and clipped in place | weights, states, accumulators: unscaled and clipped in place |
 
 With data parallel, every phase also holds HCCL's buffers (2 x 200 MB), and the update the
@@ -122,8 +122,10 @@ largest gradient, the embedding's), which k > 1 copies back into the accumulator
 sharded layouts (model / pipeline parallel, optimizer sharding) use MindFormers' wrappers,
 whose accumulating variant scales the accumulators out of place
 (`MFPipelineWithLossScaleCell`, mindformers/wrapper/wrapper.py): a full fp32 set more in
-the update. `tests/test_strategies.py` counts the embedding-sized fp32 tensors in the
-compiled train step's graph: the lookup's gradient, the head's and their sum, nothing else.
+the update, and autodiff's dense lookup gradient and the sum of the two parts at the
+backward's end (two embedding-sized fp32 tensors more). `tests/test_strategies.py` counts
+the embedding-sized fp32 tensors in the compiled train step's graph: the head's gradient
+and the optimizer's, nothing else.
 
 The shipped 910A recipes, phase by phase (GB, the margin excluded):
 
@@ -180,14 +182,15 @@ INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道
 |---|---|---|
 | 前向 | 权重、优化器状态、半精度权重副本、激活、logits + loss | 同左 + fp32 累积缓冲区 |
 | 反向开始 | 前向的全部 + LM head 的 fp32 权重梯度（即共享的词嵌入的梯度） | 同左 |
-| 反向结束 | 权重、状态、副本、全部梯度 + 词嵌入求和前的两部分梯度（查表、head） | 权重、状态、副本、累积缓冲区 + 词嵌入的两部分梯度及其和；其余梯度一产生就加进各自的累积缓冲区 |
+| 反向结束 | 权重、状态、副本、全部梯度 + 词嵌入梯度的一份副本：查表的梯度按每个 token 一行返回，加到 head 那部分的副本中 | 权重、状态、副本、累积缓冲区 + 词嵌入梯度中 head 的那部分（直到加进累积缓冲区为止）；查表的各行就地加进累积缓冲区，其余梯度一产生就加进各自的累积缓冲区 |
 | 更新 | 权重、状态、梯度：就地反缩放和裁剪 | 权重、状态、累积缓冲区：就地反缩放和裁剪 |
 
 数据并行时，每个阶段还有 HCCL 的缓冲区（2 × 200 MB），更新阶段还有 all-reduce 的输出，每次一个融合桶
 （MindSpore 默认 64 MB 阈值，或最大的梯度，即词嵌入的梯度），k > 1 时再拷回累积缓冲区。切分布局（模型 / 流水线并行、
 优化器切分）使用 MindFormers 的封装，其累积版本非就地地缩放累积缓冲区（`MFPipelineWithLossScaleCell`，
-mindformers/wrapper/wrapper.py）：更新阶段多一整份 fp32 梯度。`tests/test_strategies.py` 在编译后的训练步计算图中
-统计与词嵌入同形的 fp32 张量：查表的梯度、head 的梯度及其和，没有别的。
+mindformers/wrapper/wrapper.py）：更新阶段多一整份 fp32 梯度；反向结束时还有自动微分生成的稠密查表梯度及两部分之和
+（多两个与词嵌入同形的 fp32 张量）。`tests/test_strategies.py` 在编译后的训练步计算图中
+统计与词嵌入同形的 fp32 张量：head 的梯度和优化器的，没有别的。
 
 随附的 910A 配方，逐阶段（GB，不含余量）：
 

@@ -8,6 +8,7 @@ compile on the CPU backend, but MindFormers' wrappers build there once communica
 """
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import mindspore as ms
@@ -16,6 +17,7 @@ from llama_npu.data.batches import ListSamples
 from llama_npu.data.samples import Sample
 from llama_npu.launcher import is_scheduler
 from llama_npu.recipe import load_recipe
+from llama_npu.selftest_sharded import layout_problem
 from llama_npu.strategies.parallel import run_scheduler
 from llama_npu.strategies.sharded_step import ShardedStep
 from llama_npu.train import setup
@@ -73,7 +75,10 @@ def main(out: Path) -> None:
         found[name] = dict(describe(session.step_fn), data=par.data, sharded=world.sharded,
                            eval_chain=chain(session.eval_cell), eval_batch=session.eval_batch,
                            layer_stages=[layer.pipeline_stage for layer in net.model.layers],
-                           model_parallel=net.config.parallel_config.model_parallel)
+                           model_parallel=net.config.parallel_config.model_parallel,
+                           # selftest's check of what was built, against this layout and another one
+                           layout_problem=layout_problem(session, par),
+                           other_layout_problem=layout_problem(session, replace(par, pipeline=3 - par.pipeline)))
     (out / f"rank_{world.rank}.json").write_text(json.dumps(found, indent=1))
 
 

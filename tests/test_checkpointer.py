@@ -107,6 +107,24 @@ def test_pruning_counts_only_complete_checkpoints(ms, tmp_path):
     assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3", "step_4", "step_5"]
 
 
+def test_a_save_removes_what_a_killed_save_left_and_nothing_of_a_live_one(ms, tmp_path):
+    """SIGKILL mid-save leaves `.step_N.partial-PID`; the run's next save deletes it, but not
+    the staging directory of a process that is still alive (the parent pytest stands in)."""
+    from llama_npu.checkpointer import Checkpointer
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    root = tmp_path / "checkpoints"
+    killed = root / f".step_4.partial-{gone.pid}"
+    live = root / f".step_4.partial-{os.getppid()}"
+    for staging in (killed, live):
+        staging.mkdir(parents=True)
+        (staging / "model.ckpt").write_bytes(b"half a checkpoint")
+    params = weights(ms)
+    Checkpointer(tmp_path, world(), keep_last=3).save(5, params, ms.nn.SGD(params), {})
+    assert sorted(p.name for p in root.iterdir()) == [live.name, "step_5"]
+
+
 def test_a_rewind_sets_the_later_branch_aside_and_auto_continues_the_new_one(ms, tmp_path, capsys):
     """Run to step 6, resume from step 3 into the same directory (keep_last 2): the new
     branch's steps 4 and 5 are kept, step 6 of the old branch is moved aside, not deleted,

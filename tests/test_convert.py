@@ -327,3 +327,35 @@ def test_a_run_started_with_relative_paths_evaluates_from_any_directory(shrunk_r
     proc = run_cli("eval", "--checkpoint", f"{work.name}/{run.name}", "--data", REPO / "data" / "zh_instruct_eval.jsonl",
                    "--json", cwd=work.parent, check=True)
     assert np.isfinite(json.loads(proc.stdout)["loss"])
+
+
+def test_a_terminated_conversion_leaves_nothing(hf_dir, tmp_path):
+    """SIGTERM (a scheduler's stop, `kill`) while hf-to-ms writes: one line, 128 + 15, and
+    neither the destination nor its hidden staging directory remains."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = transformers.LlamaConfig.from_pretrained(hf_dir[0])
+    config.update({"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "head_dim": 64})
+    src = tmp_path / "hf"  # a 128,256 x 512 embedding: long enough a write to be cut off (seconds)
+    transformers.LlamaForCausalLM(config).save_pretrained(src, safe_serialization=True)
+    dst = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "llama_npu", "convert", "hf-to-ms", "--src", src, "--dst", dst],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not list(tmp_path.glob(".out.partial-*")) and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == "llama-npu: error: interrupted (SIGTERM)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_a_lora_run_prints_no_framework_info_lines(shrunk_run):
+    """mindpet logs each freeze step at INFO on stdout unless told not to."""
+    _, proc = shrunk_run(LORA_RECIPE, "float32")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [line for line in proc.stdout.splitlines() if line.startswith("[INFO]")] == []
+    assert proc.stdout.splitlines()[-1].startswith("not rehearsed")  # the summary ends stdout

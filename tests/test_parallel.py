@@ -153,6 +153,8 @@ def test_data_parallel_configuration():
      "train.global_batch_size=12: with pipeline stages it must equal train.micro_batch_size=4 x strategies.parallel.data=1 x "
      "strategies.parallel.micro_batches=4 = 16"),
     (["strategies.parallel.sequence_parallel=true"], "sequence_parallel needs strategies.parallel.model > 1"),
+    (["strategies.parallel.optimizer_shard=true", "train.optimizer.name=sgd"],
+     "train.optimizer.name=sgd with strategies.parallel.optimizer_shard=true: MindSpore shards only AdamW's state"),
     (["strategies.parallel.model=2", "strategies.chunked_ce.enabled=true"],
      "strategies.chunked_ce.enabled=true with strategies.parallel.model=2: chunked cross-entropy has no sharded version"),
     (["strategies.parallel.optimizer_shard=true", "strategies.chunked_ce.enabled=true"],
@@ -253,6 +255,10 @@ def test_sharded_layouts_train_through_mindformers_wrapper_chain(sharded_chains,
         assert built["lr_schedule"] == "WarmupCosineLR"  # the wrapper evaluates our schedule in its graph
         assert built["data"] == data and built["parallel_optimizer"] == (layout == "optimizer_shard")
         assert built["strategy_file"] == str(out / "run" / "strategy" / f"rank_{rank}.ckpt")
+        # selftest's sharded check (on the CPU it can only check what was built) sees the
+        # layout asked and fails one that was not
+        assert built["layout_problem"] == ""
+        assert built["other_layout_problem"].startswith("pipeline ")
     assert chains[0]["pipeline2"]["layer_stages"] == [0, 1]
     assert chains[0]["model2"]["model_parallel"] == 2
     # Evaluation: MindFormers' loss in _VirtualDatasetCell, fed the whole data-parallel batch.
@@ -310,25 +316,10 @@ def test_resume_compiles_the_train_graph_before_loading_the_checkpoint(ms, tmp_p
 
 
 def write_stage_strategy(path, stage, param):
-    """A strategy file as a pipeline stage's rank writes it (MindSpore's protobuf format)."""
-    import mindspore as ms
+    """A strategy file as a pipeline stage's one rank writes it, `param` (4 x 4) not split."""
+    from llama_npu.selftest_sharded import write_strategy
 
-    stra = ms.train.node_strategy_pb2.ParallelStrategyMap()
-    stra.current_stage = stage
-    item = stra.parallel_strategy_item.add()
-    item.node_name = f"MatMul-op{stage}"
-    item.parallel_strategys.stage = stage
-    item.parallel_strategys.parallel_strategy.add().dim.extend([1, 1])
-    layout = stra.parallel_layout_item.add()
-    layout.param_name = param
-    layout.parallel_layouts.dev_matrix.add().dim.extend([1])
-    layout.parallel_layouts.tensor_map.add().dim.extend([-1, -1])
-    layout.parallel_layouts.param_split_shape.add()  # no split
-    layout.parallel_layouts.indices_offset.add()
-    layout.parallel_layouts.field, layout.parallel_layouts.opt_weight_shard_step = 0, 0
-    layout.parallel_layouts.opt_weight_shard_size = 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(stra.SerializeToString())
+    write_strategy(path, {param: [-1, -1]}, stage, devices=1)
 
 
 @pytest.mark.parametrize("pipeline", [1, 2])

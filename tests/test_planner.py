@@ -302,7 +302,8 @@ def test_inference_plan_counts_weights_by_precision_and_the_kv_cache():
 def test_the_plan_is_the_peak_over_the_step_phases(global_batch, data, update_copies):
     """docs/memory.md's table: the accumulators (k > 1) are alive in every phase, the
     gradients of k = 1 only from the backward on; the half-precision weight copies and the
-    activations not in the update; the tied embedding's gradient parts in the backward."""
+    activations not in the update; in the backward the tied embedding's head part, to which our
+    step adds the lookup's rows (in place at k > 1, into one copy at k = 1)."""
     s = Strategy(seq_len=2048, micro_batch=1, global_batch=global_batch, data=data, recompute="full",
                  chunked_ce=True, chunk_size=512)
     plan = estimate(PRESETS["llama3.2-1b"], P["llama3.2-1b"], DEVICES["910a"], s)
@@ -313,7 +314,7 @@ def test_the_plan_is_the_peak_over_the_step_phases(global_batch, data, update_co
     assert plan.phases == {
         "forward": forward,
         "backward": max(forward + c["embedding_gradient"], always + c["weight_compute_copies"]
-                        + (3 * c["embedding_gradient"] if k > 1 else c["gradients"] + 2 * c["embedding_gradient"])),
+                        + (0 if k > 1 else c["gradients"]) + c["embedding_gradient"]),
         "update": always + (0 if k > 1 else c["gradients"]) + c["update_copies"]}
     assert plan.peak_phase == "backward" and plan.total_bytes == plan.phases["backward"] + c["margin"]
 

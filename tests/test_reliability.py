@@ -355,6 +355,10 @@ def test_launch_stops_every_rank_on_a_signal_and_names_a_killed_rank(dp2_launch,
     assert stop["ranks_stopped_at"] == [step, step]  # both ranks finished the same optimizer step
     assert stop["last_line"] == f"launch: every rank stopped after step {step} and saved it"
     assert (stop["resumed_from"], stop["steps_lost"], stop["exact"]) == (step, 0, True), stop
+    # Each rank says it stopped; only rank 0, which saves, names the checkpoint.
+    said = sorted(line for log in (tmp_path / "work").rglob("worker_*.log") for line in log.read_text().splitlines()
+                  if line.startswith(f"llama-npu: stopped by SIGTERM after step {step}; "))
+    assert len(said) >= 2 and "newest checkpoint: None" not in "\n".join(said), said
     assert kill["exit_status"] == 128 + signal.SIGKILL, kill
     assert re.fullmatch(r"launch: rank 0 \(pid \d+\) was killed by SIGKILL; the newest step complete on every "
                         r"rank is intact", kill["last_line"]), kill

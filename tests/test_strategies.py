@@ -80,6 +80,29 @@ def test_accumulated_micro_batches_equal_one_large_batch(ms):
     assert moved > 10  # the step did change the weights
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_step_moves_each_weight_by_the_autodiff_gradient(ms, k):
+    """One SGD step (no clip) changes every weight by minus lr x autodiff's gradient of the
+    step's mean token loss, the tied embedding included: the step takes the lookup's gradient
+    as rows and adds them at the tokens' rows, here with tokens repeated within and across
+    micro-batches."""
+    ids, labels = batch(2 * k, 1, seed=5)
+    ids[:, ::3] = 17  # the same token many times in every row
+    labels[:, ::3] = 17
+    net, cell = build(ms)
+    before = weights(net)
+    loss, grads = loss_and_grads(ms, cell, net, ids, labels)
+    tokens = int((labels[:, 1:] != -100).sum())
+    sgd = ("train.optimizer.name=sgd", "train.warmup_steps=0")
+    lr = 1000.0  # a step far larger than the weights' float32 rounding
+    train_step(ms, net, cell, *sgd, k=k)([(ids[i:i + 2], labels[i:i + 2]) for i in range(0, 2 * k, 2)], lr=lr)
+    after = weights(net)
+    moved = [(before[p.name] - after[p.name]) / lr for p in net.trainable_params()]
+    assert_grads_close(moved, [g / tokens for g in grads], rtol=1e-4)
+    embedding = [i for i, p in enumerate(net.trainable_params()) if "tok_embeddings" in p.name][0]
+    assert np.abs(moved[embedding][17]).max() > 0
+
+
 def test_recompute_keeps_loss_and_gradients(ms):
     ids, labels = batch(2, 5, seed=3)
     net, cell = build(ms)
@@ -287,10 +310,11 @@ def fp32_producers_of_shape(ir_file, shape) -> dict:
 
 
 def test_the_update_allocates_no_second_set_of_gradients(ms, tmp_path):
-    """The compiled train step makes exactly the embedding-sized fp32 tensors its backward
-    makes (the gather's gradient, the tied head's gradient and their sum): the unscale and
-    clip run in place, as docs/memory.md's update phase counts. Before, the update's
-    fp32 `grad * factor` was a second full set of gradients beside the accumulators."""
+    """The compiled train step makes one embedding-sized fp32 tensor, the tied head's
+    gradient, beside the optimizer's: the lookup's gradient is added as rows (no dense
+    UnsortedSegmentSum, no AddN) and the unscale and clip run in place, as docs/memory.md's
+    update phase counts. Before, the update's fp32 `grad * factor` was a second full set of
+    gradients beside the accumulators."""
     net, cell = build(ms)
     k = 2  # SGD: a fused kernel, no temporaries of its own
     step = train_step(ms, net, cell, "train.optimizer.name=sgd", "train.grad_clip=1.0", k=k)
@@ -303,4 +327,4 @@ def test_the_update_allocates_no_second_set_of_gradients(ms, tmp_path):
     (final,) = [f for f in tmp_path.glob("*_validate_*.ir") if "FinalMicroStep" in f.read_text()]
     made = fp32_producers_of_shape(final, net.model.tok_embeddings.embedding_weight.shape)
     made.pop("Load", None)  # reads of the weight and of its accumulator
-    assert made == {"UnsortedSegmentSum": 1, "MatMul": 1, "AddN": 1, "SGD": 1}
+    assert made == {"MatMul": 1, "SGD": 1}

@@ -14,7 +14,7 @@ from typing import List
 
 import numpy as np
 
-from ..atomic import staged_directory
+from ..atomic import check_writable, staged_directory
 from .mindrecord import META_FILE, write_samples
 from .packing import assign_rows, pack, padding_share
 from .readers import RecordError, read_dataset
@@ -41,6 +41,7 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     output = Path(output)
     if output.exists() and not overwrite:
         raise FileExistsError(f"output directory {output} exists; pass --overwrite to replace it")
+    check_writable(output, "--output")
     if not inputs:
         raise RecordError("no input files given")
     tok = load_tokenizer(tokenizer)

@@ -134,7 +134,7 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
              device: str = "auto") -> dict:
     """The summary of `checkpoint` (and of `compare`, with deltas); every input is checked
     before a model is built, and --output is written only once everything is scored."""
-    from ..atomic import replace_file
+    from ..atomic import check_writable, replace_file
     from ..data.readers import RecordError
     from ..evaluate import checkpoint_tokenizer
     from .tasks import build_tasks
@@ -143,6 +143,8 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
         raise RecordError(f"--shots {shots}: expected 0 or more")
     if output is not None and Path(output).exists():
         raise FileExistsError(f"--output {output} exists; remove it or choose another file")
+    if output is not None:
+        check_writable(Path(output), "--output")
     data = read_exam(task, Path(data_dir), split, subjects, shots)
     for path in [checkpoint] + ([compare] if compare is not None else []):
         checkpoint_tokenizer(Path(path))  # a checkpoint eval cannot read: one line, before any model is built

@@ -18,7 +18,7 @@ from typing import List
 
 import yaml
 
-from ..atomic import replace_file
+from ..atomic import check_writable, replace_file
 from ..architecture import resolve_shape
 from ..data.readers import detect_format
 from ..model import MAX_POSITIONS, count_parameters
@@ -164,6 +164,8 @@ def check_arguments(args) -> None:
             raise RecipeError(f"{given[0]}: only with {what}")
     if args.write_recipe and Path(args.write_recipe).exists() and not args.overwrite:
         raise RecipeError(f"--write-recipe {args.write_recipe}: the file exists; pass --overwrite to replace it")
+    if args.write_recipe:
+        check_writable(Path(args.write_recipe), "--write-recipe")
     for flag, paths in (("--data", args.data), ("--eval-data", args.eval_data)):
         for path in paths or []:
             if not Path(path).is_file():

@@ -12,7 +12,9 @@ tensors are alive in which phase):
   parameters' dtype, from the backward to the update. Accumulating: the fp32 accumulators,
   alive the whole step; each new gradient is added into them as the backward produces it;
 - embedding_gradient: the tied embedding's fp32 gradient in flight: the LM head's part from
-  the start of the backward, the lookup's part and their sum at its end;
+  the start of the backward. Our train step adds the lookup's part as rows at the tokens'
+  rows (in place into the accumulator, or into one copy at k = 1); MindFormers' sharded
+  wrappers keep autodiff's dense lookup part and the sum at the backward's end;
 - optimizer states: AdamW's two fp32 moments; MindSpore's SGD keeps `accum` and `stat`
   buffers even without momentum, also 8 bytes a parameter; divided by data parallel with
   optimizer sharding;
@@ -211,11 +213,13 @@ def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
     always = c["weights"] + c["optimizer_states"] + c["communication_buffers"] + (c["gradients"] if accumulates else 0)
     forward = always + c["weight_compute_copies"] + c["activations"] + c["logits_loss"]
     # Start of the backward: every activation, the logits' gradient and the head's weight
-    # gradient; its end: the embedding's two gradient parts and their sum, beside the
-    # other gradients (k = 1) or the accumulators.
+    # gradient. Its end, beside the other gradients (k = 1) or the accumulators: our step's
+    # head part (k > 1, before it is added in) or the rows' out-of-place sum (k = 1); the
+    # sharded wrappers' two dense parts and their sum.
     start = forward + c["embedding_gradient"]
-    end = always + c["weight_compute_copies"] + (3 * c["embedding_gradient"] if accumulates
-                                                  else c["gradients"] + 2 * c["embedding_gradient"])
+    dense_parts = (3 if accumulates else 2) if sharded(s) else 1
+    end = always + c["weight_compute_copies"] + (0 if accumulates else c["gradients"]) \
+        + dense_parts * c["embedding_gradient"]
     update = always + (0 if accumulates else c["gradients"]) + c["update_copies"]
     return {"forward": forward, "backward": max(start, end), "update": update}
 

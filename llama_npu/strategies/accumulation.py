@@ -103,20 +103,67 @@ def _self_dot_tensor(grad):
     return ops.matmul(flat, flat.T).reshape(())
 
 
+class GivenEmbeddings(nn.Cell):
+    """The loss cell with the token embeddings as an input: (embeds, *batch) -> summed loss."""
+
+    def __init__(self, loss_cell):
+        super().__init__(auto_prefix=False)
+        self.loss_cell = loss_cell
+
+    def construct(self, embeds, input_ids, labels, segment_ids=None):
+        return self.loss_cell(input_ids, labels, segment_ids, embeds)
+
+
 class MicroStep(nn.TrainOneStepWithLossScaleCell):
-    """What both micro-steps share: the gradients of one micro-batch and the overflow check."""
+    """What both micro-steps share: the gradients of one micro-batch and the overflow check.
+
+    When the (tied) embedding is trained, the embedding lookup runs outside the
+    differentiated function and its gradient comes back as one row per token, added into
+    the embedding's gradient at the tokens' rows. Autodiff would make it a dense vocab x
+    hidden tensor (the Gather's backward, an UnsortedSegmentSum into zeros) and then add it
+    to the head's part (AddN): two passes over 128,256 rows per micro-batch whatever its
+    size, most of what a micro-step costs beyond its tokens (benchmarks/grad_accum_overhead.py).
+    """
 
     def __init__(self, network, optimizer, scale_sense):
         super().__init__(network, optimizer, scale_sense)
         self.overflow_check = overflow_check(self)
+        # A loss cell other than CausalLMLoss (tests' small cells) has no Llama embedding.
+        self.embedding = getattr(getattr(network, "backbone", None), "tok_embeddings", None)
+        table = getattr(self.embedding, "embedding_weight", None)
+        trained = [i for i, w in enumerate(self.weights) if table is not None and w.name == table.name]
+        self.embedding_index = trained[0] if trained else -1
+        self.given_embeddings = GivenEmbeddings(network)
+        self.grad_and_embeddings = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)
 
     def scaled_gradients(self, token_count, *batch):
-        """(summed loss, gradients of loss x scale / token_count, register status)."""
-        loss = self.network(*batch)
+        """(summed loss, gradients of loss x scale / token_count, register status, the
+        embedding's gradient rows (B, T, H) or None when the embedding is frozen)."""
         sens = self.scale_sense / ops.maximum(token_count, 1.0)
+        if self.embedding_index < 0:
+            loss = self.network(*batch)
+            status, sens = self.start_overflow_check(loss, sens)
+            return loss, self.grad(self.network, self.weights)(*batch, sens.astype(loss.dtype)), status, None
+        embeds = self.embedding(batch[0][:, :-1])
+        loss = self.given_embeddings(embeds, *batch)
         status, sens = self.start_overflow_check(loss, sens)
-        grads = self.grad(self.network, self.weights)(*batch, sens.astype(loss.dtype))
-        return loss, grads, status
+        inputs, grads = self.grad_and_embeddings(self.given_embeddings, self.weights)(embeds, *batch,
+                                                                                      sens.astype(loss.dtype))
+        return loss, grads, status, inputs[0]
+
+    def add_embedding_rows(self, grads, tokens, rows, accumulators):
+        """`grads` with the embedding rows added at their tokens: in place into the
+        accumulator (ScatterAdd on a Parameter), or into a copy of the step's own gradient
+        (TensorScatterAdd: no in-place index-add kernel runs on the CPU backend)."""
+        if rows is None:
+            return grads
+        i = self.embedding_index
+        if accumulators:
+            added = ops.scatter_add(self.carry.gradients[i], tokens, rows.astype(ms.float32))
+        else:
+            width = rows.shape[-1]
+            added = ops.tensor_scatter_add(grads[i], tokens.reshape(-1, 1), rows.reshape(-1, width).astype(grads[i].dtype))
+        return grads[:i] + (added,) + grads[i + 1:]
 
 
 def overflow_check(cell: nn.TrainOneStepWithLossScaleCell) -> str:
@@ -140,9 +187,9 @@ class AccumulatingMicroStep(MicroStep):
         self.is_distributed = False
 
     def construct(self, token_count, *batch):
-        loss, grads, status = self.scaled_gradients(token_count, *batch)
+        loss, grads, status, rows = self.scaled_gradients(token_count, *batch)
         added = self.hyper_map(_add_into, self.carry.gradients, grads)
-        loss = ops.depend(loss, added)
+        loss = ops.depend(loss, self.add_embedding_rows(added, batch[0][:, :-1], rows, accumulators=True))
         if self.overflow_check == REGISTERS:
             # Saturated fp16 values stay finite in the sum: only the registers saw them.
             flag = self.get_overflow_status(status, grads).astype(ms.float32)
@@ -181,12 +228,13 @@ class FinalMicroStep(MicroStep):
         # checked on CPU), so the schedule would freeze at the compiling step's value.
         lr = ops.assign(self.optimizer.learning_rate, lr)
         scale = ops.depend(self.scale_sense * 1.0, lr)  # the scale this step used, read before its update
-        loss, grads, status = self.scaled_gradients(token_count, *batch)
+        loss, grads, status, rows = self.scaled_gradients(token_count, *batch)
         flags = ops.stack([self.carry.loss + loss.astype(ms.float32), token_count, stop,
                            self.carry.overflow])
         if self.accumulate:
             # In place: the accumulators are the step's gradients, no second fp32 copy.
             grads = self.hyper_map(_add_into, self.carry.gradients, grads)
+        grads = self.add_embedding_rows(grads, batch[0][:, :-1], rows, accumulators=self.accumulate)
         if self.is_distributed:
             flags = self.allreduce(flags)
             # Each rank's gradients are its own token mean; weighting by the rank's share of the

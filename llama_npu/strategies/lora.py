@@ -7,13 +7,31 @@ compute dtype (it needs no fp32 master copy), the adapters in fp32.
 """
 from __future__ import annotations
 
+import logging
+
 from ..recipe import LoraSection
+
+
+def _mute_mindpet_stdout() -> None:
+    """mindpet's loggers print every freeze step at INFO on stdout ('[INFO] ... [SDK] : Start
+    to freeze model'), among our own lines and in --json output; they are not logging.getLogger
+    loggers, so runtime.mute_mindformers_info does not reach them (mindpet/log/log.py). Keep
+    their stdout handlers to warnings; their service.log files keep everything."""
+    from mindpet.log import log
+
+    for logger in (log.logger, log.operation_logger):
+        logger.stdout_level = "WARNING"  # read when its first record sets up its handlers (MxLogger.set_logger)
+        for handler in logger.handlers:  # already set up: a second LoRA model in this process
+            if isinstance(handler, log.CustomedStreamHandler):
+                handler.setLevel(logging.WARNING)
 
 
 def apply_lora(net, section: LoraSection, compute_dtype: str):
     """Replace the targeted layers of `net` (a LlamaForCausalLM, changed in place) with
     LoRA layers and freeze everything else. Returns `net`."""
     from mindformers.pet import LoraConfig, get_pet_model
+
+    _mute_mindpet_stdout()
 
     config = LoraConfig(lora_rank=section.rank, lora_alpha=section.alpha, lora_dropout=section.dropout,
                         target_modules=section.target_modules, param_init_type="float32",
