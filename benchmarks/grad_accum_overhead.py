@@ -6,7 +6,8 @@ Both paths run the same tiny Llama 3.2 model and the same samples through our Tr
 single graph of k = 1;
 steps alternate between the two so machine noise hits both alike, and the medians are
 compared. The measurement repeats `--runs` times (3) and the median of the runs' ratios
-is the result. CPU backend; the ratio, not the absolute time, is the result.
+is the result. CPU backend; the ratio, not the absolute time, is the result. A last line
+splits out what each extra micro-step costs whatever its size (--micro 2 or more).
 
     .venv/bin/python benchmarks/grad_accum_overhead.py [--k 4] [--micro 2] [--seq 128] [--steps 10] [--runs 3]
 """
@@ -27,7 +28,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
 
-    cpu_graph_mode()
+    ms = cpu_graph_mode()
+    from mindspore import Tensor
+
     recipe = smoke_recipe([f"data.max_seq_len={args.seq}"])
 
     rows = args.k * args.micro
@@ -46,6 +49,19 @@ def main() -> None:
           f"median of {args.steps} alternating steps per run")
     print(f"ratio accumulated / one batch: {statistics.median(ratios):.3f}, the median of {args.runs} runs "
           f"({', '.join(f'{r:.3f}' for r in ratios)}; goal <= 1.05)")
+    if args.micro < 2:
+        return
+    # What a micro-step costs whatever its size (the head's passes over the 128,256 x H
+    # weight, the add into the accumulators, the graph's launch), from micro-steps of 1 and
+    # of `micro` rows: the cost of one row extrapolated to none.
+    tokens = Tensor(float(rows * args.seq), ms.float32)
+    one, full = (Tensor(ids[:n]) for n in (1, args.micro))
+    timed = median_seconds({"1 row": lambda: accumulated_step.accumulating(tokens, one, one),
+                            "micro": lambda: accumulated_step.accumulating(tokens, full, full)}, args.steps)
+    fixed = timed["1 row"] - (timed["micro"] - timed["1 row"]) / (args.micro - 1)
+    print(f"fixed cost of a micro-step: {fixed * 1000:.0f} ms (micro-steps of 1 and {args.micro} rows: "
+          f"{timed['1 row'] * 1000:.0f}, {timed['micro'] * 1000:.0f} ms); the {args.k - 1} extra micro-steps "
+          f"cost {(args.k - 1) * fixed / single:.3f} of one batch's step")
 
 
 if __name__ == "__main__":

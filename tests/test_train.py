@@ -114,7 +114,7 @@ def test_strategy_combination_trains_three_steps(tmp_path, name):
 def test_the_smoke_recipe_fits_a_small_ci_runner(tmp_path):
     """The smoke run's host peak is set by the graphs its first step and its evaluation
     compile, so two steps of it reach the peak of all 80: under 4 GiB, where a hosted CI
-    runner has 7 GB (2.89 GiB measured over the whole run; 8.10 GiB with micro-batches of 4)."""
+    runner has 7 GB (2.22 GiB measured over the whole run)."""
     out = tmp_path / "smoke"
     run_cli("train", SMOKE, "--output-dir", out, "--set", "train.max_steps=2", check=True)
     summary = json.loads((out / "summary.json").read_text())
