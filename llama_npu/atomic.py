@@ -18,6 +18,8 @@ class UnwritableError(RuntimeError):
 def unwritable_reason(path: Path) -> Optional[str]:
     """Why `path` could not be created or written, without creating it."""
     existing = Path(path)
+    if existing.is_file():  # a file to be replaced (--overwrite): what matters is its directory
+        existing = existing.parent
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
