@@ -151,13 +151,15 @@ class MicroStep(nn.TrainOneStepWithLossScaleCell):
                                                                                       sens.astype(loss.dtype))
         return loss, grads, status, inputs[0]
 
-    def add_embedding_rows(self, grads, tokens, rows, accumulators):
-        """`grads` with the embedding rows added at their tokens: in place into the
+    def add_embedding_rows(self, grads, input_ids, rows, accumulators):
+        """`grads` with the embedding rows added at the rows of the tokens the model saw
+        (input_ids[:, :-1], as CausalLMLoss reads them): in place into the
         accumulator (ScatterAdd on a Parameter), or into a copy of the step's own gradient
         (TensorScatterAdd: no in-place index-add kernel runs on the CPU backend)."""
         if rows is None:
             return grads
         i = self.embedding_index
+        tokens = input_ids[:, :-1]
         if accumulators:
             added = ops.scatter_add(self.carry.gradients[i], tokens, rows.astype(ms.float32))
         else:
@@ -189,7 +191,7 @@ class AccumulatingMicroStep(MicroStep):
     def construct(self, token_count, *batch):
         loss, grads, status, rows = self.scaled_gradients(token_count, *batch)
         added = self.hyper_map(_add_into, self.carry.gradients, grads)
-        loss = ops.depend(loss, self.add_embedding_rows(added, batch[0][:, :-1], rows, accumulators=True))
+        loss = ops.depend(loss, self.add_embedding_rows(added, batch[0], rows, accumulators=True))
         if self.overflow_check == REGISTERS:
             # Saturated fp16 values stay finite in the sum: only the registers saw them.
             flag = self.get_overflow_status(status, grads).astype(ms.float32)
@@ -234,7 +236,7 @@ class FinalMicroStep(MicroStep):
         if self.accumulate:
             # In place: the accumulators are the step's gradients, no second fp32 copy.
             grads = self.hyper_map(_add_into, self.carry.gradients, grads)
-        grads = self.add_embedding_rows(grads, batch[0][:, :-1], rows, accumulators=self.accumulate)
+        grads = self.add_embedding_rows(grads, batch[0], rows, accumulators=self.accumulate)
         if self.is_distributed:
             flags = self.allreduce(flags)
             # Each rank's gradients are its own token mean; weighting by the rank's share of the
