@@ -68,11 +68,16 @@ def staged_directory(dst: Path, replace: bool = False):
 
 def replace_file(path: Path, write) -> None:
     """Call `write(tmp)` for a hidden sibling of `path`, then rename it over `path`: a
-    reader sees the old file or the new one, never half of one."""
+    reader sees the old file or the new one, never half of one. A write that fails (a full
+    disk, Ctrl-C) leaves `path` as it was and no hidden half-written sibling."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def current_umask() -> int:
