@@ -9,6 +9,8 @@ with the reason, never a pass.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -442,7 +444,10 @@ def run_selftest(device: str = "auto", json_path: Optional[str] = None, speed: b
     checks = []
     for fn in (MULTI if ctx.workers > 1 else SINGLE):
         try:
-            check = fn(ctx)
+            # The code a check drives prints its own progress lines ("writing ...model.safetensors"):
+            # kept out of the table, which is the checks' lines only.
+            with contextlib.redirect_stdout(io.StringIO()):
+                check = fn(ctx)
         except Exception as exc:  # a crash is a failure of that check, not of the selftest
             check = Check(fn.__name__.removeprefix("check_"), "error", FAIL, reason=f"{type(exc).__name__}: {exc}"[:300])
         checks.append(check)

@@ -30,8 +30,10 @@ def test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason(cpu_selfte
     assert (export["status"], export["figure"]) == ("skip", 0.0) and "bit-exactly" in export["reason"]
     assert set(report["device"]) >= {"soc", "cann", "mindspore", "mindformers", "hbm_bytes", "overflow_mode"}
     assert report["device"]["overflow_mode"] == "is-finite reduction"
-    for c in checks:  # one printed line a check: name, status, figure against tolerance or reason
-        assert any(line.startswith(c["name"]) and c["status"] in line for line in proc.stdout.splitlines())
+    lines = proc.stdout.splitlines()
+    assert len(lines) == len(checks) + 1  # the table is the checks' lines and the summary, nothing else
+    for c, line in zip(checks, lines):  # one printed line a check: name, status, figure against tolerance or reason
+        assert line.startswith(c["name"]) and c["status"] in line
     assert "6 passed, 0 failed" in proc.stdout.splitlines()[-1]
 
 
@@ -61,12 +63,13 @@ def test_launch_selftest_runs_the_multi_card_checks_on_two_workers(tmp_path):
     sharded layouts are built through train.setup and the reference stepped; comparing them
     needs a card, so that check and the sharded export are skips saying what ran."""
     import os
+    import random
     import subprocess
 
     from conftest import REPO
 
     out = tmp_path / "parallel.json"
-    env = {**os.environ, "LOG_DIR": str(tmp_path / "logs"), "MASTER_PORT": "8167"}
+    env = {**os.environ, "LOG_DIR": str(tmp_path / "logs"), "MASTER_PORT": str(random.randint(20000, 40000))}
     proc = subprocess.run(["bash", "scripts/launch.sh", "--selftest", "2", "--json", str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
