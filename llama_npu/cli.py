@@ -18,7 +18,7 @@ from pathlib import Path
 from .console import note
 from .data.formats import FORMATS, ON_BAD_RECORD
 from .doctor import diagnose
-from .evaluate import evaluate_checkpoint
+from .evaluate import DEFAULT_MAX_SEQ_LEN, evaluate_checkpoint
 from .launcher import is_scheduler, launched_workers
 from .memory.devices import DEVICE_TARGETS, DeviceError
 from .memory.plan_command import run_plan
@@ -181,7 +181,8 @@ def cmd_eval(args) -> int:
     else:
         print(f"loss {result['loss']:.4f} per target token, perplexity {result['perplexity']:.2f}, over "
               f"{result['target_tokens']} target tokens of {result['evaluated']} records "
-              f"({result['truncated']} truncated, {result['dropped']} dropped)")
+              f"({result['truncated']} truncated at {result['max_seq_len']} tokens, {result['max_seq_len_from']}; "
+              f"{result['dropped']} dropped)")
     return 0
 
 
@@ -197,7 +198,8 @@ def _eval_exam(args) -> int:
         raise RecordError(f"--task {args.task}: --data takes one directory, got {len(args.data)} paths")
     result = run_exam(args.task, Path(args.checkpoint), Path(args.data[0]), 5 if args.shots is None else args.shots,
                       args.split, args.subjects, Path(args.output) if args.output else None,
-                      Path(args.compare) if args.compare else None, args.chat, args.max_seq_len, args.batch_size,
+                      Path(args.compare) if args.compare else None, args.chat,
+                      args.max_seq_len or DEFAULT_MAX_SEQ_LEN, args.batch_size,
                       args.device)
     print(json.dumps(result, ensure_ascii=False) if args.json else format_summary(result))
     if args.output and not args.json:
@@ -361,9 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", required=True, nargs="+", metavar="FILE|DIR",
                     help="JSONL or JSON-array records: text, alpaca or ShareGPT (told apart by their keys); with "
                          "--task, the benchmark's directory in its official CSV layout")
-    ev.add_argument("--max-seq-len", type=int, default=2048,
-                    help="longer records are truncated; each batch is padded only to the power-of-two bucket "
-                         "(64 and up) of its longest record; with --task, a longer prompt loses shots first")
+    ev.add_argument("--max-seq-len", type=int,
+                    help="longer records are truncated (default: a run's own data.max_seq_len, so the loss is "
+                         "its held-out loss; else 2048); each batch is padded only to the power-of-two bucket "
+                         "(64 and up) of its longest record; with --task (default 2048), a longer prompt loses "
+                         "shots first")
     ev.add_argument("--batch-size", type=int, default=4, help="records (with --task: prompts) per forward pass")
     ev.add_argument("--device", choices=("auto", "cpu", "ascend"), default="auto", help=device_help)
     ev.add_argument("--json", action="store_true", help="print one JSON object")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Optional
 from pathlib import Path
 
 
@@ -60,6 +61,7 @@ def detect_format(path: Path) -> str:
     return record_format(path)
 
 
+DEFAULT_MAX_SEQ_LEN = 2048  # eval of a checkpoint that is not a run's (a run's is evaluated at its own)
 EVAL_CHUNK = 256  # tokens of logits at a time: 256 x 128,256 fp32 is 131 MB
 
 
@@ -187,8 +189,10 @@ def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 
     return net, loss_cell, tokenizer
 
 
-def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: int = 2048, batch_size: int = 4,
+def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: Optional[int] = None, batch_size: int = 4,
                         device: str = "auto") -> dict:
+    """`max_seq_len` None: a run's checkpoint is evaluated at the run's data.max_seq_len, so its
+    loss is the run's held-out loss on the same records; anything else at 2048."""
     from .data.readers import read_records
     from .data.samples import tokenize_records
     from .data.tokenizer import load_tokenizer
@@ -196,7 +200,14 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: int = 2048, b
 
     # The device, the tokenizer and the data are checked before the model is built.
     select_device(device)
-    tokenizer = load_tokenizer(resolve_weights(Path(checkpoint)).tokenizer)
+    source = resolve_weights(Path(checkpoint))
+    if max_seq_len is not None:
+        length_from = "--max-seq-len"
+    elif source.max_seq_len is not None:
+        max_seq_len, length_from = source.max_seq_len, "the run's data.max_seq_len"
+    else:
+        max_seq_len, length_from = DEFAULT_MAX_SEQ_LEN, "the default"
+    tokenizer = load_tokenizer(source.tokenizer)
     records = [r for f in data_files for r in read_records([f], detect_format(Path(f)))]
     _, loss_cell, _ = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device)
     samples, report = tokenize_records(tokenizer, records, max_seq_len + 1)
@@ -204,4 +215,4 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: int = 2048, b
     loss, tokens = evaluate(ChunkwiseLoss(loss_cell, EVAL_CHUNK), samples, batch_size, max_seq_len + 1, bucketed=True)
     return {"checkpoint": str(checkpoint), "records": report.read, "evaluated": report.kept,
             "truncated": report.truncated, "dropped": report.dropped_no_answer, "target_tokens": tokens,
-            "loss": loss, "perplexity": math.exp(loss)}
+            "loss": loss, "perplexity": math.exp(loss), "max_seq_len": max_seq_len, "max_seq_len_from": length_from}

@@ -158,6 +158,7 @@ class ResolvedWeights:
     adapters: Optional[Path] = None  # a LoRA step's model.ckpt, folded into `weights`
     alpha: float = 0.0
     tokenizer: str = "llama3.2"  # the run's data.tokenizer
+    max_seq_len: Optional[int] = None  # the run's data.max_seq_len (None: not a run's checkpoint)
 
 
 def _newest_step(run_dir: Path) -> Path:
@@ -169,11 +170,11 @@ def _newest_step(run_dir: Path) -> Path:
 
 def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
     recipe = stored_recipe(run_dir)
-    tokenizer, lora = recipe.data.tokenizer, recipe.strategies.lora
+    tokenizer, lora, length = recipe.data.tokenizer, recipe.strategies.lora, recipe.data.max_seq_len
     if not lora.enabled:
         if not (step / CONFIG).is_file():
             raise CheckpointError(f"{step}: no {CONFIG} (a sharded run's shards need llama-npu merge-checkpoints)")
-        return ResolvedWeights(step, step / WEIGHTS, tokenizer=tokenizer)
+        return ResolvedWeights(step, step / WEIGHTS, tokenizer=tokenizer, max_seq_len=length)
     base = recipe.model.checkpoint
     if not base:
         raise CheckpointError(f"{run_dir}: a LoRA run from random weights (its recipe has no model.checkpoint) "
@@ -181,7 +182,7 @@ def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
     base = Path(base)
     if not (base / CONFIG).is_file():
         raise CheckpointError(f"{run_dir}: the base its recipe names, model.checkpoint={base}, has no {CONFIG}")
-    return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.alpha), tokenizer)
+    return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.alpha), tokenizer, length)
 
 
 def resolve_weights(path: Path) -> ResolvedWeights:

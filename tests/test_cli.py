@@ -20,7 +20,8 @@ def test_help_shows_defaults_and_is_written_for_users():
     assert "Fine-tune Llama 3.2 1B/3B on Chinese data" in top and "typical use:" in top and "exit codes:" in top
     assert "parsing" not in top  # the module docstring is for developers
     ev = " ".join(run_cli("eval", "--help", check=True).stdout.split())
-    assert "(default: 2048)" in ev and "(default: auto)" in ev and "(default: None)" not in ev
+    assert "(default: 4)" in ev and "(default: auto)" in ev and "(default: None)" not in ev
+    assert "default: a run's own data.max_seq_len, so the loss is its held-out loss; else 2048" in ev
     prep = " ".join(run_cli("prepare-data", "--help", check=True).stdout.split())
     assert prep.startswith("usage: llama-npu prepare-data") and "(default: error)" in prep
 

@@ -326,7 +326,12 @@ def test_a_run_started_with_relative_paths_evaluates_from_any_directory(shrunk_r
     assert stored.data.train_files == [str(work / "data" / "zh_instruct_train.jsonl")]
     proc = run_cli("eval", "--checkpoint", f"{work.name}/{run.name}", "--data", REPO / "data" / "zh_instruct_eval.jsonl",
                    "--json", cwd=work.parent, check=True)
-    assert np.isfinite(json.loads(proc.stdout)["loss"])
+    # At the run's own max_seq_len, eval of the run is its held-out loss over the same tokens
+    # (the run evaluated in its mixed precision, eval in float32).
+    result, summary = json.loads(proc.stdout), json.loads((run / "summary.json").read_text())
+    assert (result["max_seq_len"], result["max_seq_len_from"]) == (stored.data.max_seq_len, "the run's data.max_seq_len")
+    assert result["target_tokens"] == summary["eval_tokens"]
+    assert result["loss"] == pytest.approx(summary["eval_loss"], rel=1e-3)
 
 
 def test_a_terminated_conversion_leaves_nothing(hf_dir, tmp_path):
