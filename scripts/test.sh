@@ -10,4 +10,8 @@ for arg in "$@"; do
 done
 "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
-exec "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider ${args[@]+"${args[@]}"}
+# Two pytest processes (TEST_WORKERS; 0 runs the tests in this one): the suite's time goes
+# mostly to single-threaded start-up and graph compiles, so one process keeps about one core
+# busy. --dist loadfile keeps a file's tests, and the session fixtures they share, together.
+exec "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadfile \
+    ${args[@]+"${args[@]}"}
