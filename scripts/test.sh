@@ -12,6 +12,6 @@ done
 cd "$ROOT"
 # Two pytest processes (TEST_WORKERS; 0 runs the tests in this one): the suite's time goes
 # mostly to single-threaded start-up and graph compiles, so one process keeps about one core
-# busy. --dist loadfile keeps a file's tests, and the session fixtures they share, together.
-exec "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadfile \
+# busy. --dist loadgroup keeps the tests that share a session fixture together (tests/conftest.py).
+exec "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadgroup \
     ${args[@]+"${args[@]}"}

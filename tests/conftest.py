@@ -16,6 +16,26 @@ from llama_npu.runtime import mute_mindformers_info, quiet_frameworks
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 
+# scripts/test.sh runs the suite in two pytest-xdist processes, --dist loadgroup: each group
+# runs whole in one process, so a session fixture is built once. A group is a file, or the
+# files that share an expensive fixture (dp2_launch: a 2-worker launch; the conversions of a
+# tiny Hugging Face model and the runs trained from them). Groups start heaviest first (the
+# order measured in a fresh clone), so that the two processes finish together.
+JOINED = {"test_parallel.py": "dp2_launch", "test_reliability.py": "dp2_launch",
+          "test_convert.py": "conversions", "test_exams.py": "conversions", "test_chat_export.py": "conversions"}
+HEAVIEST_FIRST = ["dp2_launch", "conversions", "test_shipped_recipes.py", "test_train.py", "test_strategies.py",
+                  "test_benchmarks.py", "test_selftest.py", "test_planner.py"]
+
+
+def pytest_collection_modifyitems(items):
+    def group(item):
+        return JOINED.get(item.path.name, item.path.name)
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: a file keeps its own order
+
 # Small enough that a run is compile (~15 s) plus well under a second a step on 2 cores.
 TINY_RUN = ["--set", "data.max_seq_len=32", "--set", "train.micro_batch_size=2",
             "--set", "train.global_batch_size=0", "--set", "train.warmup_steps=2",
