@@ -33,6 +33,14 @@ def smoke_recipe(overrides: List[str]):
     return load_recipe(REPO / "recipes" / "cpu_smoke.yaml", ["train.global_batch_size=0", *overrides])
 
 
+def small_shape(hidden: int = 256, layers: int = 4) -> List[str]:
+    """Recipe overrides for a small Llama 3.2 with its proportions: head size 64, four query
+    heads a KV head, MLP 4 x hidden (the tiny preset's head is 97% of its FLOPs)."""
+    heads = max(hidden // 64, 1)
+    return [f"model.hidden_size={hidden}", f"model.num_layers={layers}", f"model.num_heads={heads}",
+            f"model.num_kv_heads={max(heads // 4, 1)}", f"model.intermediate_size={4 * hidden}"]
+
+
 def build_for_training(recipe):
     """(net, loss_cell, optimizer) with seed 0, so that two builds start from the same weights."""
     import mindspore as ms

@@ -18,13 +18,7 @@ import argparse
 
 import numpy as np
 
-from _common import cpu_graph_mode, median_seconds, our_train_step, random_ids, smoke_recipe
-
-
-def small_shape(hidden: int, layers: int) -> list[str]:
-    heads = max(hidden // 64, 1)
-    return [f"model.hidden_size={hidden}", f"model.num_layers={layers}", f"model.num_heads={heads}",
-            f"model.num_kv_heads={max(heads // 4, 1)}", f"model.intermediate_size={4 * hidden}"]
+from _common import cpu_graph_mode, median_seconds, our_train_step, random_ids, small_shape, smoke_recipe
 
 
 def matmul_step(ms, n: int):

@@ -8,15 +8,18 @@ steps alternate between the two so machine noise hits both alike, and the median
 compared. The measurement repeats `--runs` times (3) and the median of the runs' ratios
 is the result. CPU backend; the ratio, not the absolute time, is the result. A last line
 splits out what each extra micro-step costs whatever its size (--micro 2 or more).
+`--model small` measures the same on the small model of cpu_throughput.py (hidden 256, 4
+layers), whose tied head is a smaller share of the step.
 
     .venv/bin/python benchmarks/grad_accum_overhead.py [--k 4] [--micro 2] [--seq 128] [--steps 10] [--runs 3]
+        [--model tiny|small]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 
-from _common import cpu_graph_mode, median_seconds, our_train_step, random_ids, smoke_recipe
+from _common import cpu_graph_mode, median_seconds, our_train_step, random_ids, small_shape, smoke_recipe
 
 
 def main() -> None:
@@ -26,12 +29,15 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--model", choices=("tiny", "small"), default="tiny")
     args = parser.parse_args()
 
     ms = cpu_graph_mode()
     from mindspore import Tensor
 
-    recipe = smoke_recipe([f"data.max_seq_len={args.seq}"])
+    from llama_npu.architecture import resolve_shape
+
+    recipe = smoke_recipe([f"data.max_seq_len={args.seq}", *(small_shape() if args.model == "small" else [])])
 
     rows = args.k * args.micro
     ids = random_ids(rows, args.seq)
@@ -45,8 +51,9 @@ def main() -> None:
         ratios.append(accumulated / single)
         print(f"run {run + 1}: k={args.k} micro-batches of {args.micro} {accumulated * 1000:.0f} ms/step, "
               f"one batch of {rows} {single * 1000:.0f} ms/step, ratio {ratios[-1]:.3f}")
-    print(f"tiny Llama 3.2 (vocab 128,256), {rows} x {args.seq} tokens per optimizer step, backend CPU, "
-          f"median of {args.steps} alternating steps per run")
+    hidden = resolve_shape(recipe.model).hidden_size
+    print(f"{args.model} Llama 3.2 (hidden {hidden}, vocab 128,256), {rows} x {args.seq} tokens per optimizer step, "
+          f"backend CPU, median of {args.steps} alternating steps per run")
     print(f"ratio accumulated / one batch: {statistics.median(ratios):.3f}, the median of {args.runs} runs "
           f"({', '.join(f'{r:.3f}' for r in ratios)}; goal <= 1.05)")
     if args.micro < 2:
