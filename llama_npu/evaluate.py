@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Optional
 from pathlib import Path
+from typing import Optional
 
 
 def bucket_length(longest: int, length: int, smallest: int = 64) -> int:
