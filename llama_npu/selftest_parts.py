@@ -77,12 +77,13 @@ def build(ctx: Context, *overrides):
     return recipe, net, cell
 
 
-def train_step(recipe, net, cell, k: int = 1):
+def train_step(recipe, net, cell, k: int = 1, optimizer=None):
+    """Our TrainStep for k micro-batches, with a new optimizer or another step's."""
     from .optim import build_optimizer
     from .strategies.accumulation import TrainStep
     from .strategies.precision import LossScaler
 
-    optimizer = build_optimizer(net.trainable_params(), recipe.train)
+    optimizer = optimizer or build_optimizer(net.trainable_params(), recipe.train)
     return TrainStep(cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip, k)
 
 

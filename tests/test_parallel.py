@@ -17,38 +17,24 @@ from llama_npu.strategies.parallel import (World, auto_parallel_context, check_w
 from conftest import EIGHT_STEPS, REPO, SMOKE, read_metrics, run_cli, run_launch
 
 
-def worker_logs(log_dir):
-    return {p.name: p.read_text() for p in log_dir.glob("worker_*.log")}
-
-
 def weights_at_step_3(ms, run_dir):
     return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(run_dir / "checkpoints" / "step_3" / "model.ckpt")).items()}
 
 
 @pytest.fixture(scope="module")
 def single_process_run(tmp_path_factory):
-    """The reference: one process, 4 samples a step (what 2 ranks x 2, or x 1 x 2 micro-batches, make)."""
+    """The reference: one process, 4 samples a step (what 2 ranks x 2 make)."""
     single = tmp_path_factory.mktemp("single") / "run"
     run_cli("train", SMOKE, "--output-dir", single, *EIGHT_STEPS, "--set", "train.micro_batch_size=4", check=True)
     return single
 
 
-@pytest.fixture(params=["dp2", "dp2-accum2"])
-def data_parallel_run(request, tmp_path):
-    """(run dir, launch, worker logs) of 2 ranks x 2 samples (the session's shared launch,
-    strategies.parallel.data: auto -> 2) or 2 ranks x 2 accumulated micro-batches of 1."""
-    if request.param == "dp2":
-        return request.getfixturevalue("dp2_launch")
-    out = tmp_path / request.param
-    proc = run_launch(SMOKE, 2, "--output-dir", out, *EIGHT_STEPS, "--set", "strategies.parallel.data=2",
-                      "--set", "train.micro_batch_size=1", "--set", "train.global_batch_size=4",
-                      log_dir=tmp_path / "logs", env={"CLUSTER_TIME_OUT": "60"}, timeout=900)
-    return out, proc, worker_logs(tmp_path / "logs")
-
-
-def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, single_process_run, data_parallel_run):
+def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, single_process_run, dp2_launch):
+    """2 ranks x 2 samples (the session's shared launch, strategies.parallel.data: auto -> 2)
+    against one process with the 4 samples. Data parallel with accumulated micro-batches is
+    the launch selftest's check (test_selftest.py), which steps both forms."""
     single = single_process_run
-    out, proc, logs = data_parallel_run
+    out, proc, logs = dp2_launch
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 worker(s), data parallel: data 2 x model 1 x pipeline 1" in proc.stdout
     digests = {line.split()[-1] for log in logs.values() for line in log.splitlines() if "weights sha256" in line}

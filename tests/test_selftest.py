@@ -58,8 +58,9 @@ def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
 
 
 def test_launch_selftest_runs_the_multi_card_checks_on_two_workers(tmp_path):
-    """scripts/launch.sh --selftest 2: two msrun workers step a data-parallel model 3 times;
-    the ranks' weights hash the same and equal one process stepping the global batch. The
+    """scripts/launch.sh --selftest 2: two msrun workers step a data-parallel model 3 times
+    (once with one micro-batch a rank, twice with 2 accumulated); the ranks' weights hash the
+    same and equal one process stepping the global batch. The
     sharded layouts are built through train.setup and the reference stepped; comparing them
     needs a card, so that check and the sharded export are skips saying what ran."""
     import os
