@@ -47,6 +47,7 @@ class Context:
     work: Optional[Path] = None  # a directory every rank shares (selftest_sharded.work_dir)
     sharded_runs: dict = field(default_factory=dict)  # layout -> its trained train.Session
     trained: Optional[tuple] = None  # trained_once's
+    speed_run: Optional[dict] = None  # selftest.speed_figures'
 
     @property
     def flash_attention(self) -> bool:
