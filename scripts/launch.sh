@@ -96,7 +96,17 @@ setsid msrun --worker_num="$WORKERS" --local_worker_num="${LOCAL_WORKERS:-$WORKE
       --cluster_time_out="${CLUSTER_TIME_OUT:-600}" \
       "$ROOT/.venv/bin/llama-npu" train "$RECIPE" "$@" >"$LOG_DIR/msrun.log" 2>&1 &
 msrun_pid=$!
-setsid tail -n +1 -f --pid="$msrun_pid" "$LOG_DIR/msrun.log" &
+# The console shows msrun.log as it grows, without what a stop makes msrun print: its ERROR
+# line for a worker's exit status 75 (the stop this script asked for) and the RuntimeError
+# traceback after it; this script says what happened in one line instead. MindSpore's own
+# [INFO] lines stay in the file. In its own session, so that a Ctrl-C leaves it running.
+CONSOLE_FILTER='
+    /^\[INFO\] / { next }
+    /Worker process [0-9]+ exit with exception\. Error code: 75\./ { held = 1; next }
+    held && /^RuntimeError: Distributed job exited with exception/ { held = 0; next }
+    held && (/^Traceback / || /^ /) { next }
+    { held = 0; print; fflush() }'
+setsid sh -c 'tail -n +1 -f --pid="$1" "$2" | awk "$3"' console "$msrun_pid" "$LOG_DIR/msrun.log" "$CONSOLE_FILTER" &
 
 declare -A rank_of=()  # worker pid -> rank, recorded while the worker lives
 declare -A told=()     # workers already sent the stop request

@@ -359,6 +359,10 @@ def test_launch_stops_every_rank_on_a_signal_and_names_a_killed_rank(dp2_launch,
     said = sorted(line for log in (tmp_path / "work").rglob("worker_*.log") for line in log.read_text().splitlines()
                   if line.startswith(f"llama-npu: stopped by SIGTERM after step {step}; "))
     assert len(said) >= 2 and "newest checkpoint: None" not in "\n".join(said), said
+    # The console: the ranks' own lines, not msrun's error and traceback for the stop's status 75.
+    console = (tmp_path / "work" / "sigint_launch-mid_step" / "logs" / "stdout").read_text()
+    assert f"stopped by SIGTERM after step {step}" in console
+    assert "Error code: 75" not in console and "Traceback" not in console and "\n[INFO] " not in console
     assert kill["exit_status"] == 128 + signal.SIGKILL, kill
     assert re.fullmatch(r"launch: rank 0 \(pid \d+\) was killed by SIGKILL; the newest step complete on every "
                         r"rank is intact", kill["last_line"]), kill
