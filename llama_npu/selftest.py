@@ -264,11 +264,12 @@ def speed_figures(ctx: Context) -> dict:
     return ctx.speed_run
 
 
-def _speed_skip(ctx: Context, name: str) -> Optional[Check]:
+def _speed_skip(ctx: Context, name: str, on_cpu: str = "") -> Optional[Check]:
     if not ctx.speed:
         return Check(name, "speed", SKIP, reason="pass --speed (builds the 1B model: a few minutes)")
     if ctx.target != "ascend":
-        return Check(name, "speed", SKIP, reason="a 1B step at 2,048 tokens takes minutes on a CPU; run it on a card")
+        return Check(name, "speed", SKIP, reason="a 1B step at 2,048 tokens takes minutes on a CPU; run it on a card"
+                                                 + on_cpu)
     return None
 
 
@@ -291,7 +292,7 @@ def check_speed_accumulation(ctx: Context, fault=None) -> Check:
     own cost of splitting (benchmarks/grad_accum_overhead.py) does not decide it. Fails above
     1.05."""
     name = "speed_accumulation_overhead"
-    if (skip := _speed_skip(ctx, name)) is not None:
+    if (skip := _speed_skip(ctx, name, " (on the CPU: benchmarks/grad_accum_overhead.py)")) is not None:
         return skip
     run = speed_figures(ctx)
     if "accumulated" not in run:
