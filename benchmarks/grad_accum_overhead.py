@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from _common import build_for_training, cpu_graph_mode, median_seconds, our_train_step, random_ids, small_shape, smoke_recipe
+from _common import cpu_graph_mode, median_seconds, our_train_step, random_ids, small_shape, smoke_recipe
 
 
 def main() -> None:
@@ -47,8 +47,8 @@ def main() -> None:
     # Beside the steps, the backend's own share: the network's forward pass (the loss cell
     # alone: no gradient, nothing of ours around it), k calls of a micro-batch against one
     # call of the whole batch. What its ratio exceeds 1 by, splitting costs before our step runs.
-    forward = forward_only(build_for_training(recipe)[1])
-    whole, parts = Tensor(ids), [Tensor(ids[i:i + args.micro]) for i in range(0, rows, args.micro)]
+    forward = forward_only(single_step.final.network)  # the one-batch step's loss cell and weights
+    whole, parts = Tensor(ids), [Tensor(batch[0]) for batch in micro_batches]
     ratios, forward_ratios = [], []
     for run in range(args.runs):
         medians = median_seconds({"accumulated": lambda: accumulated_step(micro_batches, lr=1e-4),
@@ -71,6 +71,7 @@ def main() -> None:
           f"{statistics.median(forward_ratios):.3f}, the median of {args.runs} runs "
           f"({', '.join(f'{r:.3f}' for r in forward_ratios)})")
 
+
 def forward_only(loss_cell):
     """A cell giving the summed loss of a batch whose labels are its ids, as the steps above
     are fed (mindspore is imported only after cpu_graph_mode has quieted it)."""
@@ -85,6 +86,7 @@ def forward_only(loss_cell):
             return self.loss_cell(ids, ids)
 
     return ForwardOnly()
+
 
 if __name__ == "__main__":
     main()
