@@ -98,7 +98,7 @@ setsid msrun --worker_num="$WORKERS" --local_worker_num="${LOCAL_WORKERS:-$WORKE
 msrun_pid=$!
 # The console shows msrun.log as it grows, without what a stop makes msrun print: its ERROR
 # line for a worker's exit status 75 (the stop this script asked for) and the RuntimeError
-# traceback after it; this script says what happened in one line instead. MindSpore's own
+# traceback after it (mindspore/parallel/cluster/process_entity/_api.py, join_processes); this script says what happened in one line instead. MindSpore's own
 # [INFO] lines stay in the file. In its own session, so that a Ctrl-C leaves it running.
 CONSOLE_FILTER='
     /^\[INFO\] / { next }
