@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def cpu_graph_mode():
     """MindSpore on the CPU backend in GRAPH_MODE, its logs kept out of the working directory."""
-    from llama_npu.runtime import mute_mindformers_info, quiet_frameworks
+    from llama_npu.common.frameworks import mute_mindformers_info, quiet_frameworks
 
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "benchmarks")
     import mindspore as ms
@@ -28,7 +28,7 @@ def cpu_graph_mode():
 
 def smoke_recipe(overrides: List[str]):
     """recipes/cpu_smoke.yaml with one micro-batch per step unless `overrides` say otherwise."""
-    from llama_npu.recipe import load_recipe
+    from llama_npu.recipe.schema import load_recipe
 
     return load_recipe(REPO / "recipes" / "cpu_smoke.yaml", ["train.global_batch_size=0", *overrides])
 
@@ -45,8 +45,8 @@ def build_for_training(recipe):
     """(net, loss_cell, optimizer) with seed 0, so that two builds start from the same weights."""
     import mindspore as ms
 
-    from llama_npu.build import build_network
-    from llama_npu.optim import build_optimizer
+    from llama_npu.strategies.network import build_network
+    from llama_npu.training.optimizer import build_optimizer
 
     ms.set_seed(0)
     net, loss_cell = build_network(recipe, on_ascend=False)
@@ -54,10 +54,10 @@ def build_for_training(recipe):
 
 
 def our_train_step(recipe, accumulation_steps: int = 1):
-    """(TrainStep, net): our step (strategies/accumulation.py) around a fresh build, as
-    train.py makes it on one device, for `accumulation_steps` micro-batches a step."""
-    from llama_npu.strategies.accumulation import TrainStep
+    """(TrainStep, net): our step (training/step.py) around a fresh build, as
+    training/run.py makes it on one device, for `accumulation_steps` micro-batches a step."""
     from llama_npu.strategies.precision import LossScaler
+    from llama_npu.training.step import TrainStep
 
     net, loss_cell, optimizer = build_for_training(recipe)
     return TrainStep(loss_cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip,

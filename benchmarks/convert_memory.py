@@ -5,7 +5,7 @@ A random-weight Hugging Face directory of the shape (config.json, model.safetens
 5 GB for 1B in float32, written tensor by tensor) is made in a temporary directory, then
 converted both ways by the real command line, each in a child process that reports its
 own peak RSS (VmHWM, benchmarks/child_peak.py); the directory is deleted afterwards. The conversions hold
-about one tensor at a time (weights_format.py), so the peak is the process's base plus
+about one tensor at a time (weights/tensor_files.py), so the peak is the process's base plus
 the largest tensor (the embedding, 128,256 x hidden) plus a few 64 MB row blocks: the 3B
 projection is the 1B peak less the 1B embedding plus the 3B one. The round trip is checked
 bit-exact on the embedding and the last layer's MLP.
@@ -30,10 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from child_peak import run_with_peak  # noqa: E402
-from llama_npu.convert import hf_config  # noqa: E402
-from llama_npu.architecture import PRESETS  # noqa: E402
-from llama_npu.weights_format import (HF_WEIGHTS, SafetensorsWriter, expected_shapes, row_blocks,  # noqa: E402
-                                      safetensors_index)
+from llama_npu.model.architecture import PRESETS  # noqa: E402
+from llama_npu.weights.convert import hf_config  # noqa: E402
+from llama_npu.weights.tensor_files import HF_WEIGHTS, SafetensorsWriter, expected_shapes, row_blocks, safetensors_index
 
 BOUND = 4 * 2**30
 

@@ -32,8 +32,8 @@ def write_checkpoint(directory: Path) -> None:
 
     import mindspore as ms
 
-    from llama_npu.architecture import PRESETS
-    from llama_npu.pretrained import expected_tensors
+    from llama_npu.model.architecture import PRESETS
+    from llama_npu.weights.pretrained import expected_tensors
 
     shape = PRESETS["tiny"]
     rng = np.random.default_rng(0)

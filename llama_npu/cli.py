@@ -15,20 +15,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .console import note
+from .checkpoints.merge import merge_shards
+from .commands.plan import run_plan
+from .common.console import note
+from .common.frameworks import quiet_frameworks
+from .common.launcher import is_scheduler, launched_workers
+from .common.stopping import PREEMPTED, RunFailure, StopSignals
 from .data.formats import FORMATS, ON_BAD_RECORD
-from .doctor import diagnose
-from .evaluate import DEFAULT_MAX_SEQ_LEN, evaluate_checkpoint
-from .launcher import is_scheduler, launched_workers
+from .evaluation.perplexity import DEFAULT_MAX_SEQ_LEN, evaluate_checkpoint
 from .memory.devices import DEVICE_TARGETS, DeviceError
-from .memory.plan_command import run_plan
-from .merge import merge_shards
-from .recipe import RecipeError, load_recipe
-from .rehearse import rehearse
-from .runtime import quiet_frameworks
-from .stopping import PREEMPTED, RunFailure, StopSignals
-from .stored_recipe import STORED_RECIPE, stored_recipe
+from .recipe.schema import RecipeError, load_recipe
+from .recipe.stored import STORED_RECIPE, stored_recipe
+from .selftest.doctor import diagnose
 from .strategies.parallel import describe_layout, run_scheduler
+from .training.rehearse import rehearse
 
 BAD_INPUT = 2
 
@@ -48,7 +48,7 @@ def _run_request(args):
     """(recipe, run dir, rehearsal report or None, problems found while getting them) of a
     `train` or `validate` command line. With --resume and --output-dir and no recipe file,
     the recipe is the run's own recipe.yaml."""
-    from .preflight import check_rehearsed_recipe  # imported here: it loads numpy, which --help does not need
+    from .training.preflight import check_rehearsed_recipe  # imported here: it loads numpy, which --help does not need
 
     workers = getattr(args, "workers", None)  # validate --workers; train runs on the ones launched
     workers = launched_workers() if workers is None else workers
@@ -75,8 +75,8 @@ def cmd_train(args) -> int:
         run_scheduler()
         return 0
     signals = StopSignals().start()  # before anything starts a thread: see StopSignals
-    from .preflight import PreflightError, resume_command  # imported here, as train is: they load numpy
-    from .train import format_summary, run_training
+    from .training.preflight import PreflightError, resume_command  # imported here, as train is: they load numpy
+    from .training.run import format_summary, run_training
 
     recipe, run_dir, rehearsal, problems = _run_request(args)
     if problems:
@@ -112,7 +112,7 @@ def cmd_prepare_data(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .preflight import check_output_dir, preflight  # imported here: it loads numpy, which --help does not need
+    from .training.preflight import check_output_dir, preflight  # imported here: it loads numpy, which --help does not need
 
     try:
         recipe, run_dir, rehearsal, problems = _run_request(args)
@@ -155,7 +155,7 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .convert import hf_to_ms, ms_to_hf  # imported here: it loads numpy, which --help does not need
+    from .weights.convert import hf_to_ms, ms_to_hf  # imported here: it loads numpy, which --help does not need
 
     if args.direction == "hf-to-ms":
         out = hf_to_ms(Path(args.src), Path(args.dst), args.dtype or "float32")
@@ -191,8 +191,8 @@ EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat")
 
 def _eval_exam(args) -> int:
     from .data.readers import RecordError
-    from .exams.report import format_summary
-    from .exams.run import run_exam  # lm-eval and `datasets`, only when --task asks for them
+    from .evaluation.exams.report import format_summary
+    from .evaluation.exams.run import run_exam  # lm-eval and `datasets`, only when --task asks for them
 
     if len(args.data) != 1:
         raise RecordError(f"--task {args.task}: --data takes one directory, got {len(args.data)} paths")
@@ -208,7 +208,7 @@ def _eval_exam(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from .generate import generate  # imported here: it loads numpy, which --help does not need
+    from .evaluation.generate import generate  # imported here: it loads numpy, which --help does not need
 
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "generate")
     generate(Path(args.checkpoint), args.prompt, args.system, args.max_new_tokens, greedy=not args.temperature,
@@ -219,7 +219,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_quantize(args) -> int:
-    from .quantize import quantize_checkpoint  # imported here: it loads numpy, which --help does not need
+    from .weights.quantize import quantize_checkpoint  # imported here: it loads numpy, which --help does not need
 
     report = quantize_checkpoint(Path(args.checkpoint), Path(args.dst))
     print(f"quantized {report['linear_layers']} linear layers: {report['bytes_before']:,} bytes -> "
@@ -228,7 +228,7 @@ def cmd_quantize(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from .profile import format_result, run_profile  # imported here: it loads numpy (through train)
+    from .training.strategy_profile import format_result, run_profile  # imported here: it loads numpy (through train)
 
     recipe = Path(args.recipe)
     out = Path(args.out or Path("runs") / f"{recipe.stem}-profile")
@@ -238,7 +238,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_selftest(args) -> int:
-    from .selftest import run_selftest
+    from .selftest.run import run_selftest
 
     if is_scheduler():  # msrun runs the command as its scheduler too (scripts/launch.sh --selftest)
         run_scheduler()
@@ -462,14 +462,14 @@ def build_parser() -> argparse.ArgumentParser:
 def user_errors() -> tuple:
     """What bad input raises, from any command: one line and exit 2, never a traceback."""
     # Imported when a command fails, not at start: the weights format and preflight load numpy.
-    from .atomic import UnwritableError
-    from .checkpoint import CheckpointError
+    from .checkpoints.files import CheckpointError
+    from .checkpoints.merge import MergeError
+    from .common.atomic import UnwritableError
     from .data.readers import RecordError
     from .data.tokenizer import TokenizerError
-    from .merge import MergeError
-    from .preflight import PreflightError, RunDirError
-    from .selftest import SelftestError
-    from .weights_format import ConvertError
+    from .selftest.run import SelftestError
+    from .training.preflight import PreflightError, RunDirError
+    from .weights.tensor_files import ConvertError
 
     return (RecipeError, RunDirError, PreflightError, RecordError, TokenizerError, CheckpointError, ConvertError,
             MergeError, DeviceError, FileExistsError, FileNotFoundError, SelftestError, UnwritableError)

@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from llama_npu.memory.devices import DEVICES  # noqa: E402
-from llama_npu.memory.plan_command import cached_parameter_count  # noqa: E402
+from llama_npu.memory.parameter_count import cached_parameter_count  # noqa: E402
 from llama_npu.memory.planner import Strategy, estimate, estimate_inference  # noqa: E402
-from llama_npu.architecture import PRESETS  # noqa: E402
+from llama_npu.model.architecture import PRESETS  # noqa: E402
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
 
@@ -213,9 +213,9 @@ mindformers/wrapper/wrapper.py）：更新阶段多一整份 fp32 梯度；反�
 
 def phase_rows():
     from llama_npu.memory.devices import get_device
-    from llama_npu.architecture import resolve_shape
     from llama_npu.memory.planner import strategy_from_recipe
-    from llama_npu.recipe import load_recipe
+    from llama_npu.model.architecture import resolve_shape
+    from llama_npu.recipe.schema import load_recipe
 
     rows = []
     for path in sorted((REPO / "recipes").glob("*910a*.yaml")):

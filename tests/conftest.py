@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_npu.runtime import mute_mindformers_info, quiet_frameworks
+from llama_npu.common.frameworks import mute_mindformers_info, quiet_frameworks
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "recipes" / "cpu_smoke.yaml"

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import mindspore as ms
 
+from llama_npu.common.launcher import is_scheduler
 from llama_npu.data.batches import ListSamples
 from llama_npu.data.samples import Sample
-from llama_npu.launcher import is_scheduler
-from llama_npu.recipe import load_recipe
-from llama_npu.selftest_sharded import layout_problem
+from llama_npu.recipe.schema import load_recipe
+from llama_npu.selftest.sharded import layout_problem
 from llama_npu.strategies.parallel import run_scheduler
-from llama_npu.strategies.sharded_step import ShardedStep
-from llama_npu.train import setup
+from llama_npu.training.run import setup
+from llama_npu.training.sharded_step import ShardedStep
 
 REPO = Path(__file__).resolve().parent.parent
 ASCEND_TINY = ["device.target=ascend", "device.name=910b", "model.preset=tiny", "data.max_seq_len=16",

@@ -55,7 +55,7 @@ def test_transformers_stops_at_eot_with_llama_npu_generates_reply(hf_dir, tmp_pa
     few tokens; transformers, reading only the export's files, then stops there and its reply
     is `llama-npu generate`'s greedy reply on the same weights."""
     from llama_npu.data.tokenizer import default_tokenizer_path, load_tokenizer
-    from llama_npu.generate import prompt_ids
+    from llama_npu.evaluation.generate import prompt_ids
 
     src = tmp_path / "hf-eot"
     model = copy.deepcopy(hf_dir[1])

@@ -1,10 +1,10 @@
 """The Llama 3 chat format, token for token, and which tokens carry loss."""
 import pytest
 
-from llama_npu.data.readers import read_records
 from llama_npu.data.chat_template import encode_chat, render_text
+from llama_npu.data.readers import read_records
 from llama_npu.data.tokenizer import load_tokenizer
-from llama_npu.model import IGNORE_ID
+from llama_npu.model.tokens import IGNORE_ID
 
 
 @pytest.fixture(scope="module")

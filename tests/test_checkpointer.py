@@ -25,7 +25,7 @@ def weights(ms, value=0.0, names=("w0", "w1")):
 
 
 def write_steps(ms, root, steps):
-    from llama_npu.checkpoint import save_checkpoint
+    from llama_npu.checkpoints.files import save_checkpoint
 
     for step in steps:
         save_checkpoint(root, step, weights(ms, step), [], {"samples_consumed": step})
@@ -40,8 +40,8 @@ def damage(path):
 
 @pytest.mark.parametrize("rank_1_step_4", ["missing", "damaged"])
 def test_every_rank_resumes_the_newest_step_complete_on_every_rank(ms, tmp_path, rank_1_step_4, capsys):
-    from llama_npu.checkpointer import Checkpointer
-    from llama_npu.preflight import resume_candidates
+    from llama_npu.checkpoints.policy import Checkpointer
+    from llama_npu.training.preflight import resume_candidates
 
     run = tmp_path / "run"
     for rank in (0, 1):
@@ -59,8 +59,8 @@ def test_every_rank_resumes_the_newest_step_complete_on_every_rank(ms, tmp_path,
 
 
 def test_a_damaged_resume_path_is_refused_and_nothing_is_moved(ms, tmp_path):
-    from llama_npu.checkpoint import CheckpointError
-    from llama_npu.checkpointer import Checkpointer
+    from llama_npu.checkpoints.files import CheckpointError
+    from llama_npu.checkpoints.policy import Checkpointer
 
     root = tmp_path / "checkpoints"
     write_steps(ms, root, [3, 6])
@@ -73,8 +73,8 @@ def test_a_damaged_resume_path_is_refused_and_nothing_is_moved(ms, tmp_path):
 def test_a_rank_saves_only_the_parameters_its_graph_sliced_and_resumes_from_them(ms, tmp_path):
     """Two pipeline stages: rank 0's compiled graph holds stage 0's weight, which compile marks
     `sliced` (mindspore/parallel/_utils.py); stage 1's copy on rank 0 is never sliced."""
-    from llama_npu.checkpoint import CheckpointError, load_checkpoint
-    from llama_npu.checkpointer import Checkpointer
+    from llama_npu.checkpoints.files import CheckpointError, load_checkpoint
+    from llama_npu.checkpoints.policy import Checkpointer
 
     class TwoStages(ms.nn.Cell):
         def __init__(self):
@@ -96,7 +96,7 @@ def test_a_rank_saves_only_the_parameters_its_graph_sliced_and_resumes_from_them
 
 
 def test_pruning_counts_only_complete_checkpoints(ms, tmp_path):
-    from llama_npu.checkpoint import prune
+    from llama_npu.checkpoints.files import prune
 
     root = tmp_path / "checkpoints"
     write_steps(ms, root, [1, 2, 3, 4, 5])
@@ -110,7 +110,7 @@ def test_pruning_counts_only_complete_checkpoints(ms, tmp_path):
 def test_a_save_removes_what_a_killed_save_left_and_nothing_of_a_live_one(ms, tmp_path):
     """SIGKILL mid-save leaves `.step_N.partial-PID`; the run's next save deletes it, but not
     the staging directory of a process that is still alive (the parent pytest stands in)."""
-    from llama_npu.checkpointer import Checkpointer
+    from llama_npu.checkpoints.policy import Checkpointer
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -129,8 +129,8 @@ def test_a_rewind_sets_the_later_branch_aside_and_auto_continues_the_new_one(ms,
     """Run to step 6, resume from step 3 into the same directory (keep_last 2): the new
     branch's steps 4 and 5 are kept, step 6 of the old branch is moved aside, not deleted,
     and a later --resume auto picks step 5."""
-    from llama_npu.checkpointer import Checkpointer
-    from llama_npu.preflight import resume_candidates
+    from llama_npu.checkpoints.policy import Checkpointer
+    from llama_npu.training.preflight import resume_candidates
 
     root = tmp_path / "checkpoints"
     write_steps(ms, root, [2, 3, 6])
@@ -150,10 +150,10 @@ def test_a_rewind_sets_the_later_branch_aside_and_auto_continues_the_new_one(ms,
 def test_a_stop_saves_even_after_a_skipped_step(ms, tmp_path):
     """fp16 with a static loss scale of 2**20 overflows every step: each is skipped, the
     streak grows, and the stop still writes the (unchanged, finite) weights."""
+    from llama_npu.common.stopping import StopSignals
     from llama_npu.data.tokenizer import load_tokenizer
-    from llama_npu.recipe import load_recipe
-    from llama_npu.stopping import StopSignals
-    from llama_npu.train import run_loop, setup, training_source
+    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.training.run import run_loop, setup, training_source
 
     recipe = load_recipe(SMOKE, [arg for arg in TINY_RUN if arg != "--set"] + [
         "train.max_steps=3", "train.save_every=100", "train.max_nonfinite_steps=0",
@@ -165,7 +165,7 @@ def test_a_stop_saves_even_after_a_skipped_step(ms, tmp_path):
     summary = run_loop(session, signals)
     assert (summary["steps"], summary["stopped_by"]) == (1, "SIGTERM")
     assert summary["checkpoint"] == str(tmp_path / "checkpoints" / "step_1")
-    from llama_npu.checkpoint import problem
+    from llama_npu.checkpoints.files import problem
     assert problem(tmp_path / "checkpoints" / "step_1") is None
 
 

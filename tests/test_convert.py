@@ -8,10 +8,10 @@ import pytest
 import torch  # the test extra's reference implementation: a missing torch is an error, never a skip
 import transformers
 
-from llama_npu.weights_format import read_safetensors
+from llama_npu.weights.tensor_files import read_safetensors
 
-from llama_npu.recipe import load_recipe, recipe_from_dict
-from llama_npu.rehearse import STEPS as REHEARSAL_STEPS
+from llama_npu.recipe.schema import load_recipe, recipe_from_dict
+from llama_npu.training.rehearse import STEPS as REHEARSAL_STEPS
 
 from conftest import LORA_RECIPE, REPO, SMOKE, read_metrics, rehearsal_sets, run_cli
 from test_shipped_recipes import shrunk
@@ -33,8 +33,8 @@ def logits_of(ms, net, tokens):
 
 
 def test_converted_logits_equal_transformers(ms, hf_dir, conversions):
-    from llama_npu.build import build_network
-    from llama_npu.recipe import load_recipe
+    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.strategies.network import build_network
 
     _, reference = hf_dir
     out = conversions["float32"]
@@ -141,7 +141,7 @@ def test_eval_with_its_defaults_gives_the_reference_loss(hf_dir, conversions, tm
 @pytest.mark.quick
 def test_greedy_generate_matches_transformers(hf_dir, conversions, ms):
     from llama_npu.data.tokenizer import load_tokenizer
-    from llama_npu.generate import STOP_IDS, generate, prompt_ids
+    from llama_npu.evaluation.generate import STOP_IDS, generate, prompt_ids
 
     _, reference = hf_dir
     streamed = []
@@ -160,7 +160,7 @@ def test_int8_quantization_size_and_loss(shrunk_run, conversions, tmp_path):
     """Quantize a briefly fine-tuned tiny model: the size drops as computed and the held-out
     loss moves by a small amount (eval reports both losses)."""
     from llama_npu.memory.planner import split_params
-    from llama_npu.architecture import PRESETS
+    from llama_npu.model.architecture import PRESETS
 
     base = conversions["float32"]
     run, _ = shrunk_run(SMOKE, "float32")  # its rehearsal at lr 0.05 from the conversion
@@ -220,8 +220,8 @@ def test_a_mismatched_checkpoint_is_one_line_naming_the_tensor(ms, conversions, 
     """check_pretrained reads only config.json and the tensor headers, before any data is tokenized."""
     import shutil
 
-    from llama_npu.checkpoint import CheckpointError
-    from llama_npu.pretrained import check_pretrained, tensor_index
+    from llama_npu.checkpoints.files import CheckpointError
+    from llama_npu.weights.pretrained import check_pretrained, tensor_index
 
     broken = tmp_path / "broken"
     shutil.copytree(conversions["float16"], broken)
@@ -250,8 +250,8 @@ def test_a_mismatched_checkpoint_is_one_line_naming_the_tensor(ms, conversions, 
 def test_a_lora_run_exports_merged_weights_and_its_tokenizer(ms, hf_dir, conversions, lora_export, tmp_path):
     """transformers' logits of the export equal ours with the adapters applied, its
     AutoTokenizer encodes as ours does, and the --weights --merge-lora form is identical."""
-    from llama_npu.build import build_network
     from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.strategies.network import build_network
 
     run, export = lora_export
     step = run / "checkpoints" / f"step_{REHEARSAL_STEPS}" / "model.ckpt"
@@ -282,7 +282,7 @@ def test_eval_and_generate_take_a_lora_run_directory(lora_export, tmp_path):
     """Both fold the adapters into the base the run's recipe names: the loss and the greedy
     reply equal transformers' on the merged export."""
     from llama_npu.data.tokenizer import load_tokenizer
-    from llama_npu.generate import STOP_IDS, prompt_ids
+    from llama_npu.evaluation.generate import STOP_IDS, prompt_ids
 
     run, export = lora_export
     merged = transformers.LlamaForCausalLM.from_pretrained(export).eval()

@@ -12,7 +12,7 @@ from llama_npu.data.packing import pack
 from llama_npu.data.readers import RecordError, read_records
 from llama_npu.data.samples import tokenize_records
 from llama_npu.data.tokenizer import default_tokenizer_path, load_tokenizer
-from llama_npu.model import IGNORE_ID
+from llama_npu.model.tokens import IGNORE_ID
 
 from conftest import REPO, SMOKE, TINY_RUN, read_metrics, run_cli
 
@@ -143,10 +143,10 @@ def test_truncation_keeps_the_prompt_and_drops_answerless_samples(tok):
 
 def test_packing_does_not_change_any_sample_loss(ms, tok):
     """Per-sample losses of a packed row equal those of the samples alone."""
-    from llama_npu.build import build_network
     from llama_npu.data.samples import pad_batch
-    from llama_npu.model import PAD_ID
-    from llama_npu.recipe import load_recipe
+    from llama_npu.model.tokens import PAD_ID
+    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.strategies.network import build_network
 
     records = read_records([REPO / "data" / "zh_instruct_train.jsonl"], "alpaca")[:6]
     samples, _ = tokenize_records(tok, records, 40)

@@ -160,7 +160,7 @@ def test_compare_with_itself_gives_zero_deltas(exam_runs):
 
 def test_the_table_shows_each_subject_category_and_overall(exam_runs):
     """What eval --task prints without --json (format_summary of the same summary)."""
-    from llama_npu.exams.report import format_summary
+    from llama_npu.evaluation.exams.report import format_summary
 
     summary = exam_runs("converted-ceval-5")[0]
     lines = format_summary(summary).splitlines()
@@ -244,8 +244,8 @@ def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir,
     from lm_eval.api.instance import Instance
 
     from llama_npu.data.tokenizer import load_tokenizer
-    from llama_npu.evaluate import build_from_checkpoint
-    from llama_npu.exams.lm_adapter import MindSporeLM
+    from llama_npu.evaluation.exams.lm_adapter import MindSporeLM
+    from llama_npu.evaluation.loaded_model import build_from_checkpoint
 
     reference = hf_dir[1]
     net, _, _ = build_from_checkpoint(conversions["float32"], 16)

@@ -1,4 +1,4 @@
-"""The recipe sits at the bottom of the package: recipe.py imports only leaves (modules that
+"""The recipe sits at the bottom of the package: recipe/schema.py imports only leaves (modules that
 import nothing from the package), so no import circle can pass through it and every module
 may validate a recipe before MindSpore is loaded."""
 from __future__ import annotations
@@ -33,16 +33,16 @@ def module_path(dotted: str) -> Path:
 
 @pytest.mark.quick
 def test_recipe_imports_only_leaves():
-    imported = package_imports(PACKAGE / "recipe.py")
-    assert imported, "recipe.py reads its shapes, formats, devices and launcher environment from leaves"
+    imported = package_imports(PACKAGE / "recipe/schema.py")
+    assert imported, "recipe/schema.py reads its shapes, formats, devices and launcher environment from leaves"
     not_leaves = {name: sorted(package_imports(module_path(name))) for name in imported
                   if package_imports(module_path(name)) - {"llama_npu.data", "llama_npu.memory"}}
-    assert not not_leaves, f"recipe.py imports modules that import the package: {not_leaves}"
+    assert not not_leaves, f"recipe/schema.py imports modules that import the package: {not_leaves}"
 
 
 @pytest.mark.quick
 def test_validating_a_recipe_loads_no_mindspore_or_numpy():
-    code = ("import sys; from llama_npu.recipe import load_recipe; load_recipe('recipes/cpu_smoke.yaml'); "
+    code = ("import sys; from llama_npu.recipe.schema import load_recipe; load_recipe('recipes/cpu_smoke.yaml'); "
             "print(sorted(m for m in ('mindspore', 'mindformers', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
                          check=True).stdout

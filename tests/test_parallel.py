@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from llama_npu.recipe import RecipeError, load_recipe
+from llama_npu.recipe.schema import RecipeError, load_recipe
 from llama_npu.strategies.parallel import (World, auto_parallel_context, check_workers, is_sharded,
                                            mindformers_parallel_config, stream_layout)
 
@@ -65,7 +65,7 @@ def test_launch_refuses_a_layout_that_does_not_fill_the_workers(tmp_path):
 def test_launch_rehearses_a_recipe_data_parallel_over_its_cpu_workers(tmp_path):
     """scripts/launch.sh RECIPE 2 --rehearse: the 8 x 910B recipe's rehearsal over two CPU
     workers, both ranks with the same weights, and only rank 0 naming a checkpoint."""
-    from llama_npu.rehearse import STEPS as REHEARSAL_STEPS
+    from llama_npu.training.rehearse import STEPS as REHEARSAL_STEPS
 
     out = tmp_path / "run"
     proc = run_launch(REPO / "recipes" / "llama3_2_3b_zh_full_8x910b.yaml", 2, "--rehearse", "--output-dir", out,
@@ -114,8 +114,8 @@ def test_semi_auto_configuration_for_model_and_pipeline_parallel(tmp_path):
     # Every rank reads the whole step (full_batch): 1 sample x data 2 x 4 pipeline micro-batches.
     assert stream_layout(par, World(rank=3, size=8, sharded=True), 1) == (8, 0, 1)
     # MindFormers accepts it: the 3B config builds with this layout (no weights allocated).
-    from llama_npu.architecture import resolve_shape
-    from llama_npu.model import llama_config
+    from llama_npu.model.architecture import resolve_shape
+    from llama_npu.model.llama import llama_config
 
     config = llama_config(resolve_shape(recipe.model), 4096, on_ascend=True,
                           parallel_config=mindformers_parallel_config(par))
@@ -272,12 +272,12 @@ def ms_tensor(array):
 
 
 def test_resume_compiles_the_train_graph_before_loading_the_checkpoint(ms, tmp_path, capsys):
-    from llama_npu.build import build_network
-    from llama_npu.checkpoint import optimizer_state_params, save_checkpoint
-    from llama_npu.optim import build_optimizer
-    from llama_npu.checkpointer import Checkpointer
+    from llama_npu.checkpoints.files import optimizer_state_params, save_checkpoint
+    from llama_npu.checkpoints.policy import Checkpointer
+    from llama_npu.strategies.network import build_network
     from llama_npu.strategies.parallel import World
-    from llama_npu.train import compile_then_resume
+    from llama_npu.training.optimizer import build_optimizer
+    from llama_npu.training.run import compile_then_resume
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16", "train.micro_batch_size=2"])
     net, loss_cell = build_network(recipe, on_ascend=False)
@@ -303,14 +303,14 @@ def test_resume_compiles_the_train_graph_before_loading_the_checkpoint(ms, tmp_p
 
 def write_stage_strategy(path, stage, param):
     """A strategy file as a pipeline stage's one rank writes it, `param` (4 x 4) not split."""
-    from llama_npu.selftest_sharded import write_strategy
+    from llama_npu.selftest.sharded import write_strategy
 
     write_strategy(path, {param: [-1, -1]}, stage, devices=1)
 
 
 @pytest.mark.parametrize("pipeline", [1, 2])
 def test_merge_uses_the_strategy_of_every_pipeline_stage(ms, tmp_path, pipeline):
-    from llama_npu.merge import source_strategy
+    from llama_npu.checkpoints.merge import source_strategy
 
     run = tmp_path / "run"
     # Ranks 0 and 1 hold stage 0, ranks 2 and 3 stage 1 (without a pipeline all four hold everything).
@@ -333,7 +333,7 @@ def test_sharded_lr_schedule_in_the_graph_equals_lr_at(ms, warmup):
     """The optimizer reads the schedule with global_step (0 at the first update) before it
     adds 1: the cell must give lr_at(global_step + 1), through warm-up, its last step, the
     cosine, max_steps and beyond it."""
-    from llama_npu.optim import WarmupCosineLR, lr_at
+    from llama_npu.training.optimizer import WarmupCosineLR, lr_at
 
     train = load_recipe(SMOKE, [*SCHEDULE, warmup, "train.optimizer.lr=0.001"]).train
     schedule = WarmupCosineLR(train)
@@ -348,7 +348,7 @@ def overflow_gated_step(ms, schedule=SCHEDULE):
     wrapper reads the LR from the schedule, then runs the optimizer only `if not overflow`."""
     from mindspore import nn, ops
 
-    from llama_npu.optim import build_optimizer
+    from llama_npu.training.optimizer import build_optimizer
 
     class OverflowGatedStep(nn.Cell):
         def __init__(self, net, optimizer):
@@ -383,7 +383,7 @@ def test_sharded_optimizer_applies_the_scheduled_lr_of_each_update_behind_an_ove
     """The learning rate changes from step to step inside the compiled graph (a host-set
     Parameter stayed at its first value there), and a skipped step does not advance the
     schedule: update u uses lr_at(u), as MindFormers' optimizers count."""
-    from llama_npu.optim import lr_at
+    from llama_npu.training.optimizer import lr_at
 
     step, net, optimizer, train = overflow_gated_step(ms)
     weight = net.weight.asnumpy().copy()
@@ -401,7 +401,7 @@ def test_sharded_optimizer_applies_the_scheduled_lr_of_each_update_behind_an_ove
 def test_sharded_resume_restores_the_schedules_step(ms, tmp_path):
     """optimizer.ckpt carries global_step; loaded after the graph compiled (the sharded
     resume order), the next update continues the schedule where the saved run stopped."""
-    from llama_npu.checkpoint import load_checkpoint, optimizer_state_params, save_checkpoint
+    from llama_npu.checkpoints.files import load_checkpoint, optimizer_state_params, save_checkpoint
 
     whole, whole_net, _, _ = overflow_gated_step(ms)
     whole_lrs = run_gated(ms, whole, OVERFLOWS)
@@ -423,10 +423,10 @@ def test_mindformers_loss_of_the_sharded_step_equals_our_summed_token_loss(ms):
     """What CPU can run of the sharded step's loss (unsharded, stand-alone mode): MindFormers'
     Llama with calculate_per_token_loss gives our summed token loss and the target-token
     count the wrapper divides by; the eval loss gives the same sum."""
-    from llama_npu.loss import CausalLMLoss
-    from llama_npu.architecture import resolve_shape
-    from llama_npu.model import build_model, llama_config
-    from llama_npu.strategies.sharded_step import EvalLoss, TrainLoss
+    from llama_npu.model.architecture import resolve_shape
+    from llama_npu.model.llama import build_model, llama_config
+    from llama_npu.model.loss import CausalLMLoss
+    from llama_npu.training.sharded_step import EvalLoss, TrainLoss
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
     net = build_model(llama_config(resolve_shape(recipe.model), 16, on_ascend=False, calculate_per_token_loss=True))
@@ -448,9 +448,9 @@ def test_mindformers_loss_of_the_sharded_step_equals_our_summed_token_loss(ms):
 def test_evaluation_leaves_the_train_graphs_strategy_file_alone(ms, tmp_path):
     """Every semi-auto graph compiled while a strategy save file is set writes it; the eval
     network switches saving off before it runs, keeping the train graph's file."""
-    from llama_npu.architecture import resolve_shape
-    from llama_npu.model import build_model, llama_config
-    from llama_npu.strategies.sharded_step import eval_network
+    from llama_npu.model.architecture import resolve_shape
+    from llama_npu.model.llama import build_model, llama_config
+    from llama_npu.training.sharded_step import eval_network
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
     net = build_model(llama_config(resolve_shape(recipe.model), 16, on_ascend=False, calculate_per_token_loss=True))
@@ -469,7 +469,7 @@ def test_merge_checkpoints_joins_the_shards_of_every_pipeline_stage(ms, tmp_path
     its stage's strategy file. Each rank's file also holds a stale copy of the other stage's
     layer (as every rank saved every parameter before #19): the merged checkpoint has each
     layer's value from its owning stage."""
-    from llama_npu.checkpoint import save_checkpoint
+    from llama_npu.checkpoints.files import save_checkpoint
 
     run = tmp_path / "run"
     store_recipe(run, pipeline=2)
@@ -484,8 +484,8 @@ def test_merge_checkpoints_joins_the_shards_of_every_pipeline_stage(ms, tmp_path
     assert sorted(merged) == ["model.layers.0.w", "model.layers.1.w"]
     assert merged["model.layers.0.w"].mean() == 1.0 and merged["model.layers.1.w"].mean() == 2.0
     # --dst a directory: the merged weights with the config.json eval, generate and ms-to-hf read
-    from llama_npu.architecture import resolve_shape
-    from llama_npu.pretrained import read_checkpoint_dir, resolve_weights
+    from llama_npu.model.architecture import resolve_shape
+    from llama_npu.weights.pretrained import read_checkpoint_dir, resolve_weights
 
     run_cli("merge-checkpoints", run, "--dst", tmp_path / "merged", check=True)
     assert (tmp_path / "merged" / "model.ckpt").read_bytes() == (tmp_path / "merged.ckpt").read_bytes()
@@ -501,9 +501,10 @@ def test_sharded_loss_keeps_packed_rows_apart_on_the_910a_path(ms):
     mask was added to the scores and the samples saw each other."""
     from llama_npu.data.packing import pack
     from llama_npu.data.samples import Sample, pad_batch
-    from llama_npu.architecture import resolve_shape
-    from llama_npu.model import IGNORE_ID, PAD_ID, build_model, llama_config
-    from llama_npu.strategies.sharded_step import TrainLoss
+    from llama_npu.model.architecture import resolve_shape
+    from llama_npu.model.llama import build_model, llama_config
+    from llama_npu.model.tokens import IGNORE_ID, PAD_ID
+    from llama_npu.training.sharded_step import TrainLoss
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
     ms.set_seed(0)

@@ -1,13 +1,13 @@
 """Outputs carry the user's umask, not MindSpore's owner-only modes (checkpoints 0400,
 MindRecord 0600), so others on a shared host can read a run; a file replaced in place is
-the old one or the new one, never half of one (atomic.py)."""
+the old one or the new one, never half of one (common/atomic.py)."""
 import os
 import stat
 
 import pytest
 
 from conftest import REPO, run_cli
-from llama_npu.atomic import current_umask
+from llama_npu.common.atomic import current_umask
 
 
 def modes(root):
@@ -33,7 +33,7 @@ def test_prepared_data_follows_a_group_readable_umask(tmp_path):
 
 
 def test_a_replacement_that_fails_keeps_the_old_file_and_leaves_no_hidden_copy(tmp_path):
-    from llama_npu.atomic import replace_file
+    from llama_npu.common.atomic import replace_file
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("old\n")

@@ -7,9 +7,9 @@ import pytest
 
 from llama_npu.memory.devices import DEVICES
 from llama_npu.memory.planner import Strategy, estimate, lora_params_per_layer, split_params
-from llama_npu.architecture import PRESETS
-from llama_npu.model import count_parameters
-from llama_npu.recipe import load_recipe
+from llama_npu.model.architecture import PRESETS
+from llama_npu.model.llama import count_parameters
+from llama_npu.recipe.schema import load_recipe
 
 from conftest import REPO, SMOKE, read_metrics, run_cli
 
@@ -70,11 +70,11 @@ def test_planned_states_are_the_parameters_our_train_step_allocates(ms):
     """What the CPU can confirm: the optimizer and accumulator Parameters TrainStep creates
     have exactly the planned gradient + optimizer-state bytes. (Host RSS cannot confirm it:
     the CPU backend's first step adds compile and pool memory several times larger.)"""
-    from llama_npu.build import build_network
-    from llama_npu.architecture import resolve_shape
-    from llama_npu.optim import build_optimizer
-    from llama_npu.strategies.accumulation import TrainStep
+    from llama_npu.model.architecture import resolve_shape
+    from llama_npu.strategies.network import build_network
     from llama_npu.strategies.precision import LossScaler
+    from llama_npu.training.optimizer import build_optimizer
+    from llama_npu.training.step import TrainStep
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16", "train.global_batch_size=0"])
     net, cell = build_network(recipe, on_ascend=False)
@@ -215,7 +215,7 @@ def test_fit_prints_one_table_and_marks_a_layout_never_run_on_an_npu(tmp_path):
 def test_the_written_recipe_trains_as_written_when_shrunk(tmp_path):
     """--model with --set and --data: the written recipe names the data, keeps the --set, and
     trains as its rehearsal on CPU (`train --rehearse`)."""
-    from llama_npu.rehearse import SEQ_LEN, STEPS
+    from llama_npu.training.rehearse import SEQ_LEN, STEPS
 
     out = tmp_path / "fit.yaml"
     proc = run_cli("plan", "--model", "llama3.2-1b", "--device", "910a", "--set", "data.pack=true", "--fit",
@@ -241,7 +241,7 @@ def test_the_written_recipe_reads_the_data_in_its_format_with_the_plans_batch(tm
     """--data's format is detected from its records (.jsonl or a .json array), --eval-data
     becomes data.eval_files, the batch is the recommended plan's, and the recipe validates
     as its rehearsal; the ShareGPT array also trains as one."""
-    from llama_npu.rehearse import STEPS
+    from llama_npu.training.rehearse import STEPS
 
     records = [CHAT if fmt == "sharegpt" else ALPACA] * 8
     data = tmp_path / f"train{suffix}"

@@ -81,8 +81,8 @@ def test_resume_may_extend_the_run_and_keeps_the_stored_recipe(six_step_run, tmp
 
 def test_the_printed_command_carries_what_a_resume_changed(tmp_path):
     from llama_npu.cli import _run_request, build_parser
-    from llama_npu.preflight import resume_command
-    from llama_npu.recipe import load_recipe
+    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.training.preflight import resume_command
 
     run = tmp_path / "run"
     run.mkdir()
@@ -126,7 +126,7 @@ def test_host_memory_does_not_grow_step_after_step(long_run):
 
 
 def test_second_signal_exits_at_once_and_keeps_the_last_checkpoint(long_run, ms):
-    from llama_npu.checkpoint import read_state, step_dirs_newest_first
+    from llama_npu.checkpoints.files import read_state, step_dirs_newest_first
 
     out, returncode = long_run
     assert returncode == 128 + signal.SIGTERM  # ended at once, as a shell reports a death by the signal
@@ -161,7 +161,7 @@ def test_nonfinite_streak_stops_the_run_and_saves_nothing_poisoned(six_step_run,
 
 
 def test_full_disk_stops_with_a_clear_error_and_the_last_checkpoint_intact(six_step_run, tmp_path):
-    from llama_npu.checkpoint import read_state
+    from llama_npu.checkpoints.files import read_state
 
     out = copy_run(six_step_run[0], tmp_path / "run")
     shutil.rmtree(out / "checkpoints" / "step_6")

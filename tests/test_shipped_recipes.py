@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
-from llama_npu.recipe import Recipe, accumulation_steps, load_recipe, with_absolute_paths
-from llama_npu.rehearse import rehearse
+from llama_npu.recipe.schema import Recipe, accumulation_steps, load_recipe, with_absolute_paths
+from llama_npu.training.rehearse import rehearse
 
 from conftest import REPO, read_metrics, run_cli
 
@@ -19,7 +19,7 @@ ASCEND_RECIPES = sorted((REPO / "recipes").glob("llama3_2_*.yaml"))
 
 def shrunk(path, *overrides) -> Recipe:
     """The recipe `train PATH --rehearse [--set ...]` trains: the tiny model on the CPU with the
-    recipe's strategies (llama_npu/rehearse.py)."""
+    recipe's strategies (llama_npu/training/rehearse.py)."""
     return rehearse(load_recipe(path, list(overrides)))[0]
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from llama_npu.recipe import RecipeError, load_recipe
+from llama_npu.recipe.schema import RecipeError, load_recipe
 
 from conftest import SMOKE
 
@@ -15,7 +15,7 @@ def recipe(*overrides):
 
 
 def build(ms, *overrides):
-    from llama_npu.build import build_network
+    from llama_npu.strategies.network import build_network
 
     ms.set_seed(0)
     return build_network(recipe(*overrides), on_ascend=False)
@@ -43,9 +43,9 @@ def assert_grads_close(got, want, rtol):
 
 
 def train_step(ms, net, loss_cell, *overrides, k=1):
-    from llama_npu.optim import build_optimizer
-    from llama_npu.strategies.accumulation import TrainStep
     from llama_npu.strategies.precision import LossScaler
+    from llama_npu.training.optimizer import build_optimizer
+    from llama_npu.training.step import TrainStep
 
     r = recipe(*overrides)
     optimizer = build_optimizer(net.trainable_params(), r.train)
@@ -200,7 +200,7 @@ def test_overflow_detection_follows_the_soc_the_base_class_reads(ms, monkeypatch
     import mindspore.nn.wrap.loss_scale as loss_scale
     from mindspore import Tensor, nn
 
-    from llama_npu.strategies.accumulation import FinalMicroStep
+    from llama_npu.training.step import FinalMicroStep
 
     class SummedLoss(nn.Cell):
         def __init__(self):
@@ -242,8 +242,8 @@ def test_ascend_recipes_resolve_flash_attention_for_their_device(ms, name, fused
     """The 910A has neither flash attention nor the fused RmsNorm; its packed rows then take
     the additive block-causal mask the CPU path uses (tests/test_data.py checks that path's
     per-sample losses against unpacked samples)."""
-    from llama_npu.architecture import resolve_shape
-    from llama_npu.model import llama_config
+    from llama_npu.model.architecture import resolve_shape
+    from llama_npu.model.llama import llama_config
 
     r = load_recipe(SMOKE.parent / name)
     config = llama_config(resolve_shape(r.model), r.data.max_seq_len, on_ascend=True, device_name=r.device.name)

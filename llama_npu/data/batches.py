@@ -11,7 +11,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..model import PAD_ID
+from ..model.tokens import PAD_ID
 from .samples import Sample, pad_batch
 
 

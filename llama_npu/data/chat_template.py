@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple
 
-from ..model import BOS_ID, EOT_ID, IGNORE_ID
+from ..model.tokens import BOS_ID, EOT_ID, IGNORE_ID
 
 ROLES = ("system", "user", "assistant")
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..model import IGNORE_ID
+from ..model.tokens import IGNORE_ID
 from .samples import Sample
 
 DATA_FILE = "data.mindrecord"

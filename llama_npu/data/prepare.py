@@ -14,7 +14,7 @@ from typing import List
 
 import numpy as np
 
-from ..atomic import check_writable, staged_directory
+from ..common.atomic import check_writable, staged_directory
 from .mindrecord import META_FILE, write_samples
 from .packing import assign_rows, pack, padding_share
 from .readers import RecordError, read_dataset

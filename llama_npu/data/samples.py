@@ -7,8 +7,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ..model import BOS_ID, IGNORE_ID
-from ..console import progress_bar
+from ..common.console import progress_bar
+from ..model.tokens import BOS_ID, IGNORE_ID
 from .chat_template import assemble_chat, role_headers
 from .readers import Record
 from .tokenizer import SPECIAL_TOKENS

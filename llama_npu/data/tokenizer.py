@@ -12,11 +12,11 @@ import hashlib
 import importlib.resources
 from pathlib import Path
 
-from ..architecture import VOCAB_SIZE
-from ..model import BOS_ID, EOT_ID
+from ..model.architecture import VOCAB_SIZE
+from ..model.tokens import BOS_ID, EOT_ID
 
 # The special tokens data/chat_template.py and data/samples.py build rows from, at the ids
-# the model's config (model.py: bos_token_id, eos_token_id) and generate's stop ids expect.
+# the model's config (model/llama.py: bos_token_id, eos_token_id) and generate's stop ids expect.
 SPECIAL_TOKENS = {"<|begin_of_text|>": BOS_ID, "<|end_of_text|>": 128001, "<|start_header_id|>": 128006,
                   "<|end_header_id|>": 128007, "<|eot_id|>": EOT_ID}
 

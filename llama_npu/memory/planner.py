@@ -23,7 +23,7 @@ tensors are alive in which phase):
 - logits and loss: the LM head output and the cross-entropy's fp32 buffers over the whole
   micro-batch, or over one chunk with chunked cross-entropy;
 - update_copies: what the update makes beside the gradients. Our train step unscales and
-  clips in place (strategies/accumulation.py), so only data parallel's all-reduce output
+  clips in place (training/step.py), so only data parallel's all-reduce output
   exists, one fusion bucket at a time (the 64 MB threshold, or the largest gradient);
   MindFormers' wrappers of the sharded layouts scale the accumulators out of place
   (mindformers/wrapper/wrapper.py MFPipelineWithLossScaleCell): a full fp32 set;
@@ -37,8 +37,8 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
-from ..architecture import LlamaShape, matched_layers
-from ..recipe import Recipe
+from ..model.architecture import LlamaShape, matched_layers
+from ..recipe.schema import Recipe
 from .devices import GB, Device, get_device
 
 MARGIN_FRACTION = 0.10

@@ -12,9 +12,9 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from ..loss import token_cross_entropy_sum
-from ..model import IGNORE_ID
-from ..recipe import ChunkedCESection
+from ..model.loss import token_cross_entropy_sum
+from ..model.tokens import IGNORE_ID
+from ..recipe.schema import ChunkedCESection
 
 
 class ChunkedCrossEntropy(nn.Cell):

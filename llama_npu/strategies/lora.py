@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from ..recipe import LoraSection
+from ..recipe.schema import LoraSection
 
 
 def _mute_mindpet_stdout() -> None:

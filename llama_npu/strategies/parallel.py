@@ -9,9 +9,9 @@ runtime: we configure and launch it (scripts/launch.sh runs msrun), we do not re
   MindFormers' parallel_config (data_parallel, model_parallel, pipeline_stage,
   micro_batch_num, use_seq_parallel, vocab_emb_dp), `full_batch=True` (every rank reads the
   same batch; MindSpore splits it by the data-parallel strategy), and MindFormers' wrapper
-  chain as the train step (strategies/sharded_step.py). Each rank saves the strategy of its
+  chain as the train step (training/sharded_step.py). Each rank saves the strategy of its
   own graph, <run>/strategy/rank_<R>.ckpt (a pipeline stage's file holds only that stage's
-  parameters; merge.py merges them). MindSpore supports this on Ascend/GPU only ("Invalid
+  parameters; checkpoints/merge.py merges them). MindSpore supports this on Ascend/GPU only ("Invalid
   communication backend: CPU for semi_auto_parallel"), so CI checks the configuration and
   the wrapper chain it builds, never a run.
 """
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..launcher import launched_workers
-from ..recipe import ParallelSection, RecipeError, accumulation_steps
+from ..common.launcher import launched_workers
+from ..recipe.schema import ParallelSection, RecipeError, accumulation_steps
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,12 @@ def auto_parallel_context(section: ParallelSection, workers: int, strategy_file:
 
 def mindformers_model_options(section: ParallelSection) -> dict:
     """LlamaConfig switches of sharded layouts: the loss returns (numerator, denominator),
-    which MindFormers' wrappers divide (strategies/sharded_step.py)."""
+    which MindFormers' wrappers divide (training/sharded_step.py)."""
     return {"calculate_per_token_loss": True} if is_sharded(section) else {}
 
 
 def mindformers_parallel_config(section: ParallelSection) -> dict:
-    """The parallel part of MindFormers' parallel_config (recompute is added by build.py).
+    """The parallel part of MindFormers' parallel_config (recompute is added by strategies/network.py).
     Pure data parallel runs a full replica per rank: MindFormers' own layout stays 1."""
     if not is_sharded(section):
         return {}
@@ -136,15 +136,3 @@ def stream_layout(section: ParallelSection, world: World, micro_batch_size: int)
 
 def pipeline_micro_batches(section: ParallelSection) -> int:
     return section.micro_batches if section.pipeline > 1 else 1
-
-
-def eval_layout(net, loss_cell, section: ParallelSection, world: World, micro_batch_size: int):
-    """(cell, batch size) for evaluation during training. Semi-auto parallel: MindFormers'
-    loss wrapped in _VirtualDatasetCell (base_trainer.wrap_eval_network_with_tool_cells),
-    fed the whole data-parallel batch, which divides by the data-parallel degree by
-    construction. Pipelines do not evaluate (recipe validation refuses it)."""
-    if not world.sharded:
-        return loss_cell, micro_batch_size
-    from .sharded_step import eval_network  # imported here: it imports MindSpore, which validate does not need
-
-    return eval_network(net, section.data), micro_batch_size * section.data

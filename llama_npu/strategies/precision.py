@@ -7,7 +7,7 @@ level, as MindFormers recommends (see model.llama_config).
 """
 from __future__ import annotations
 
-from ..recipe import PrecisionSection, parse_loss_scale
+from ..recipe.schema import PrecisionSection, parse_loss_scale
 
 
 def model_dtypes(section: PrecisionSection) -> dict:

@@ -13,7 +13,7 @@ unchanged, but CPU memory does not show the saving (FACTS.md): only Ascend does.
 """
 from __future__ import annotations
 
-from ..recipe import RecomputeSection
+from ..recipe.schema import RecomputeSection
 
 
 def recompute_config(section: RecomputeSection) -> dict:

@@ -1,0 +1,263 @@
+"""Checkpoint files: atomic save, completeness (sizes and CRC), keep-last-K, set-aside, load.
+The policy -- which step to resume, when to prune, what the ranks agree on -- is
+checkpoints/policy.py's.
+
+Layout of `<run>/checkpoints/step_<N>/` (`checkpoints/rank_<R>/step_<N>/` per rank when
+parameters are sharded):
+  model.ckpt       trained weights, loadable with mindspore.load_checkpoint
+  optimizer.ckpt   optimizer state (moments, step counter, learning rate)
+  state.json       the sidecar: step, samples consumed, RNG, loss scale, recipe hash and the
+                   byte size and CRC-32 of each file above; written last, so its presence
+                   (with sizes that match) is what makes a checkpoint complete.
+A checkpoint is written under a temporary name and renamed into place, so a crash while
+saving leaves the previous checkpoints untouched. Both .ckpt files also carry MindSpore's own
+CRC (crc_check), checked again when they are loaded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import zlib
+from pathlib import Path
+from typing import Optional
+
+from ..common.atomic import staged_directory
+from ..common.console import warn
+
+WEIGHTS = "model.ckpt"
+OPTIMIZER = "optimizer.ckpt"
+SIDECAR = "state.json"
+SET_ASIDE = "set_aside"  # <root>/set_aside/after_step_<N>[_<k>]/step_<M>: an abandoned branch
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_ABANDONED_SAVE = re.compile(r"^\.step_\d+\.partial-(\d+)$")  # atomic.staged_directory's staging name
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def checkpoint_root(run_dir: Path, world=None) -> Path:
+    """Where step_<N> directories live: <run>/checkpoints, or <run>/checkpoints/rank_<R>
+    when parameters are sharded across ranks (semi-auto parallel), one shard per rank."""
+    root = Path(run_dir) / "checkpoints"
+    return root / f"rank_{world.rank}" if world is not None and world.sharded else root
+
+
+def rank_roots(run_dir: Path) -> list:
+    """The rank_<R> roots of a sharded run, by rank; [] for a run that saves whole weights."""
+    root = Path(run_dir) / "checkpoints"
+    found = sorted((int(m.group(1)), p) for p in root.glob("rank_*") if (m := re.fullmatch(r"rank_(\d+)", p.name)))
+    return [p for _, p in found]
+
+
+def step_of(path: Path) -> int:
+    match = _STEP_DIR.match(Path(path).name)
+    if match is None:
+        raise CheckpointError(f"{path}: not a step_<N> checkpoint directory")
+    return int(match.group(1))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _named(params) -> list:
+    return [{"name": p.name, "data": p} for p in params]
+
+
+def owned(params, sharded: bool) -> list:
+    """The parameters this rank owns. Under semi-auto parallel a compiled graph marks every
+    Parameter it holds `sliced` (its shard of this rank, mindspore/parallel/_utils.py
+    _slice_parameter); another pipeline stage's copy is never sliced, never updated here, and
+    MindSpore's own Cell save skips it (mindspore/train/serialization.py,
+    _convert_cell_param_and_names_to_dict: `not param.sliced`). Unsharded, all are owned."""
+    return [p for p in params if p.sliced] if sharded else list(params)
+
+
+def optimizer_state_params(optimizer, model_params) -> list:
+    """The optimizer's own Parameters (moments, step, lr), not the model weights it holds."""
+    model_ids = {id(p) for p in model_params}
+    return [p for p in optimizer.get_parameters() if id(p) not in model_ids]
+
+
+def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state: dict,
+                    model_description: Optional[dict] = None) -> Path:
+    """Write <root>/step_<step> atomically. With a `model_description` (full fine-tunes) the
+    step directory also gets the config.json of a converted checkpoint, so eval, generate,
+    quantize and ms-to-hf take it directly."""
+    import mindspore as ms
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step}"
+    # replace=True: re-saving a step after a resume swaps it, never leaving a gap.
+    with staged_directory(final, replace=True) as partial:
+        ms.save_checkpoint(_named(model_params), str(partial / WEIGHTS), crc_check=True)
+        ms.save_checkpoint(_named(optimizer_params), str(partial / OPTIMIZER), crc_check=True)
+        if model_description is not None:
+            (partial / "config.json").write_text(json.dumps(model_description, indent=2), encoding="utf-8")
+        for name in (WEIGHTS, OPTIMIZER):
+            with open(partial / name, "rb") as fh:
+                os.fsync(fh.fileno())
+        names = (WEIGHTS, OPTIMIZER)
+        state = dict(state, step=step, files={name: (partial / name).stat().st_size for name in names},
+                     crc32={name: _crc32(partial / name) for name in names})
+        with open(partial / SIDECAR, "w", encoding="utf-8") as fh:
+            json.dump(state, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+    _fsync_dir(root)
+    return final
+
+
+def inspect(path: Path, verify: bool = False) -> tuple[Optional[dict], Optional[str]]:
+    """(sidecar, None) for a complete checkpoint, else (None, why it is not). `verify` also
+    reads every file against the CRC-32 its sidecar recorded."""
+    path = Path(path)
+    try:
+        state = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        return None, f"sidecar {SIDECAR} unreadable ({exc})"
+    for name, size in state.get("files", {}).items():
+        actual = (path / name).stat().st_size if (path / name).exists() else -1
+        if actual != size:
+            return None, f"{name} has {actual} bytes, expected {size}"
+    if verify:
+        for name, crc in state.get("crc32", {}).items():
+            if _crc32(path / name) != crc:
+                return None, f"{path / name} is damaged or unreadable (its CRC-32 differs from {SIDECAR}'s)"
+    return state, None
+
+
+def problem(path: Path) -> Optional[str]:
+    """Why `path` is not a complete checkpoint, or None when it is."""
+    return inspect(path)[1]
+
+
+def read_state(path: Path) -> Optional[dict]:
+    """The sidecar of a complete checkpoint, or None (with the reason as a warning)."""
+    state, reason = inspect(path)
+    if reason is not None:
+        warn(f"skipping checkpoint {path}: {reason}")
+    return state
+
+
+def _step_dirs(root: Path):
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def step_dirs_newest_first(root: Path) -> list:
+    return list(reversed(_step_dirs(Path(root))))
+
+
+def prune(root: Path, keep_last: int) -> list:
+    """Delete all but the newest `keep_last` complete checkpoints under `root`; return what
+    was deleted. Incomplete ones are neither counted nor deleted (a damaged file is evidence,
+    and an incomplete newest step must never push out a complete one)."""
+    complete = [p for p in _step_dirs(Path(root)) if problem(p) is None]
+    doomed = complete[:-keep_last] if keep_last > 0 else []
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    return True
+
+
+def remove_abandoned_saves(root: Path) -> list:
+    """Delete the hidden `.step_N.partial-PID` directories under `root` whose process is gone:
+    a save cut off by SIGKILL or a second signal leaves one (staged_directory cannot clean up
+    after a kill), and nothing else would ever remove it. Only this rank's processes write
+    into `root`, so a PID that is neither this process nor alive marks an abandoned save."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    doomed = [p for p in root.iterdir()
+              if (m := _ABANDONED_SAVE.match(p.name)) and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1)))]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def later_steps(root: Path, step: int) -> list:
+    """step_<N> directories under `root` with N > step, oldest first."""
+    return [p for p in _step_dirs(Path(root)) if step_of(p) > step]
+
+
+def set_aside(root: Path, step: int) -> Optional[Path]:
+    """Move every step_<N> with N > step into <root>/set_aside/after_step_<step>[_k]/, where
+    neither --resume auto nor pruning sees them; return that directory (None: nothing later)."""
+    later = later_steps(root, step)
+    if not later:
+        return None
+    parent = Path(root) / SET_ASIDE
+    parent.mkdir(exist_ok=True)
+    dst, k = parent / f"after_step_{step}", 1
+    while dst.exists():
+        k += 1
+        dst = parent / f"after_step_{step}_{k}"
+    dst.mkdir()
+    for path in later:
+        os.rename(path, dst / path.name)
+    _fsync_dir(Path(root))
+    return dst
+
+
+def unmovable(root: Path, step: int) -> Optional[str]:
+    """Why the checkpoints later than `step` under `root` could not be set aside, or None.
+    Moving a directory to another parent needs write permission on both parents and on the
+    directory itself (its '..' entry changes; rename(2), EACCES)."""
+    later = later_steps(root, step)
+    blocked = [p for p in [Path(root), *later] if not os.access(p, os.W_OK)] if later else []
+    if not blocked:
+        return None
+    return (f"{', '.join(p.name for p in later)} under {root} (later than step_{step}) must be moved aside so the "
+            f"resumed run's own checkpoints are the newest, but {blocked[0]} is not writable")
+
+
+def load_checkpoint(path: Path, net, optimizer, sharded: bool = False) -> dict:
+    """Load weights into `net` and state into `optimizer`; return the sidecar."""
+    import mindspore as ms
+
+    state = read_state(path)
+    if state is None:
+        raise CheckpointError(f"{path} is not a complete checkpoint")
+    # Both files are read (and CRC-checked) before either is loaded, so a damaged one
+    # leaves the network and optimizer untouched.
+    contents = {}
+    for name in (WEIGHTS, OPTIMIZER):
+        try:
+            contents[name] = ms.load_checkpoint(str(path / name), crc_check=True)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise CheckpointError(f"{path / name} is damaged or unreadable ({exc})") from exc
+    not_loaded, _ = ms.load_param_into_net(net, contents[WEIGHTS], strict_load=True)
+    # Only what this rank owns must be there: a pipeline stage's file holds its own stage.
+    missing = [n for n in not_loaded if n in {p.name for p in owned(net.trainable_params(), sharded)}]
+    if missing:
+        raise CheckpointError(f"{path / WEIGHTS} lacks trained weights: {', '.join(missing[:5])}")
+    ms.load_param_into_net(optimizer, contents[OPTIMIZER], strict_load=True)
+    return state

@@ -1,0 +1,137 @@
+"""Ending a run without losing work: on a signal, after a streak of non-finite steps, or
+when a checkpoint cannot be written.
+
+- `StopSignals`: during training the first SIGTERM/SIGINT only sets a flag; the loop
+  finishes the current optimizer step, writes a checkpoint and exits with PREEMPTED. A
+  second signal ends the process at once. During start-up the first signal ends it,
+  removing the run directory the start-up created. Checkpoints are written
+  under a temporary name and renamed (common/atomic.py), so dying mid-save leaves the previous
+  complete checkpoint as it was.
+- `NonFiniteStreak`: a step whose loss or gradients are not finite is skipped by TrainStep;
+  a streak of them that loss scaling cannot explain (no dynamic scaling, or the scale at its
+  floor) stops the run.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+# sysexits.h EX_TEMPFAIL: "temporary failure, the user is invited to retry" -- here, to rerun
+# with --resume auto. Distinct from 1 (failure) and from 128+N (killed by signal N).
+PREEMPTED = 75
+
+
+class RunFailure(RuntimeError):
+    """The run cannot go on; the message says why and what the last good checkpoint is."""
+
+
+class StopSignals:
+    """SIGTERM and SIGINT for the whole `train` command, taken by one watcher thread.
+
+    Why not signal.signal: every MindSpore graph run installs its own SIGINT handler, which
+    re-sends the signal to the process as SIGTERM (SignalGuard / DefaultIntHandler in
+    MindSpore's C++ signal_util.cc; seen with 2.9.0 on CPU), so a Python handler sees Ctrl-C
+    as SIGTERM. Blocked in the main thread before any other thread exists (threads inherit the
+    mask, so MindSpore's and the tokenizer's never run a handler), both signals wait for
+    sigwaitinfo here and arrive with their real number.
+
+    During start-up the first signal ends the process at once, with one line and exit 128 + N,
+    after removing the run directory if this run created it (`remove_on_startup_signal`); no
+    exception is raised into the main thread, which may be deep in MindSpore's C++ or in an
+    import. Once `training()` is entered the first signal only sets `received`: the loop
+    finishes its step and saves. A second signal exits at once with 128 + its number.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: Optional[str] = None
+        self.training_started = False
+        self._lock = threading.Lock()  # held by the main thread while it creates the run directory
+        self._created: Optional[Path] = None
+
+    def start(self) -> "StopSignals":
+        """Call first in the process, before MindSpore or the tokenizer start threads."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
+        threading.Thread(target=self._watch, name="llama-npu-signals", daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        while True:
+            number = signal.sigwaitinfo(self.SIGNALS).si_signo
+            if self.received is not None:
+                os._exit(128 + number)
+            self.received = signal.Signals(number).name
+            with self._lock:
+                if not self.training_started:
+                    self._end_startup(number)
+            print(f"\n[llama-npu] {self.received} received: finishing this step and saving a checkpoint "
+                  f"(send it again to exit at once; the last complete checkpoint stays intact)", flush=True)
+
+    def _end_startup(self, number: int) -> None:
+        if self._created is not None:
+            shutil.rmtree(self._created, ignore_errors=True)
+        print(f"llama-npu: error: {self.received} received during start-up, before the first step; nothing "
+              f"of this run was kept", file=sys.stderr, flush=True)
+        os._exit(128 + number)
+
+    @contextmanager
+    def creating_run_dir(self):
+        """A start-up signal waits while the run directory is being created, so that what
+        it removes is all there is."""
+        with self._lock:
+            yield
+
+    def remove_on_startup_signal(self, run_dir: Path) -> None:
+        self._created = run_dir
+
+    @contextmanager
+    def training(self):
+        """From here on a signal stops the loop after the current step."""
+        with self._lock:
+            self.training_started = True
+        yield self
+
+
+class NonFiniteStreak:
+    """Counts skipped non-finite steps in a row that loss scaling does not account for."""
+
+    def __init__(self, limit: int, scaler):
+        self.limit = limit  # 0: never stop
+        self.scaler = scaler
+        self.count = 0
+        self.first_step: Optional[int] = None
+
+    def update(self, step: int, overflow: bool, scale_used: float) -> None:
+        # A dynamic scaler above its floor overflows on purpose: it is finding its scale.
+        searching = self.scaler.kind == "dynamic" and scale_used > self.scaler.MIN_SCALE
+        if not overflow or searching:
+            self.count, self.first_step = 0, None
+            return
+        self.count += 1
+        self.first_step = step if self.first_step is None else self.first_step
+
+    @property
+    def exhausted(self) -> bool:
+        return self.limit > 0 and self.count >= self.limit
+
+    def message(self, step: int, last_checkpoint: Optional[str]) -> str:
+        kept = (f"the last checkpoint, {last_checkpoint}, was written after a finite step"
+                if last_checkpoint else "no checkpoint was written")
+        return (f"steps {self.first_step}-{step}: loss or gradients were not finite {self.count} times in a "
+                f"row (train.max_nonfinite_steps={self.limit}); every one was skipped and the run stopped; "
+                f"{kept}. Lower train.optimizer.lr, enable loss scaling or use amp_level O0/bfloat16, "
+                f"then resume")
+
+
+def all_finite(params) -> bool:
+    """Whether every weight is finite, checked where the weights live (device or host)."""
+    from mindspore import ops
+
+    return all(bool(ops.isfinite(p).all()) for p in params)

@@ -1,0 +1,72 @@
+"""lm-eval's own task definitions for C-Eval, CMMLU and MMLU (their YAMLs under
+lm_eval/tasks/{ceval,cmmlu,mmlu/default}: prompt, few-shot sampler, choices, metrics), with the
+Hugging Face Hub dataset they name replaced by the questions read from --data, so nothing
+is downloaded: lm-eval's `custom_dataset` hook (lm_eval/api/task.py ConfigurableTask.download)
+returns in-memory `datasets.Dataset`s."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List
+
+from ...data.readers import RecordError
+from .layouts import ExamData, Question
+
+# lm-eval imports `datasets`, which would otherwise look for the Hub; everything is local.
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def task_yaml(task: str, subject: str) -> Path:
+    import lm_eval.tasks
+
+    tasks = Path(lm_eval.tasks.__file__).parent
+    return {"ceval": tasks / "ceval" / f"ceval-valid_{subject}.yaml",
+            "cmmlu": tasks / "cmmlu" / f"cmmlu_{subject}.yaml",
+            "mmlu": tasks / "mmlu" / "default" / f"mmlu_{subject}.yaml"}[task]
+
+
+def task_config(task: str, subject: str, where: Path) -> dict:
+    """lm-eval's config of `subject`, `include`s resolved."""
+    os.environ.update(OFFLINE)
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    path = task_yaml(task, subject)
+    if not path.is_file():
+        raise RecordError(f"{where}: {subject!r} is not a subject of lm-eval's {task} tasks (no {path.name} in "
+                          f"{path.parent})")
+    config = load_yaml(path)
+    if not any(m["metric"] == "acc_norm" for m in config["metric_list"]):
+        # MMLU's YAML lists acc only; acc_norm (length-normalised) is what the summary shows
+        # beside it for every task. With one-letter choices the two are equal.
+        config["metric_list"] = config["metric_list"] + [{"metric": "acc_norm", "aggregation": "mean",
+                                                          "higher_is_better": True}]
+    return config
+
+
+def _dataset(questions: List[Question]):
+    import datasets
+
+    return datasets.Dataset.from_list([q.doc for q in questions])
+
+
+def build_tasks(data: ExamData) -> dict:
+    """subject -> lm-eval ConfigurableTask whose eval docs are the split's questions (in
+    file order) and whose few-shot docs are the dev split's."""
+    os.environ.update(OFFLINE)
+    import logging
+
+    from lm_eval.api.task import ConfigurableTask
+
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its custom_dataset notice is for its CLI
+    tasks = {}
+    for subject, questions in data.questions.items():
+        config = task_config(data.layout.task, subject, data.layout.file(data.root, data.split, subject))
+        splits = {"eval": _dataset(questions)}
+        if data.shots.get(subject):
+            splits["dev"] = _dataset(data.shots[subject])
+        config.update(validation_split=None, test_split="eval", fewshot_split="dev" if "dev" in splits else None,
+                      custom_dataset=lambda _splits=splits, **_: _splits)
+        if "dev" not in splits:
+            config.pop("fewshot_config", None)
+        tasks[subject] = ConfigurableTask(config=config)
+    return tasks

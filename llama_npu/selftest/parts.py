@@ -1,0 +1,112 @@
+"""What every selftest check is made of: its result (`Check`), the run's `Context`, and the
+tiny network, batches and train step the checks build their subject and reference from.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
+SEQ = 32
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+
+
+@dataclass
+class Check:
+    name: str
+    category: str
+    status: str
+    figure: Optional[float] = None
+    tolerance: Optional[float] = None
+    reason: str = ""
+
+    def line(self) -> str:
+        measured = "" if self.figure is None else f"  {self.figure:.3g} (tolerance {self.tolerance:.3g})"
+        return f"{self.name:<34}{self.status:<6}{measured}{'  ' + self.reason if self.reason else ''}"
+
+
+def judged(name: str, category: str, figure: float, tolerance: float, what: str) -> Check:
+    """Pass when the figure (a difference from the reference) is within the tolerance."""
+    ok = math.isfinite(figure) and figure <= tolerance
+    return Check(name, category, PASS if ok else FAIL, figure, tolerance, "" if ok else what)
+
+
+@dataclass
+class Context:
+    target: str  # "cpu" | "ascend"
+    soc: str  # "cpu", "910a", "910b", ...
+    workers: int = 1
+    speed: bool = False
+    device: dict = field(default_factory=dict)
+    rank: int = 0
+    work: Optional[Path] = None  # a directory every rank shares (selftest_sharded.work_dir)
+    sharded_runs: dict = field(default_factory=dict)  # layout -> its trained train.Session
+    trained: Optional[tuple] = None  # trained_once's
+    speed_run: Optional[dict] = None  # selftest.speed_figures'
+
+    @property
+    def flash_attention(self) -> bool:
+        from ..model.llama import fused_kernels
+
+        return fused_kernels(self.target == "ascend", self.soc)
+
+    @property
+    def bf16(self) -> bool:
+        return self.target == "ascend" and self.soc != "910a"
+
+    def recipe(self, *overrides):
+        from ..recipe.schema import load_recipe
+
+        device = [] if self.target == "cpu" else ["device.target=ascend", f"device.name={self.soc}"]
+        return load_recipe(SMOKE, [f"data.max_seq_len={SEQ}", "data.eval_files=[]", "train.global_batch_size=0",
+                                   "train.micro_batch_size=2", "train.warmup_steps=0", *device, *overrides])
+
+
+def build(ctx: Context, *overrides):
+    import mindspore as ms
+
+    from ..strategies.network import build_network
+
+    ms.set_seed(0)
+    recipe = ctx.recipe(*overrides)
+    net, cell = build_network(recipe, on_ascend=ctx.target == "ascend")
+    return recipe, net, cell
+
+
+def train_step(recipe, net, cell, k: int = 1, optimizer=None):
+    """Our TrainStep for k micro-batches, with a new optimizer or another step's."""
+    from ..strategies.precision import LossScaler
+    from ..training.optimizer import build_optimizer
+    from ..training.step import TrainStep
+
+    optimizer = optimizer or build_optimizer(net.trainable_params(), recipe.train)
+    return TrainStep(cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip, k)
+
+
+def random_batch(rows: int, seed: int):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 128000, (rows, SEQ + 1)).astype(np.int32)
+    labels = ids.copy()
+    labels[:, :2] = -100
+    return ids, labels
+
+
+def weights(net) -> dict:
+    return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+
+
+def trained_once(ctx: Context) -> tuple:
+    """(recipe, net, its TrainStep) after one step on a fixed batch, built once a run: the
+    resume and export checks start from it (two compiles fewer). Each takes the weights as
+    it finds them; resume_exact steps them on."""
+    if ctx.trained is None:
+        recipe, net, cell = build(ctx)
+        step = train_step(recipe, net, cell)
+        step([random_batch(2, 51)], lr=1e-2)
+        ctx.trained = (recipe, net, step)
+    return ctx.trained

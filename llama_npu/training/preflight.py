@@ -1,0 +1,304 @@
+"""Pre-flight: everything a run needs is checked before its output directory is touched.
+
+`train` runs these checks first and refuses on any problem (one line, exit 2) before it
+tokenizes, deletes (--overwrite) or writes anything; `validate` runs the same checks and
+lists every problem it finds. Problems are collected as one-line strings rather than
+raised, so that one bad key does not hide the next.
+
+Pure Python and file reads only: no MindSpore import, so a refused run costs a second.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..common.atomic import unwritable_reason
+from ..recipe.schema import Recipe, RecipeError, with_absolute_paths
+from ..recipe.stored import STORED_RECIPE, stored_recipe
+from ..weights.pretrained import check_pretrained
+
+# Changing one of these on resume would train a different model, on different data, or
+# give each step different samples than the checkpoint's run did: refused without --force.
+# Everything else (max_steps, save/eval cadence, lr and schedule, precision, recompute,
+# chunked CE, device) may change: lowering the lr or enabling loss scaling is how a
+# diverged run is recovered (stopping.NonFiniteStreak says so), and memory strategies do
+# not change the maths.
+RESULT_KEYS = ("model.", "data.", "train.micro_batch_size", "train.global_batch_size", "train.seed",
+               "strategies.lora.", "strategies.parallel.")
+NOT_RESULT_KEYS = ("data.eval_files",)  # what is evaluated, not what is trained
+
+
+class RunDirError(RuntimeError):
+    """The output directory cannot be used as asked (exists, no checkpoint to resume...)."""
+
+
+class PreflightError(RuntimeError):
+    """Problems found before the run: one line for `train`, every line for `validate`."""
+
+    def __init__(self, problems: list):
+        self.problems = problems
+        more = (f" (and {len(problems) - 1} more: llama-npu validate with the same arguments lists them all)"
+                if len(problems) > 1 else "")
+        super().__init__(problems[0] + more)
+
+
+def _collect(problems: list, check: Callable, *args):
+    """Run one check; a user error it raises becomes one problem line."""
+    from ..checkpoints.files import CheckpointError
+    from ..data.readers import RecordError
+    from ..data.tokenizer import TokenizerError
+    from ..weights.tensor_files import ConvertError
+
+    try:
+        return check(*args)
+    except (RecipeError, RecordError, TokenizerError, ConvertError, CheckpointError, RunDirError,
+            FileNotFoundError) as exc:
+        problems.extend(getattr(exc, "problems", [str(exc)]))
+    return None
+
+
+# ---------------------------------------------------------------- device
+
+def ascend_devices() -> list:
+    """The NPUs' device nodes: the driver creates /dev/davinciN per card, and a container sees
+    only the cards passed to it (docker --device /dev/davinciN). Cheaper than `npu-smi info`,
+    which doctor runs, and true for the same hosts."""
+    return sorted(glob.glob("/dev/davinci[0-9]*"))
+
+
+def check_device(recipe: Recipe) -> list:
+    if recipe.device.target != "ascend" or ascend_devices():
+        return []
+    return [f"device.target=ascend (device.name={recipe.device.name}): this host has no Ascend NPU "
+            f"(no /dev/davinci* device); `llama-npu doctor` says what it can train, and "
+            f"`llama-npu train RECIPE --rehearse` rehearses the recipe on the CPU"]
+
+
+# ---------------------------------------------------------------- data
+
+BAD_RECORDS_LISTED = 20
+
+
+def _file_bad_records(path: str, fmt: str) -> list:
+    """Every bad record of one file, read with the reader train uses (data/readers.py); a
+    file of which no record parses (most often another format) is one error instead."""
+    from ..data.readers import RecordError, iter_records
+
+    bad, good = [], 0
+    try:
+        for item in iter_records([path], fmt):
+            if isinstance(item, RecordError):
+                bad.append(item)
+            else:
+                good += 1
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read it ({exc.strerror})") from None
+    if bad and not good:
+        raise RecordError(f"data.format={fmt}: no record of {path} parses; the first: {bad[0]}")
+    return bad
+
+
+def check_records(recipe: Recipe) -> list:
+    """Problems of data.train_files and data.eval_files: each bad record (the first
+    BAD_RECORDS_LISTED, then a count) unless data.on_bad_record is skip."""
+    d, problems, bad = recipe.data, [], []
+    for path in d.train_files + d.eval_files:
+        bad += _collect(problems, _file_bad_records, path, d.format) or []
+    if d.on_bad_record == "error":
+        problems += [str(error) for error in bad[:BAD_RECORDS_LISTED]]
+        if len(bad) > BAD_RECORDS_LISTED:
+            problems.append(f"data: {len(bad) - BAD_RECORDS_LISTED} more bad records ({len(bad)} in all); fix "
+                            f"them, or set data.on_bad_record: skip to train on the rest")
+    return problems
+
+
+def check_prepared(recipe: Recipe, rehearsal: bool = False) -> None:
+    """data.prepared was made for this recipe: its length (a rehearsal reads longer rows cut
+    to its own, data/mindrecord.window) and its tokenizer."""
+    from ..data.mindrecord import DATA_FILE, read_meta
+    from ..data.tokenizer import tokenizer_identity
+
+    d = recipe.data
+    meta = read_meta(Path(d.prepared))
+    if not (Path(d.prepared) / DATA_FILE).is_file():
+        raise RunDirError(f"data.prepared={d.prepared}: {DATA_FILE} is missing; prepare it again")
+    if meta["max_seq_len"] != d.max_seq_len and not (rehearsal and meta["max_seq_len"] > d.max_seq_len):
+        raise RecipeError(f"data.prepared={d.prepared} was prepared with --max-seq-len {meta['max_seq_len']}, "
+                          f"but data.max_seq_len={d.max_seq_len}")
+    if meta["tokenizer"]["sha256"] != tokenizer_identity(d.tokenizer)["sha256"]:
+        raise RecipeError(f"data.prepared={d.prepared} was tokenized with {meta['tokenizer']['name']}, "
+                          f"not data.tokenizer={d.tokenizer}")
+
+
+def check_data(recipe: Recipe, rehearsal: bool = False) -> list:
+    from ..data.tokenizer import load_tokenizer
+
+    d, problems = recipe.data, []
+    _collect(problems, load_tokenizer, d.tokenizer)
+    if d.prepared:
+        if not problems:  # the tokenizer comparison needs the tokenizer
+            _collect(problems, check_prepared, recipe, rehearsal)
+    return problems + check_records(recipe)
+
+
+# ---------------------------------------------------------------- pre-trained weights
+
+def check_rehearsed_recipe(recipe: Recipe) -> list:
+    """A rehearsal stands in for the full recipe: its data and weights are checked as given."""
+    problems = check_data(recipe)
+    _collect(problems, check_pretrained, recipe)
+    return problems
+
+
+# ---------------------------------------------------------------- output directory
+
+def resume_candidates(run_dir: Path, resume: Optional[str]) -> list:
+    """The checkpoints to resume from, newest first: with `auto`, the steps complete on every
+    rank (checkpointer.Checkpointer.choose reads them against their CRC and takes the newest
+    good one); raises when there is none that could be."""
+    from ..checkpoints.files import checkpoint_root, problem, rank_roots, read_state, step_dirs_newest_first
+
+    if resume == "auto":
+        roots = rank_roots(run_dir) or [checkpoint_root(run_dir)]
+        found = step_dirs_newest_first(roots[0])  # a step missing on rank 0 is complete nowhere
+        complete = [path for path in found if all(read_state(root / path.name) is not None for root in roots)]
+        if found and not complete:
+            reasons = "; ".join(f"{path.name}: {next(filter(None, (problem(r / path.name) for r in roots)))}"
+                                for path in found)
+            where = roots[0] if len(roots) == 1 else f"{checkpoint_root(run_dir)} (on every rank)"
+            raise RunDirError(f"resume: none of the checkpoints under {where} is complete ({reasons}); pass "
+                              f"--resume PATH to pick one, or --overwrite to start again")
+        return complete
+    path = Path(resume)
+    reason = problem(path) if path.is_dir() else "no such directory"
+    if reason:
+        raise RunDirError(f"--resume {path}: not a complete checkpoint directory ({reason}); expected a step_<N> "
+                          f"directory holding model.ckpt, optimizer.ckpt and state.json")
+    return [path]
+
+
+def check_rewind(run_dir: Path, candidates: list) -> None:
+    """Resuming from an older step than the run directory holds sets the later ones aside
+    (checkpointer.Checkpointer.start_branch); refuse now, before anything is written, when
+    they could not be moved."""
+    from ..checkpoints.files import checkpoint_root, inspect, rank_roots, unmovable
+
+    if not candidates:
+        return
+    step = inspect(candidates[0])[0]["step"]
+    for root in rank_roots(run_dir) or [checkpoint_root(run_dir)]:
+        reason = unmovable(root, step)
+        if reason:
+            raise RunDirError(f"resume: {reason}; fix the permissions, or resume into another --output-dir")
+
+
+def check_output_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
+                     main_rank: bool = True) -> tuple[list, list]:
+    """(problems, checkpoints to resume from). Under msrun only rank 0 writes the run
+    directory, so only it judges whether it may."""
+    problems, candidates = [], []
+    if resume and overwrite:
+        problems.append("--resume and --overwrite exclude each other")
+    elif resume:
+        candidates = _collect(problems, resume_candidates, run_dir, resume) or []
+        if main_rank:  # rank 0 sets the later checkpoints aside
+            _collect(problems, check_rewind, run_dir, candidates)
+    elif main_rank and run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
+        problems.append(f"output directory {run_dir} is not empty; pass --resume auto to continue it or "
+                        f"--overwrite to start again")
+    reason = unwritable_reason(run_dir) if main_rank else None
+    if reason:
+        problems.append(f"output directory {run_dir} is not writable: {reason}")
+    return problems, candidates
+
+
+# ---------------------------------------------------------------- resume with another recipe
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changes_result(key: str) -> bool:
+    return key.startswith(RESULT_KEYS) and not key.startswith(NOT_RESULT_KEYS)
+
+
+@dataclass
+class RecipeDifference:
+    """How the recipe of a resume differs from the one the run was started with."""
+    changed: dict = field(default_factory=dict)  # key -> (stored value, new value)
+
+    @property
+    def refused(self) -> list:
+        return [key for key in self.changed if changes_result(key)]
+
+    def describe(self, keys) -> str:
+        return ", ".join(f"{k} {self.changed[k][0]!r} -> {self.changed[k][1]!r}" for k in keys)
+
+
+def recipe_difference(stored: Recipe, recipe: Recipe) -> RecipeDifference:
+    # The stored recipe's paths are absolute (train.open_run_dir); the same file named
+    # relative to the current directory is no change.
+    old, new = flatten(with_absolute_paths(stored).to_dict()), flatten(with_absolute_paths(recipe).to_dict())
+    return RecipeDifference({k: (old.get(k), new[k]) for k in new if old.get(k) != new[k]})
+
+
+def check_resume_recipe(recipe: Recipe, run_dir: Path, force: bool) -> list:
+    stored = stored_recipe(run_dir)
+    if stored is None:
+        return []
+    difference = recipe_difference(stored, recipe)
+    if not difference.refused or force:
+        return []
+    return [f"resume: the recipe changes {difference.describe(difference.refused)} from "
+            f"{run_dir / STORED_RECIPE}, which changes what the run trains; resume without that change, "
+            f"or pass --force to continue anyway"]
+
+
+# ---------------------------------------------------------------- all of them
+
+def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], overwrite: bool,
+              force: bool = False, workers: int = 1, main_rank: bool = True,
+              rehearsal: bool = False) -> tuple[list, list]:
+    """(every problem that would stop this run, one line each, [] when it can start;
+    the checkpoints to resume from, newest first). Without a run_dir the output directory
+    is not judged (`validate RECIPE` alone)."""
+    from ..strategies.parallel import check_workers
+
+    problems = check_device(recipe)
+    _collect(problems, check_workers, recipe.strategies.parallel, workers)
+    problems += check_data(recipe, rehearsal)
+    _collect(problems, check_pretrained, recipe)
+    if run_dir is None:
+        return problems, []
+    output_problems, candidates = check_output_dir(run_dir, resume, overwrite, main_rank)
+    problems += output_problems
+    if resume:
+        problems += _collect(problems, check_resume_recipe, recipe, run_dir, force) or []
+    return problems, candidates
+
+
+def _set_value(value) -> str:
+    """A recipe value as `--set` reads it back (YAML): strings bare, the rest as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def resume_command(run_dir: Path, recipe: Recipe) -> str:
+    """The command that continues this run exactly: its own recipe.yaml, plus a --set for
+    each key this run changed from it (and --force when one of them needed it)."""
+    difference = recipe_difference(stored_recipe(run_dir), recipe)
+    words = ["llama-npu", "train", "--resume", "auto", "--output-dir", str(run_dir)]
+    for key, (_, value) in difference.changed.items():
+        words += ["--set", f"{key}={_set_value(value)}"]
+    if difference.refused:
+        words.append("--force")
+    return " ".join(shlex.quote(word) for word in words)

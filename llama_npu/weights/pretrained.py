@@ -1,0 +1,227 @@
+"""Pretrained weights into a built network: the one loader train, eval, generate and
+ms-to-hf share.
+
+`check_pretrained(recipe)` checks model.checkpoint against the recipe (its config.json, then
+each tensor's name and shape, read from the file's record headers without building the
+model or reading the weights), so a mismatch is one line before anything is tokenized or
+written. It has no side effects.
+
+`load_weights` casts each tensor to the dtype its Parameter has in the network the recipe
+built, so a float32 or float16 conversion loads under any amp level, LoRA or not:
+MindFormers keeps the norms in float32 while O3 (and LoRA's frozen base) store the linear
+weights in the compute dtype.
+
+`resolve_weights` tells apart what eval, generate and ms-to-hf accept: a converted directory
+or a full fine-tune's step directory (both have config.json), and a run directory or a LoRA
+step directory, whose adapters are folded into the base its recipe names (model.checkpoint).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+
+from ..checkpoints.files import CheckpointError, problem, step_dirs_newest_first
+from ..model.architecture import LlamaShape, resolve_shape
+from ..recipe.schema import RecipeError
+from ..recipe.stored import STORED_RECIPE, stored_recipe
+from .tensor_files import (CONFIG, LORA_A, WEIGHTS, ConvertError, StoredTensor, ckpt_index, dequantize, expected_shapes,
+                           lora_factors, rename, to_float32)
+
+
+def expected_tensors(shape: LlamaShape) -> Dict[str, tuple]:
+    """MindFormers parameter name -> shape of every weight a Llama 3.2 of `shape` has."""
+    return {rename(name, to_ms=True): dims for name, dims in expected_shapes(shape).items()}
+
+
+# ---------------------------------------------------------------- the file's record headers
+
+def checkpoint_tensors(path: Path) -> Dict[str, StoredTensor]:
+    """name -> where each tensor of a MindSpore .ckpt is (weights_format.ckpt_index)."""
+    try:
+        return ckpt_index(path)
+    except (EOFError, ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({exc})") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror})") from None
+
+
+def tensor_index(path: Path) -> Dict[str, tuple]:
+    """name -> shape of every tensor in a MindSpore .ckpt, from its record headers."""
+    return {name: tensor.shape for name, tensor in checkpoint_tensors(path).items()}
+
+
+def read_adapters(path: Path) -> Dict[str, np.ndarray]:
+    """A LoRA step's model.ckpt as float32 arrays (adapters are small: read whole)."""
+    return {name: to_float32(t.read(), t.code) for name, t in checkpoint_tensors(path).items()}
+
+
+def read_checkpoint_dir(src: Path) -> tuple[LlamaShape, dict]:
+    """(shape, config.json) of a directory written by convert hf-to-ms (or a full step)."""
+    path = Path(src) / CONFIG
+    if not path.is_file():
+        raise ConvertError(f"{src}: no {CONFIG}; expected a directory written by llama-npu convert hf-to-ms")
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    if meta.get("format") != "llama-npu":
+        hint = (" (a Hugging Face directory: convert it first with llama-npu convert hf-to-ms --src "
+                f"{src} --dst DIR)" if meta.get("model_type") else "")
+        raise ConvertError(f"{path}: not a llama-npu checkpoint description{hint}")
+    return LlamaShape(**meta["shape"]), meta
+
+
+def verify_tensors(found: Dict[str, tuple], shape: LlamaShape, source) -> None:
+    """Every weight of a `shape` model is in `found` (name -> shape) with its shape, or one
+    line naming the first that is not."""
+    expected = expected_tensors(shape)
+    missing = [name for name in expected if name not in found]
+    if missing:
+        raise CheckpointError(f"{source}: lacks tensor {missing[0]} ({len(missing)} of {len(expected)} model "
+                              f"tensors missing)")
+    for name, dims in expected.items():
+        if found[name] != dims:
+            raise CheckpointError(f"{source}: tensor {name} has shape {found[name]}, the model needs {dims}")
+
+
+def pretrained_source(recipe) -> tuple[Path, LlamaShape, dict]:
+    """(directory, shape, config) of model.checkpoint, checked against `recipe`'s model."""
+    directory = Path(recipe.model.checkpoint)
+    if not directory.is_dir():
+        raise CheckpointError(f"model.checkpoint={directory}: no such directory (expected one written by "
+                              f"llama-npu convert hf-to-ms)")
+    try:
+        shape, meta = read_checkpoint_dir(directory)
+    except ConvertError as exc:
+        raise CheckpointError(f"model.checkpoint={exc}") from None
+    wanted = resolve_shape(recipe.model)
+    if shape != wanted:
+        raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
+                          f"{recipe.model.preset} is {wanted.describe()}")
+    if not (directory / WEIGHTS).is_file():
+        raise CheckpointError(f"model.checkpoint={directory}: no {WEIGHTS}")
+    return directory, shape, meta
+
+
+def check_pretrained(recipe) -> None:
+    """Raise RecipeError / CheckpointError (one line) when model.checkpoint cannot start
+    `recipe`'s model. Reads config.json and the checkpoint's headers only."""
+    if recipe.model.checkpoint:
+        directory, shape, _ = pretrained_source(recipe)
+        verify_tensors(tensor_index(directory / WEIGHTS), shape, directory / WEIGHTS)
+
+
+# ---------------------------------------------------------------- reading and loading
+
+def read_weights(path: Path, meta: dict) -> dict:
+    """name -> Tensor of a model.ckpt; a quantized one's int8 weights dequantized."""
+    import mindspore as ms
+
+    try:
+        weights = ms.load_checkpoint(str(path))
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise CheckpointError(f"{path} is damaged or unreadable ({exc})") from None
+    if meta.get("quantization"):  # int8 + scales -> the float weights they stand for
+        weights = {k: ms.Tensor(v) for k, v in dequantize({k: p.asnumpy() for k, p in weights.items()}).items()}
+    return weights
+
+
+def load_weights(net, weights: dict, shape: LlamaShape, source: Path) -> None:
+    """Load every Llama weight of `weights` into `net`, each cast to its Parameter's dtype.
+    Parameters the checkpoint does not describe (LoRA adapters) keep their values."""
+    import mindspore as ms
+
+    verify_tensors({name: tuple(tensor.shape) for name, tensor in weights.items()}, shape, source)
+    params = {p.name: p for p in net.get_parameters()}
+    cast = {}
+    for name in expected_tensors(shape):
+        tensor, dtype = weights[name], params[name].dtype
+        cast[name] = ms.Parameter(tensor if tensor.dtype == dtype else tensor.astype(dtype), name=name)
+    # MindSpore's own loader still does the assignment (and a sliced Parameter's layout).
+    ms.load_param_into_net(net, cast, strict_load=True)
+
+
+def load_pretrained(net, recipe) -> None:
+    """model.checkpoint into the freshly built network of `recipe` (load_weights checks each
+    tensor as it loads, so the header read of check_pretrained is not repeated)."""
+    directory, shape, meta = pretrained_source(recipe)
+    load_weights(net, read_weights(directory / WEIGHTS, meta), shape, directory / WEIGHTS)
+
+
+# ---------------------------------------------------------------- what eval / generate / export take
+
+@dataclass
+class ResolvedWeights:
+    base: Path  # a directory with config.json (shape, Hugging Face config)
+    weights: Path  # the model.ckpt holding the full model's tensors
+    adapters: Optional[Path] = None  # a LoRA step's model.ckpt, folded into `weights`
+    alpha: float = 0.0
+    tokenizer: str = "llama3.2"  # the run's data.tokenizer
+    max_seq_len: Optional[int] = None  # the run's data.max_seq_len (None: not a run's checkpoint)
+
+
+def _newest_step(run_dir: Path) -> Path:
+    for step in step_dirs_newest_first(run_dir / "checkpoints"):
+        if problem(step) is None:
+            return step
+    raise CheckpointError(f"{run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
+
+
+def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
+    recipe = stored_recipe(run_dir)
+    tokenizer, lora, length = recipe.data.tokenizer, recipe.strategies.lora, recipe.data.max_seq_len
+    if not lora.enabled:
+        if not (step / CONFIG).is_file():
+            raise CheckpointError(f"{step}: no {CONFIG} (a sharded run's shards need llama-npu merge-checkpoints)")
+        return ResolvedWeights(step, step / WEIGHTS, tokenizer=tokenizer, max_seq_len=length)
+    base = recipe.model.checkpoint
+    if not base:
+        raise CheckpointError(f"{run_dir}: a LoRA run from random weights (its recipe has no model.checkpoint) "
+                              f"saved only adapters, which are not a model without their base")
+    base = Path(base)
+    if not (base / CONFIG).is_file():
+        raise CheckpointError(f"{run_dir}: the base its recipe names, model.checkpoint={base}, has no {CONFIG}")
+    return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.alpha), tokenizer, length)
+
+
+def resolve_weights(path: Path) -> ResolvedWeights:
+    """A converted directory, a step directory, or a run directory (its newest complete step)."""
+    path = Path(path)
+    if (path / STORED_RECIPE).is_file():
+        return _from_run(path, _newest_step(path))
+    if path.parent.name == "checkpoints" and (path.parent.parent / STORED_RECIPE).is_file():
+        reason = problem(path)
+        if reason is not None:
+            raise CheckpointError(f"{path} is not a complete checkpoint ({reason})")
+        return _from_run(path.parent.parent, path)
+    if (path / CONFIG).is_file():
+        return ResolvedWeights(path, path / WEIGHTS)
+    raise CheckpointError(f"{path}: not a converted checkpoint, a run directory or a step directory "
+                          f"(no {CONFIG} or {STORED_RECIPE})")
+
+
+def fold_adapters(weights: dict, adapters_path: Path, alpha: float) -> dict:
+    """`weights` with W + (alpha / rank) B A for every adapter pair in `adapters_path`."""
+    import mindspore as ms
+
+    adapters = read_adapters(adapters_path)
+    targets = [name[: -len(LORA_A)] + "weight" for name in adapters if name.endswith(LORA_A)]
+    if not targets:
+        raise CheckpointError(f"{adapters_path}: no LoRA adapters ({LORA_A}) to merge")
+    folded = {}
+    for target in targets:
+        if target not in weights:
+            raise CheckpointError(f"{adapters_path}: adapter of {target}, which the base weights lack")
+        b, a = lora_factors(adapters, target, alpha)
+        folded[target] = ms.Tensor(weights[target].astype(ms.float32).asnumpy() + b @ a)
+    return dict(weights, **folded)
+
+
+def model_weights(resolved: ResolvedWeights) -> tuple[LlamaShape, dict, dict]:
+    """(shape, config.json contents, name -> Tensor of the whole model, adapters folded)."""
+    shape, meta = read_checkpoint_dir(resolved.base)
+    weights = read_weights(resolved.weights, meta)
+    if resolved.adapters is not None:
+        weights = fold_adapters(weights, resolved.adapters, resolved.alpha)
+    return shape, meta, weights
