@@ -1,0 +1,79 @@
+"""`llama-npu eval`: loss and perplexity of a checkpoint over JSONL records
+(evaluation/perplexity.py), or its C-Eval / CMMLU / MMLU scores with --task
+(evaluation/exams/request.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from ..common.frameworks import quiet_frameworks
+from ..evaluation.perplexity import evaluate_checkpoint
+from .arguments import WEIGHTS_HELP, add_device_argument
+
+EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat")
+
+
+def add_parser(subparsers) -> None:
+    ev = subparsers.add_parser("eval", help="loss and perplexity of a checkpoint over JSONL records, or its C-Eval / "
+                                            "CMMLU / MMLU scores (--task)")
+    ev.add_argument("--checkpoint", required=True, help=WEIGHTS_HELP + "; with --task also a Hugging Face directory")
+    ev.add_argument("--data", required=True, nargs="+", metavar="FILE|DIR",
+                    help="JSONL or JSON-array records: text, alpaca or ShareGPT (told apart by their keys); with "
+                         "--task, the benchmark's directory in its official CSV layout")
+    ev.add_argument("--max-seq-len", type=int,
+                    help="longer records are truncated (default: a run's own data.max_seq_len, so the loss is "
+                         "its held-out loss; else 2048); each batch is padded only to the power-of-two bucket "
+                         "(64 and up) of its longest record; with --task (default 2048), a longer prompt loses "
+                         "shots first")
+    ev.add_argument("--batch-size", type=int, default=4, help="records (with --task: prompts) per forward pass")
+    add_device_argument(ev)
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    exam = ev.add_argument_group("benchmarks (lm-eval's task definitions, local data)")
+    exam.add_argument("--task", choices=("ceval", "cmmlu", "mmlu"),
+                      help="score multiple-choice accuracy on the questions under --data")
+    exam.add_argument("--shots", type=int, help="few-shot examples from the dev split (default 5; 0 needs no dev)")
+    exam.add_argument("--split", help="split scored (default: lm-eval's: val for C-Eval, test for CMMLU and MMLU)")
+    exam.add_argument("--subjects", nargs="+", metavar="SUBJECT", help="score only these subjects (file names "
+                                                                     "without _<split>.csv)")
+    exam.add_argument("--output", metavar="FILE.jsonl", help="one record per question: subject, id, prompt_ids, "
+                                                            "choice_ids, logprobs, prediction, answer")
+    exam.add_argument("--compare", metavar="CHECKPOINT",
+                      help="score the same questions with a second checkpoint and print both with the deltas")
+    exam.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                      help="put the prompts in the Llama 3 chat format the harness trains with (default: on for a "
+                           "run directory trained on chat data, off otherwise)")
+    ev.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..data.readers import RecordError  # imported here: readers loads the chat template, --help does not
+
+    quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "eval")
+    if args.task:
+        return run_benchmark(args)
+    given = [f"--{name.replace('_', '-')}" for name in EXAM_OPTIONS if getattr(args, name) is not None]
+    if given:
+        raise RecordError(f"{', '.join(given)}: only with --task ceval|cmmlu|mmlu")
+    result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size, args.device)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"loss {result['loss']:.4f} per target token, perplexity {result['perplexity']:.2f}, over "
+              f"{result['target_tokens']} target tokens of {result['evaluated']} records "
+              f"({result['truncated']} truncated at {result['max_seq_len']} tokens, {result['max_seq_len_from']}; "
+              f"{result['dropped']} dropped)")
+    return 0
+
+
+def run_benchmark(args) -> int:
+    """eval --task."""
+    from ..evaluation.exams.report import format_summary
+    from ..evaluation.exams.request import exam_request  # lm-eval and `datasets`, only when --task asks for them
+
+    result = exam_request(args)
+    print(json.dumps(result, ensure_ascii=False) if args.json else format_summary(result))
+    if args.output and not args.json:
+        print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,37 @@
+"""`llama-npu prepare-data`: raw records tokenized into a MindRecord directory (data/prepare.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..common.console import note
+from ..data.formats import FORMATS, ON_BAD_RECORD
+
+
+def add_parser(subparsers) -> None:
+    prep = subparsers.add_parser("prepare-data", help="tokenize raw data into a MindRecord directory")
+    prep.add_argument("--format", required=True, choices=FORMATS,
+                      help="alpaca: instruction/input/output; sharegpt: conversations or messages; "
+                           "text: JSONL with a text field")
+    prep.add_argument("--input", required=True, nargs="+", metavar="FILE", help="JSON or JSONL files")
+    prep.add_argument("--output", required=True, metavar="DIR", help="directory to create")
+    prep.add_argument("--tokenizer", default="llama3.2", help="llama3.2 or a path to a tokenizer.json")
+    prep.add_argument("--max-seq-len", type=int, default=2048,
+                      help="sequence length the model will see (a recipe's data.max_seq_len)")
+    prep.add_argument("--pack", action="store_true", help="pack samples into full rows")
+    prep.add_argument("--on-bad-record", choices=ON_BAD_RECORD, default="error",
+                      help="stop at the first bad record, or skip it and count it by reason")
+    prep.add_argument("--train-on-prompt", action="store_true", help="take the loss on every turn")
+    prep.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    prep.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..data.prepare import format_report, prepare_dataset  # imported here: it loads numpy, --help does not
+
+    meta = prepare_dataset(args.format, args.input, Path(args.output), tokenizer=args.tokenizer,
+                           max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
+                           overwrite=args.overwrite, train_on_prompt=args.train_on_prompt,
+                           progress=note)
+    print(format_report(meta))
+    print(f"wrote {args.output}")
+    return 0

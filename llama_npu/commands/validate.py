@@ -1,0 +1,31 @@
+"""`llama-npu validate`: train's pre-flight checks, every problem listed, without training."""
+from __future__ import annotations
+
+import sys
+
+from ..strategies.parallel import describe_layout
+from .arguments import BAD_INPUT, add_run_arguments
+
+
+def add_parser(subparsers) -> None:
+    check = subparsers.add_parser("validate",
+                                  help="run train's pre-flight checks and list every problem, without training")
+    add_run_arguments(check)
+    check.add_argument("--workers", type=int, help="processes it will be launched on (default: 1, as a plain "
+                                                   "`llama-npu train`)")
+    check.add_argument("--rank", type=int, default=0, help="check as this rank does: only rank 0 judges the "
+                                                           "output directory (scripts/launch.sh on nodes after 0)")
+    check.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..training.request import request_problems  # imported here: it loads numpy, which --help does not need
+
+    problems, recipe, run_dir, rehearsal = request_problems(args)
+    for problem in problems:
+        print(f"llama-npu: error: {problem}", file=sys.stderr)
+    if problems:
+        return BAD_INPUT
+    print(f"{args.recipe or run_dir / 'recipe.yaml'}: valid{' as a rehearsal' if rehearsal else ''}; "
+          f"{describe_layout(recipe)}")
+    return 0

@@ -1,0 +1,18 @@
+"""What an `eval --task` command line asks for: its checks and defaults, then run.run_exam."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...data.readers import RecordError
+from ..perplexity import DEFAULT_MAX_SEQ_LEN
+from .run import run_exam
+
+
+def exam_request(args) -> dict:
+    """The summary run_exam returns for the parsed `eval --task` arguments."""
+    if len(args.data) != 1:
+        raise RecordError(f"--task {args.task}: --data takes one directory, got {len(args.data)} paths")
+    return run_exam(args.task, Path(args.checkpoint), Path(args.data[0]), 5 if args.shots is None else args.shots,
+                    args.split, args.subjects, Path(args.output) if args.output else None,
+                    Path(args.compare) if args.compare else None, args.chat,
+                    args.max_seq_len or DEFAULT_MAX_SEQ_LEN, args.batch_size, args.device)

@@ -1,0 +1,270 @@
+"""What `llama-npu plan` reports (commands/plan.py parses its arguments): recipe or preset ->
+Strategy -> estimate (and --fit) -> table or JSON, and --write-recipe for the recommended plan.
+
+A recipe is planned on its own device (device.name, device.max_device_memory) and layout
+(strategies.parallel); --device, --device-memory and --devices override them. Exit 0 when
+the plan (with --fit: some plan) fits, 1 when none does, so scripts can branch on it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import List
+
+import yaml
+
+from ..common.atomic import check_writable, replace_file
+from ..data.readers import detect_format
+from ..model.architecture import resolve_shape
+from ..model.llama import MAX_POSITIONS
+from ..recipe.schema import Recipe, RecipeError, load_recipe, recipe_from_dict
+from .devices import DEVICE_TARGETS, GB, get_device, parse_bytes
+from .parameter_count import cached_parameter_count
+from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb, strategy_from_recipe
+
+MODELS = ("llama3.2-1b", "llama3.2-3b")
+NEVER_RUN_NOTE = ("never run on an NPU: {parts} (semi_auto_parallel: no NPU in CI and the CPU backend "
+                  "cannot run it); try a short run first")
+
+
+def apply_strategy(recipe: Recipe, s: Strategy) -> Recipe:
+    """The recipe with the planned settings written in (for --write-recipe)."""
+    tree = recipe.to_dict()
+    tree["data"]["max_seq_len"] = s.seq_len
+    tree["train"].update(micro_batch_size=s.micro_batch, global_batch_size=s.global_batch)
+    st = tree["strategies"]
+    st["precision"].update(amp_level=s.amp_level, dtype=s.dtype,
+                           loss_scale="dynamic" if s.dtype == "float16" and s.amp_level != "O0" else "none")
+    st["recompute"].update(mode=s.recompute, layers=s.recompute_layers)
+    st["chunked_ce"].update(enabled=s.chunked_ce, chunk_size=s.chunk_size)
+    st["lora"]["enabled"] = s.lora
+    st["parallel"].update(data=s.data, model=s.model, pipeline=s.pipeline, optimizer_shard=s.optimizer_shard,
+                          micro_batches=max(s.accumulation, s.pipeline) if s.pipeline > 1 else 1,
+                          sequence_parallel=s.sequence_parallel, vocab_emb_dp=s.vocab_emb_dp)
+    return recipe_from_dict(tree)
+
+
+def default_recipe(preset: str, device_name: str, devices: int, overrides: List[str]) -> Recipe:
+    """What --model plans: the preset at 2048 tokens, micro-batch 1, O2 in the device's half
+    precision, data parallel over the devices, then the user's --set. Its data file "-" is a
+    placeholder --write-recipe refuses."""
+    tree = {"model": {"preset": preset}, "data": {"train_files": ["-"], "max_seq_len": 2048},
+            "train": {"micro_batch_size": 1},
+            "strategies": {"precision": {"amp_level": "O2", "dtype": "float16", "loss_scale": "dynamic"}
+                           if device_name in ("910a", "cpu") else {"amp_level": "O2", "dtype": "bfloat16"},
+                           "parallel": {"data": devices}},
+            "device": {"target": DEVICE_TARGETS[device_name], "name": device_name}}
+    return recipe_from_dict(tree, overrides)
+
+
+def never_run_on_npu(s: Strategy) -> List[str]:
+    """The parts of a layout llama-npu has never run on an NPU: everything operator-sharded."""
+    parts = [f"model {s.model}"] if s.model > 1 else []
+    parts += [f"pipeline {s.pipeline}"] if s.pipeline > 1 else []
+    return parts + (["optimizer sharding"] if s.optimizer_shard else [])
+
+
+def plan_json(plan: Plan, preset: str) -> dict:
+    return {"model": preset, "params": plan.params, "device": plan.device.name, "devices": plan.strategy.devices,
+            "device_bytes": plan.device.usable_bytes, "components": dict(plan.components),
+            "phases": dict(plan.phases), "peak_phase": plan.peak_phase,
+            "total_bytes": plan.total_bytes, "fits": plan.fits, "strategy": asdict(plan.strategy),
+            "never_run_on_npu": never_run_on_npu(plan.strategy)}
+
+
+def format_plan(plan: Plan, preset: str, title: str = "") -> str:
+    s, d = plan.strategy, plan.device
+    lines = [f"{title}{preset} ({plan.params:,} parameters) on {d.name} x {s.devices} "
+             f"({d.note}; usable {gb(d.usable_bytes)} GB per device)",
+             f"  {'full fine-tune' if not s.lora else f'LoRA rank {s.lora_rank}'}, {s.optimizer}, {s.amp_level} "
+             f"{s.dtype if s.amp_level != 'O0' else 'float32'}, seq {s.seq_len}, micro-batch {s.micro_batch} x "
+             f"{s.accumulation} accumulated x data {s.data} = global {s.global_batch}, recompute {s.recompute}, "
+             f"chunked CE {'on' if s.chunked_ce else 'off'}, layout data {s.data} x model {s.model} x "
+             f"pipeline {s.pipeline}{', optimizer sharded' if s.optimizer_shard else ''}",
+             f"  {'component':<24}{'bytes':>18}{'GB':>10}"]
+    for name, value in plan.components.items():
+        lines.append(f"  {name:<24}{value:>18,}{gb(value):>10}")
+    # Not every component is alive at once: the total is the largest phase plus the margin.
+    lines.append("  alive at each phase's peak: " + ", ".join(
+        f"{name} {gb(value)} GB" for name, value in plan.phases.items()) + f" (peak: {plan.peak_phase})")
+    lines.append(f"  {'total (peak + margin)':<24}{plan.total_bytes:>18,}{gb(plan.total_bytes):>10}")
+    gap = plan.total_bytes - d.usable_bytes
+    lines.append(f"  fits: yes, {gb(-gap)} GB to spare beyond the 10% margin" if plan.fits else
+                 f"  fits: no, {gb(gap)} GB over the {gb(d.usable_bytes)} GB usable")
+    if never_run_on_npu(s):
+        lines.append("  " + NEVER_RUN_NOTE.format(parts=", ".join(never_run_on_npu(s))))
+    return "\n".join(lines)
+
+
+def format_inference(plan: Plan, preset: str, precision: str) -> str:
+    s, d = plan.strategy, plan.device
+    lines = [f"{preset} ({plan.params:,} parameters) inference in {precision} on {d.name} "
+             f"(usable {gb(d.usable_bytes)} GB): batch {s.micro_batch} x {s.seq_len} tokens",
+             f"  {'component':<24}{'bytes':>18}{'GB':>10}"]
+    for name, value in plan.components.items():
+        if value:
+            lines.append(f"  {name:<24}{value:>18,}{gb(value):>10}")
+    lines.append(f"  {'total':<24}{plan.total_bytes:>18,}{gb(plan.total_bytes):>10}")
+    lines.append(f"  fits: {'yes' if plan.fits else 'no'}")
+    return "\n".join(lines)
+
+
+def check_arguments(args) -> None:
+    """Refuse what the plan would otherwise ignore, before any work."""
+    if bool(args.model) == bool(args.recipe):
+        raise RecipeError("plan: give either --model llama3.2-1b|llama3.2-3b or a RECIPE file")
+    if args.model and args.model not in MODELS:
+        raise RecipeError(f"--model: expected llama3.2-1b or llama3.2-3b, got {args.model!r}")
+    if args.model and not args.device:
+        raise RecipeError(f"--model needs --device ({', '.join(DEVICE_TARGETS)}); a recipe names its own device.name")
+    if args.devices is not None and args.devices < 1:
+        raise RecipeError(f"--devices: expected a count > 0, got {args.devices}")
+    if args.seq_len is not None and not 0 < args.seq_len <= MAX_POSITIONS:
+        raise RecipeError(f"--seq-len: expected 1 to {MAX_POSITIONS} (Llama 3.2's context), got {args.seq_len}")
+    if args.micro_batch is not None and args.micro_batch < 1:
+        raise RecipeError(f"--micro-batch: expected a value > 0, got {args.micro_batch}")
+    inference_only = [("--precision", args.precision)]
+    training_only = [("--fit", args.fit)]
+    fit_only = [("--no-lora", args.no_lora), ("--write-recipe", args.write_recipe)]
+    write_only = [("--data", args.data), ("--eval-data", args.eval_data), ("--overwrite", args.overwrite)]
+    for flags, needed, what in ((inference_only, args.task == "inference", "--task inference"),
+                                (training_only, args.task == "train", "--task train"),
+                                (fit_only, args.fit, "--fit"), (write_only, args.write_recipe, "--write-recipe")):
+        given = [flag for flag, value in flags if value]
+        if given and not needed:
+            raise RecipeError(f"{given[0]}: only with {what}")
+    if args.write_recipe and Path(args.write_recipe).exists() and not args.overwrite:
+        raise RecipeError(f"--write-recipe {args.write_recipe}: the file exists; pass --overwrite to replace it")
+    if args.write_recipe:
+        check_writable(Path(args.write_recipe), "--write-recipe")
+    for flag, paths in (("--data", args.data), ("--eval-data", args.eval_data)):
+        for path in paths or []:
+            if not Path(path).is_file():
+                raise RecipeError(f"{flag} {path}: file not found")
+
+
+def data_format(paths: List[str]) -> str:
+    """The one format of --data and --eval-data, detected as eval detects it (the keys of
+    each file's first record)."""
+    formats = {path: detect_format(Path(path)) for path in paths}
+    if len(set(formats.values())) > 1:
+        raise RecipeError("--data/--eval-data: the files are in different formats ("
+                          + ", ".join(f"{path}: {fmt}" for path, fmt in formats.items())
+                          + "); a recipe reads all of them as one data.format")
+    return next(iter(formats.values()))
+
+
+def plan_recipe(args) -> Recipe:
+    """The recipe to plan: the file or --model's default, with --set, then --device,
+    --device-memory and --data written into it (so the written recipe carries them)."""
+    if args.model:
+        recipe = default_recipe(args.model, args.device, args.devices or 1, args.set)
+    else:
+        recipe = load_recipe(args.recipe, args.set, workers=args.devices)  # parallel.data=auto resolves to it
+    tree, changed = recipe.to_dict(), False
+    if args.device and args.device != recipe.device.name:
+        # another device: the recipe's max_device_memory was chosen for its own
+        tree["device"].update(name=args.device, target=DEVICE_TARGETS[args.device], max_device_memory="")
+        changed = True
+    if args.device_memory:
+        tree["device"]["max_device_memory"] = f"{parse_bytes(args.device_memory) / GB:g}GB"  # MindSpore's "xxGB"
+        changed = True
+    if args.data:
+        tree["data"].update(train_files=list(args.data), prepared="",
+                            format=data_format(list(args.data) + list(args.eval_data or [])))
+        changed = True
+    if args.eval_data:
+        if not args.data:
+            given = [path for path in recipe.data.train_files if path != "-"]  # "-": --model's placeholder
+            tree["data"]["format"] = data_format(list(args.eval_data) + given)
+        tree["data"]["eval_files"] = list(args.eval_data)
+        changed = True
+    if changed:
+        recipe = recipe_from_dict(tree)
+    if args.write_recipe and "-" in recipe.data.train_files:
+        raise RecipeError("--write-recipe: the planned recipe names no training file (\"-\"); give --data "
+                          "FILE... for the written recipe to train on")
+    if args.write_recipe and recipe.data.prepared and args.seq_len and args.seq_len != recipe.data.max_seq_len:
+        raise RecipeError(f"--seq-len {args.seq_len}: data.prepared={recipe.data.prepared} holds rows for "
+                          f"max_seq_len {recipe.data.max_seq_len}; give --data FILE... or prepare it again")
+    return recipe
+
+
+def planned_strategy(recipe: Recipe, args, device_name: str) -> Strategy:
+    base = strategy_from_recipe(recipe, device_name)
+    devices = args.devices or base.devices
+    micro = args.micro_batch or base.micro_batch
+    if recipe.train.global_batch_size:
+        global_batch = max(base.global_batch, micro * base.data)
+    else:  # the recipe's "micro-batch x data": one micro-batch per replica of the planned devices
+        global_batch = micro * max(devices // (base.model * base.pipeline), 1)
+    return replace(base, seq_len=args.seq_len or base.seq_len, micro_batch=micro, global_batch=global_batch)
+
+
+def changes(base: Strategy, best: Strategy) -> str:
+    changed = [f"{f.name} {getattr(base, f.name)} -> {getattr(best, f.name)}" for f in fields(Strategy)
+               if getattr(base, f.name) != getattr(best, f.name)]
+    if not changed:
+        return "the recipe's settings are the recommended ones"
+    return f"changed from the recipe: {', '.join(changed)}"
+
+
+def write_recipe(recipe: Recipe, best: Plan, out: Path) -> None:
+    s, d = best.strategy, best.device
+    header = [f"# Written by llama-npu plan --fit for {s.devices} x {d.name}: {gb(best.total_bytes)} GB of "
+              f"{gb(d.usable_bytes)} GB usable per device."]
+    if never_run_on_npu(s):
+        header.append("# Layout " + NEVER_RUN_NOTE.format(parts=", ".join(never_run_on_npu(s))) + ".")
+    text = "\n".join(header) + "\n" + yaml.safe_dump(apply_strategy(recipe, s).to_dict(), sort_keys=False,
+                                                     allow_unicode=True)
+    replace_file(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))  # --overwrite never leaves half a file
+
+
+def run_plan(args) -> tuple[str, int]:
+    """(output, exit code) for the parsed `plan` arguments: 0 fits, 1 does not."""
+    check_arguments(args)
+    recipe = plan_recipe(args)
+    preset = recipe.model.preset
+    device = get_device(recipe.device.name, recipe.device.max_device_memory)
+    shape = resolve_shape(recipe.model)
+    if args.task == "inference":
+        precision = args.precision or "fp16"
+        if precision == "bf16" and not device.bf16:
+            raise RecipeError(f"--precision bf16: {device.name} has no BF16 kernels ({device.note}); use fp16")
+        plan = estimate_inference(shape, cached_parameter_count(shape), device, precision,
+                                  args.micro_batch or 1, args.seq_len or recipe.data.max_seq_len)
+        result = dict(plan_json(plan, preset), task="inference", precision=precision)
+        return (json.dumps(result) if args.json else format_inference(plan, preset, precision)), int(not plan.fits)
+    base = planned_strategy(recipe, args, device.name)
+    devices = args.devices or base.devices
+    if devices != base.devices and not args.fit:
+        raise RecipeError(f"--devices {devices}: the layout is data {base.data} x model {base.model} x pipeline "
+                          f"{base.pipeline} = {base.devices}; set strategies.parallel or use --fit")
+    params = cached_parameter_count(shape)
+    plan = estimate(shape, params, device, base) if base.devices == devices else None
+    if not args.fit:
+        return (json.dumps(plan_json(plan, preset)) if args.json else format_plan(plan, preset)), int(not plan.fits)
+
+    result = plan_json(plan, preset) if plan else {"model": preset, "params": params, "device": device.name,
+                                                   "devices": devices, "device_bytes": device.usable_bytes}
+    best, closest = fit(shape, params, device, base, devices, allow_lora=not args.no_lora)
+    result["recommended"] = plan_json(best, preset) if best else None
+    # the recipe as given in one line: the table is the recommended plan's (or the closest one's)
+    if plan:
+        text = [f"as given: {gb(plan.total_bytes)} GB per device of {gb(device.usable_bytes)} GB usable, "
+                f"{'fits' if plan.fits else 'does not fit'}"]
+    else:
+        text = [f"as given: layout data {base.data} x model {base.model} x pipeline {base.pipeline} = "
+                f"{base.devices} device{'s' if base.devices > 1 else ''}, not {devices}"]
+    if best is None:
+        text.append(f"nothing fits on {devices} x {device.name}; the closest plan needs "
+                    f"{gb(closest.total_bytes - device.usable_bytes)} GB more per device:\n"
+                    + format_plan(closest, preset, "closest: "))
+        return (json.dumps(result) if args.json else "\n".join(text)), 1
+    text += [format_plan(best, preset, "recommended: "), changes(base, best.strategy)]
+    if args.write_recipe:
+        write_recipe(recipe, best, Path(args.write_recipe))
+        text.append(f"wrote {args.write_recipe}")
+        result["written_recipe"] = str(args.write_recipe)
+    return (json.dumps(result) if args.json else "\n".join(text)), 0
