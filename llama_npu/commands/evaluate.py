@@ -69,8 +69,9 @@ def run(args) -> int:
 
 def run_benchmark(args) -> int:
     """eval --task."""
+    # imported here: lm-eval and `datasets`, only when --task asks for them
     from ..evaluation.exams.report import format_summary
-    from ..evaluation.exams.request import exam_request  # lm-eval and `datasets`, only when --task asks for them
+    from ..evaluation.exams.request import exam_request
 
     result = exam_request(args)
     print(json.dumps(result, ensure_ascii=False) if args.json else format_summary(result))
