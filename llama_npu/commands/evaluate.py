@@ -9,6 +9,9 @@ import tempfile
 from pathlib import Path
 
 from ..common.frameworks import quiet_frameworks
+from ..data.readers import RecordError
+from ..evaluation.exams.report import format_summary
+from ..evaluation.exams.request import exam_request
 from ..evaluation.perplexity import evaluate_checkpoint
 from .arguments import WEIGHTS_HELP, add_device_argument
 
@@ -48,8 +51,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..data.readers import RecordError  # imported here: readers loads the chat template, --help does not
-
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "eval")
     if args.task:
         return run_benchmark(args)
@@ -69,10 +70,6 @@ def run(args) -> int:
 
 def run_benchmark(args) -> int:
     """eval --task."""
-    # imported here: lm-eval and `datasets`, only when --task asks for them
-    from ..evaluation.exams.report import format_summary
-    from ..evaluation.exams.request import exam_request
-
     result = exam_request(args)
     print(json.dumps(result, ensure_ascii=False) if args.json else format_summary(result))
     if args.output and not args.json:

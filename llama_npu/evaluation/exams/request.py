@@ -1,4 +1,5 @@
-"""What an `eval --task` command line asks for: its checks and defaults, then run.run_exam."""
+"""What an `eval --task` command line asks for: its checks and defaults, then run.run_exam (which
+imports lm-eval only once it runs)."""
 from __future__ import annotations
 
 from pathlib import Path
