@@ -24,7 +24,8 @@ from .common.stopping import PREEMPTED, RunFailure, StopSignals
 from .data.formats import FORMATS, ON_BAD_RECORD
 from .evaluation.perplexity import DEFAULT_MAX_SEQ_LEN, evaluate_checkpoint
 from .memory.devices import DEVICE_TARGETS, DeviceError
-from .recipe.schema import RecipeError, load_recipe
+from .recipe.load import load_recipe
+from .recipe.problems import RecipeError
 from .recipe.stored import STORED_RECIPE, stored_recipe
 from .selftest.doctor import diagnose
 from .strategies.parallel import describe_layout, run_scheduler

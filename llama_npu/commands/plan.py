@@ -21,7 +21,9 @@ from ..memory.parameter_count import cached_parameter_count
 from ..memory.planner import Plan, Strategy, estimate, estimate_inference, fit, gb, strategy_from_recipe
 from ..model.architecture import resolve_shape
 from ..model.llama import MAX_POSITIONS
-from ..recipe.schema import Recipe, RecipeError, load_recipe, recipe_from_dict
+from ..recipe.load import load_recipe, recipe_from_dict
+from ..recipe.problems import RecipeError
+from ..recipe.schema import Recipe
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
 NEVER_RUN_NOTE = ("never run on an NPU: {parts} (semi_auto_parallel: no NPU in CI and the CPU backend "
