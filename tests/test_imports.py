@@ -27,7 +27,8 @@ def package_imports(path: Path) -> set[str]:
         else:
             continue
         found.add(module)
-        found.update(f"{module}.{alias.name}" for alias in node.names if module_path(f"{module}.{alias.name}").is_file())
+        found.update(f"{module}.{alias.name}" for alias in node.names
+                     if module_path(f"{module}.{alias.name}").is_file())
     return found
 
 

@@ -40,33 +40,25 @@ def coerce(value: Any, tp, key: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
             return value.lower() in ("true", "yes", "on", "1")
         raise RecipeError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise RecipeError(f"{key}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise RecipeError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise RecipeError(f"{key}: expected a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise RecipeError(f"{key}: expected a number, got {value!r}")
+    if tp in (int, float):
+        return _number(value, tp, key)
     if tp is str:
         if isinstance(value, (dict, list)):
             raise RecipeError(f"{key}: expected a string, got {value!r}")
         return str(value)
     raise AssertionError(f"unhandled recipe type {tp} for {key}")
 
+
+
+def _number(value: Any, tp, key: str):
+    """An int or float key's value, from a number (a whole one for int) or its text; true and
+    false are no numbers."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            (tp is float or isinstance(value, int) or value.is_integer()):
+        return tp(value)
+    if isinstance(value, str):
+        try:
+            return tp(value)
+        except ValueError:
+            pass
+    raise RecipeError(f"{key}: expected {'an integer' if tp is int else 'a number'}, got {value!r}")
