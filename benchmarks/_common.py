@@ -28,7 +28,7 @@ def cpu_graph_mode():
 
 def smoke_recipe(overrides: List[str]):
     """recipes/cpu_smoke.yaml with one micro-batch per step unless `overrides` say otherwise."""
-    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.recipe.load import load_recipe
 
     return load_recipe(REPO / "recipes" / "cpu_smoke.yaml", ["train.global_batch_size=0", *overrides])
 

@@ -30,7 +30,7 @@ def measure(chunk: int, batch: int, seq: int, mode: str) -> dict:
 
     from llama_npu.common.frameworks import mute_mindformers_info
     from llama_npu.memory.measure import peak_memory
-    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.recipe.load import load_recipe
     from llama_npu.strategies.network import build_network
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)

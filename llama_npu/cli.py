@@ -18,7 +18,7 @@ from .commands import (convert, doctor, evaluate, generate, merge_checkpoints, p
 from .commands.arguments import BAD_INPUT
 from .common.stopping import RunFailure
 from .memory.devices import DeviceError
-from .recipe.schema import RecipeError
+from .recipe.problems import RecipeError
 
 # In the order --help lists them.
 COMMANDS = (train, validate, plan, convert, evaluate, generate, quantize, doctor, selftest, strategy_profile,

@@ -215,7 +215,7 @@ def phase_rows():
     from llama_npu.memory.devices import get_device
     from llama_npu.memory.planner import strategy_from_recipe
     from llama_npu.model.architecture import resolve_shape
-    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.recipe.load import load_recipe
 
     rows = []
     for path in sorted((REPO / "recipes").glob("*910a*.yaml")):

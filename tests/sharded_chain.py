@@ -16,7 +16,7 @@ import mindspore as ms
 from llama_npu.common.launcher import is_scheduler
 from llama_npu.data.batches import ListSamples
 from llama_npu.data.samples import Sample
-from llama_npu.recipe.schema import load_recipe
+from llama_npu.recipe.load import load_recipe
 from llama_npu.selftest.sharded import layout_problem
 from llama_npu.strategies.parallel import run_scheduler
 from llama_npu.training.run import setup

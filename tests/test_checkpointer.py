@@ -152,7 +152,7 @@ def test_a_stop_saves_even_after_a_skipped_step(ms, tmp_path):
     streak grows, and the stop still writes the (unchanged, finite) weights."""
     from llama_npu.common.stopping import StopSignals
     from llama_npu.data.tokenizer import load_tokenizer
-    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.recipe.load import load_recipe
     from llama_npu.training.run import run_loop, setup, training_source
 
     recipe = load_recipe(SMOKE, [arg for arg in TINY_RUN if arg != "--set"] + [

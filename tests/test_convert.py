@@ -10,7 +10,7 @@ import transformers
 
 from llama_npu.weights.tensor_files import read_safetensors
 
-from llama_npu.recipe.schema import load_recipe, recipe_from_dict
+from llama_npu.recipe.load import load_recipe, recipe_from_dict
 from llama_npu.training.rehearse import STEPS as REHEARSAL_STEPS
 
 from conftest import LORA_RECIPE, REPO, SMOKE, read_metrics, rehearsal_sets, run_cli
@@ -33,7 +33,7 @@ def logits_of(ms, net, tokens):
 
 
 def test_converted_logits_equal_transformers(ms, hf_dir, conversions):
-    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.recipe.load import load_recipe
     from llama_npu.strategies.network import build_network
 
     _, reference = hf_dir

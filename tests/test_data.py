@@ -145,7 +145,7 @@ def test_packing_does_not_change_any_sample_loss(ms, tok):
     """Per-sample losses of a packed row equal those of the samples alone."""
     from llama_npu.data.samples import pad_batch
     from llama_npu.model.tokens import PAD_ID
-    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.recipe.load import load_recipe
     from llama_npu.strategies.network import build_network
 
     records = read_records([REPO / "data" / "zh_instruct_train.jsonl"], "alpaca")[:6]

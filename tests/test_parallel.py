@@ -10,7 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from llama_npu.recipe.schema import RecipeError, load_recipe
+from llama_npu.recipe.load import load_recipe
+from llama_npu.recipe.problems import RecipeError
 from llama_npu.strategies.parallel import (World, auto_parallel_context, check_workers, is_sharded,
                                            mindformers_parallel_config, stream_layout)
 

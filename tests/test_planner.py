@@ -6,10 +6,11 @@ import re
 import pytest
 
 from llama_npu.memory.devices import DEVICES
-from llama_npu.memory.planner import Strategy, estimate, lora_params_per_layer, split_params
+from llama_npu.memory.planner import Strategy, estimate, split_params
 from llama_npu.model.architecture import PRESETS
 from llama_npu.model.llama import count_parameters
-from llama_npu.recipe.schema import load_recipe
+from llama_npu.recipe.load import load_recipe
+from llama_npu.strategies.lora import lora_params_per_layer
 
 from conftest import REPO, SMOKE, read_metrics, run_cli
 

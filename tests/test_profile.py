@@ -11,7 +11,7 @@ import yaml
 
 from conftest import SMOKE, TINY_RUN, run_cli
 
-from llama_npu.recipe.schema import load_recipe
+from llama_npu.recipe.load import load_recipe
 from llama_npu.training.strategy_profile import classify_failure, combinations, default_axes
 
 GOOD = "data/zh_instruct_train.jsonl"

@@ -1,7 +1,8 @@
 """Recipe loading, overrides and the one-line errors users get for bad input."""
 import pytest
 
-from llama_npu.recipe.schema import RecipeError, load_recipe
+from llama_npu.recipe.load import load_recipe
+from llama_npu.recipe.problems import RecipeError
 
 from conftest import REPO, SMOKE, run_cli
 

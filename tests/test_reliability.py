@@ -81,7 +81,7 @@ def test_resume_may_extend_the_run_and_keeps_the_stored_recipe(six_step_run, tmp
 
 def test_the_printed_command_carries_what_a_resume_changed(tmp_path):
     from llama_npu.cli import build_parser
-    from llama_npu.recipe.schema import load_recipe
+    from llama_npu.recipe.load import load_recipe
     from llama_npu.training.preflight import resume_command
     from llama_npu.training.request import run_request as _run_request
 

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from llama_npu.recipe.schema import Recipe, accumulation_steps, load_recipe, with_absolute_paths
+from llama_npu.recipe.load import load_recipe
+from llama_npu.recipe.schema import Recipe, with_absolute_paths
+from llama_npu.strategies.accumulation import accumulation_steps
 from llama_npu.training.rehearse import rehearse
 
 from conftest import REPO, read_metrics, run_cli

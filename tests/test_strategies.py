@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from llama_npu.recipe.schema import RecipeError, load_recipe
+from llama_npu.recipe.load import load_recipe
+from llama_npu.recipe.problems import RecipeError
 
 from conftest import SMOKE
 

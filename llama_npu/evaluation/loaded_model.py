@@ -23,7 +23,7 @@ def select_device(device: str) -> bool:
     """Set MindSpore's device for `--device auto|cpu|ascend`; True when it is Ascend."""
     import mindspore as ms
 
-    from ..recipe.schema import RecipeError
+    from ..recipe.problems import RecipeError
 
     on_ascend = ascend_usable() if device == "auto" else device == "ascend"
     if device == "ascend" and not ascend_usable():
@@ -75,7 +75,7 @@ def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 
     directory, a step or a run directory: pretrained.resolve_weights, or a Hugging Face
     directory) loaded, LoRA adapters folded in."""
     from ..common.frameworks import mute_mindformers_info
-    from ..recipe.schema import recipe_from_dict
+    from ..recipe.load import recipe_from_dict
     from ..strategies.network import build_network
     from ..weights.pretrained import load_weights, model_weights, resolve_weights
 

@@ -18,7 +18,9 @@ from ..common.atomic import check_writable, replace_file
 from ..data.readers import detect_format
 from ..model.architecture import resolve_shape
 from ..model.llama import MAX_POSITIONS
-from ..recipe.schema import Recipe, RecipeError, load_recipe, recipe_from_dict
+from ..recipe.load import load_recipe, recipe_from_dict
+from ..recipe.problems import RecipeError
+from ..recipe.schema import Recipe
 from .devices import DEVICE_TARGETS, GB, get_device, parse_bytes
 from .parameter_count import cached_parameter_count
 from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb, strategy_from_recipe

@@ -37,16 +37,16 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
-from ..model.architecture import LlamaShape, matched_layers
+from ..model.architecture import LlamaShape
 from ..recipe.schema import Recipe
+from ..strategies import STRATEGIES, chunked_ce, lora, parallel, precision, recompute
+from ..strategies.accumulation import accumulates
 from .devices import GB, Device, get_device
 
 MARGIN_FRACTION = 0.10
 HCCL_BUFFER = 2 * 200 * 10**6
 ALLREDUCE_BUCKET = 64 * 2**20  # MindSpore's default all-reduce fusion threshold (set_fusion_threshold_mb)
 PHASES = ("forward", "backward", "update")
-LORA_SHAPES = {"wq": ("h", "h"), "wk": ("h", "kv"), "wv": ("h", "kv"), "wo": ("h", "h"),
-               "w1": ("h", "f"), "w2": ("f", "h"), "w3": ("h", "f")}
 
 
 @dataclass(frozen=True)
@@ -113,131 +113,92 @@ def split_params(shape: LlamaShape) -> dict:
             "layer_norms": 2 * h, "final_norm": h}
 
 
-def lora_params_per_layer(shape: LlamaShape, rank: int, targets) -> int:
-    dims = {"h": shape.hidden_size, "f": shape.intermediate_size, "kv": shape.num_kv_heads * shape.head_dim}
-    return sum(rank * (dims[i] + dims[o]) for name, (i, o) in LORA_SHAPES.items() if name in targets)
-
-
 def model_states(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
     split = split_params(shape)
-    layers = shape.num_layers // s.pipeline
-    emb = split["embedding"] // (1 if s.vocab_emb_dp else s.model)
+    layers = parallel.layers_on_device(shape, s)
+    emb = split["embedding"] // parallel.vocab_split(s)
     on_device = layers * (split["layer_matrices"] // s.model + split["layer_norms"]) + emb + split["final_norm"]
-    half = 2 if s.amp_level != "O0" else 4
-    if s.lora:
-        trainable = layers * lora_params_per_layer(shape, s.lora_rank, s.lora_targets) // s.model
-        weights = on_device * half + trainable * 4  # frozen base in the compute dtype, fp32 adapters
-        copies = 0
-    else:
-        trainable = on_device
-        weights = on_device * (2 if s.amp_level == "O3" else 4)
-        copies = on_device * 2 if s.amp_level in ("O1", "O2") else 0
-    shard = s.data if s.optimizer_shard else 1
-    accumulates = s.accumulation > 1 or s.pipeline > 1
-    grad_bytes = 2 if s.amp_level == "O3" and not s.lora and not accumulates else 4
+    trainable = lora.trainable_params(shape, s, layers, on_device)
+    weights, copies = precision.weight_bytes(s, on_device, trainable, frozen=s.lora)
+    grad_bytes = precision.gradient_bytes(s, frozen=s.lora, accumulates=accumulates(s))
     return {"weights": weights, "weight_compute_copies": copies, "gradients": trainable * grad_bytes,
-            "optimizer_states": trainable * 8 // shard}
+            "optimizer_states": trainable * 8 // parallel.optimizer_split(s)}
 
 
 def layer_activations(shape: LlamaShape, s: Strategy) -> int:
     """Bytes one decoder layer keeps for the backward pass for one micro-batch."""
-    c = 2 if s.amp_level != "O0" else 4
+    c = precision.activation_bytes(s)
     b, t = s.micro_batch, s.seq_len
     tokens = b * t
     h, f, a = shape.hidden_size, shape.intermediate_size, shape.num_heads
     kv = shape.num_kv_heads * shape.head_dim
-    mp = s.model
-    norms = 4 * tokens * h * c // (mp if s.sequence_parallel else 1)  # both norms' inputs and outputs
+    norms = 4 * tokens * h * c // parallel.norm_split(s)  # both norms' inputs and outputs
     qkv = tokens * (h + 2 * kv) * c + tokens * (h + kv) * c  # projections and their rotated q, k
     attention_out = tokens * h * c
+    repeated_kv = tokens * 2 * h * c
     if s.flash_attention:
         scores = b * a * t * 8  # flash attention keeps only softmax statistics
     else:
-        scores = b * a * t * t * (4 + c) + tokens * 2 * h * c  # fp32 probabilities, their cast, repeated k/v
+        scores = b * a * t * t * (4 + c) + repeated_kv  # fp32 probabilities, their cast, repeated k/v
     mlp = 4 * tokens * f * c  # gate, up, silu(gate), product
-    if s.recompute == "selective":
-        mlp -= 2 * tokens * f * c
-        if not s.flash_attention:
-            scores = tokens * 2 * h * c
-    return norms + (qkv + attention_out + scores + mlp) // mp
+    mlp, scores = recompute.selective_kept(s, mlp, scores, repeated_kv)
+    return norms + (qkv + attention_out + scores + mlp) // s.model
 
 
 def activations(shape: LlamaShape, s: Strategy) -> int:
-    layers = shape.num_layers // s.pipeline
-    c = 2 if s.amp_level != "O0" else 4
-    per_layer = layer_activations(shape, s)
-    layer_input = s.micro_batch * s.seq_len * shape.hidden_size * c
-    if s.recompute == "full":
-        recomputed = layers if not s.recompute_layers else min(s.recompute_layers, layers)
-        # recomputed layers keep their input; one layer's activations exist while it is recomputed
-        kept = recomputed * layer_input + (layers - recomputed) * per_layer + per_layer
-    else:
-        kept = layers * per_layer
-    in_flight = min(s.pipeline, s.accumulation) if s.pipeline > 1 else 1  # 1F1B: stage 0 holds pp
-    return kept * in_flight + 2 * layer_input  # + embedding output and final norm
+    layers = parallel.layers_on_device(shape, s)
+    layer_input = s.micro_batch * s.seq_len * shape.hidden_size * precision.activation_bytes(s)
+    kept = recompute.kept_activations(s, layers, layer_activations(shape, s), layer_input)
+    return kept * parallel.micro_batches_in_flight(s) + 2 * layer_input  # + embedding output and final norm
 
 
 def logits_loss(shape: LlamaShape, s: Strategy) -> int:
-    c = 2 if s.amp_level != "O0" else 4
     tokens = s.micro_batch * s.seq_len
-    rows = min(s.chunk_size, tokens) if s.chunked_ce else tokens
-    vocab = shape.vocab_size // (1 if s.vocab_emb_dp else s.model)
+    vocab = shape.vocab_size // parallel.vocab_split(s)
     # head output in the compute dtype, its fp32 cast, exp/softmax and the gradient of the logits
-    buffers = rows * vocab * (c + 12)
-    return buffers + (tokens * shape.hidden_size * 4 if s.chunked_ce else 0)
-
-
-def sharded(s: Strategy) -> bool:
-    return s.model > 1 or s.pipeline > 1 or s.optimizer_shard
+    buffers = chunked_ce.logits_rows(s, tokens) * vocab * (precision.activation_bytes(s) + 12)
+    return buffers + chunked_ce.hidden_gradient(s, tokens, shape.hidden_size)
 
 
 def step_transients(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
     """The gradients in flight in the backward and the update's own copies (module docstring)."""
-    embedding = 0 if s.lora else split_params(shape)["embedding"] // (1 if s.vocab_emb_dp else s.model) * 4
+    embedding = 0 if s.lora else split_params(shape)["embedding"] // parallel.vocab_split(s) * 4
     # The largest gradient a one-at-a-time copy holds: the embedding's, or a layer's adapters.
-    largest = embedding or 4 * lora_params_per_layer(shape, s.lora_rank, s.lora_targets)
-    accumulates = s.accumulation > 1 or s.pipeline > 1
-    if sharded(s):
-        update = model_states(shape, s)["gradients"] if accumulates else largest
+    largest = embedding or 4 * lora.lora_params_per_layer(shape, s.lora_rank, s.lora_targets)
+    gradients = model_states(shape, s)["gradients"]
+    if parallel.is_sharded(s):
+        update = gradients if accumulates(s) else largest
     else:
         update = max(ALLREDUCE_BUCKET, largest) if s.data > 1 else 0
-    if s.amp_level == "O3" and accumulates and not s.lora:
-        update += model_states(shape, s)["gradients"] // 2  # the fp32 accumulators cast to the half weights
+    update += precision.half_update_copy(s, frozen=s.lora, accumulates=accumulates(s), gradients=gradients)
     return {"embedding_gradient": embedding, "update_copies": update}
 
 
 def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
     """Bytes alive at the peak of each phase of one micro-step (docs/memory.md)."""
     c = components
-    accumulates = s.accumulation > 1 or s.pipeline > 1
-    always = c["weights"] + c["optimizer_states"] + c["communication_buffers"] + (c["gradients"] if accumulates else 0)
+    accumulating = accumulates(s)
+    always = c["weights"] + c["optimizer_states"] + c["communication_buffers"] + (c["gradients"] if accumulating else 0)
     forward = always + c["weight_compute_copies"] + c["activations"] + c["logits_loss"]
     # Start of the backward: every activation, the logits' gradient and the head's weight
     # gradient. Its end, beside the other gradients (k = 1) or the accumulators: our step's
     # head part (k > 1, before it is added in) or the rows' out-of-place sum (k = 1); the
     # sharded wrappers' two dense parts and their sum.
     start = forward + c["embedding_gradient"]
-    dense_parts = (3 if accumulates else 2) if sharded(s) else 1
-    end = always + c["weight_compute_copies"] + (0 if accumulates else c["gradients"]) \
+    dense_parts = (3 if accumulating else 2) if parallel.is_sharded(s) else 1
+    end = always + c["weight_compute_copies"] + (0 if accumulating else c["gradients"]) \
         + dense_parts * c["embedding_gradient"]
-    update = always + (0 if accumulates else c["gradients"]) + c["update_copies"]
+    update = always + (0 if accumulating else c["gradients"]) + c["update_copies"]
     return {"forward": forward, "backward": max(start, end), "update": update}
 
 
 def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
-    """The recipe's settings as a Strategy (strategies.parallel.data already resolved from
-    `auto` when the recipe loaded)."""
-    t, s, p = recipe.train, recipe.strategies, recipe.strategies.parallel
-    data = p.data
-    return Strategy(
-        seq_len=recipe.data.max_seq_len, micro_batch=t.micro_batch_size,
-        global_batch=t.global_batch_size or t.micro_batch_size * data,
-        amp_level=s.precision.amp_level, dtype=s.precision.dtype, optimizer=t.optimizer.name,
-        lora=s.lora.enabled, lora_rank=s.lora.rank, lora_targets=tuple(matched_layers(s.lora.target_modules)),
-        recompute=s.recompute.mode, recompute_layers=s.recompute.layers,
-        chunked_ce=s.chunked_ce.enabled, chunk_size=s.chunked_ce.chunk_size,
-        flash_attention=get_device(device_name).flash_attention, data=data, model=p.model, pipeline=p.pipeline,
-        optimizer_shard=p.optimizer_shard, sequence_parallel=p.sequence_parallel, vocab_emb_dp=p.vocab_emb_dp)
+    """The recipe's settings as a Strategy: the sequence, the micro-batch and the optimizer,
+    and each strategy's own keys."""
+    settings = {key: value for strategy in STRATEGIES for key, value in strategy.plan_settings(recipe).items()}
+    return Strategy(seq_len=recipe.data.max_seq_len, micro_batch=recipe.train.micro_batch_size,
+                    optimizer=recipe.train.optimizer.name, flash_attention=get_device(device_name).flash_attention,
+                    **settings)
 
 
 def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Plan:
@@ -248,41 +209,23 @@ def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Pla
     plan.components["activations"] = activations(shape, s)
     plan.components["logits_loss"] = logits_loss(shape, s)
     plan.components.update(step_transients(shape, s))
-    communicators = (s.data > 1) + (s.model > 1) + (s.pipeline > 1)
-    plan.components["communication_buffers"] = communicators * HCCL_BUFFER
+    plan.components["communication_buffers"] = parallel.communicators(s) * HCCL_BUFFER
     plan.components["margin"] = int(device.usable_bytes * MARGIN_FRACTION)
     plan.phases = phase_peaks(plan.components, s)
     return plan
 
 
 def tokens_per_second(shape: LlamaShape, params: int, s: Strategy) -> float:
-    """Relative throughput for ranking plans (not a prediction of seconds): 6 FLOPs per
-    parameter and token (4 with LoRA: no weight gradients of the base), +2 for full
-    recompute's extra forward, a pipeline bubble, model-parallel communication, and small
+    """Relative throughput for ranking plans (not a prediction of seconds): the FLOPs per
+    parameter and token, each strategy's extra work (recompute's forward, chunked CE's head),
+    the layout's losses (pipeline bubble, model-parallel communication), and small
     micro-batches using the matmul units less well."""
-    flops = (4 if s.lora else 6) * params
-    if s.recompute == "full":
-        share = (s.recompute_layers or shape.num_layers) / shape.num_layers
-        flops += 2 * params * share
-    elif s.recompute == "selective":
-        flops += 0.1 * params
-    if s.chunked_ce:
-        flops += 2 * shape.vocab_size * shape.hidden_size  # recomputed head matmul
-    bubble = (s.pipeline - 1) / (s.accumulation + s.pipeline - 1) if s.pipeline > 1 else 0.0
-    efficiency = (1 - bubble) * (0.9 ** (s.model.bit_length() - 1)) * min(1.0, (s.micro_batch * s.seq_len / 4096) ** 0.15)
+    flops = lora.flops_per_parameter(s) * params
+    for strategy in STRATEGIES:
+        if hasattr(strategy, "extra_flops"):
+            flops += strategy.extra_flops(shape, params, s)
+    efficiency = parallel.layout_efficiency(s) * min(1.0, (s.micro_batch * s.seq_len / 4096) ** 0.15)
     return s.devices * efficiency / flops
-
-
-def layouts(shape: LlamaShape, devices: int):
-    for model in range(1, devices + 1):
-        for pipeline in range(1, devices // model + 1):
-            if devices % (model * pipeline):
-                continue
-            if shape.num_heads % model or shape.num_kv_heads % model or shape.intermediate_size % model:
-                continue
-            if shape.num_layers % pipeline:
-                continue
-            yield devices // (model * pipeline), model, pipeline
 
 
 def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int,
@@ -292,8 +235,8 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
     half = "bfloat16" if device.bf16 else "float16"
     precisions = [("O2", half)] if device.name != "cpu" else [("O0", "float16"), ("O2", "float16")]
     best, closest = None, None
-    for (data, model, pipeline), shard, micro, recompute, chunked, (amp, dtype), lora in itertools.product(
-            layouts(shape, devices), (False, True), (1, 2, 4, 8, 16), ("none", "selective", "full"),
+    for (data, model, pipeline), shard, micro, recompute_mode, chunked, (amp, dtype), with_lora in itertools.product(
+            parallel.layouts(shape, devices), (False, True), (1, 2, 4, 8, 16), ("none", "selective", "full"),
             (False, True), precisions, (False, True) if allow_lora else (base.lora,)):
         if shard and data == 1:
             continue
@@ -305,8 +248,8 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
         if pipeline > 1 and accumulation < pipeline:
             continue
         s = replace(base, data=data, model=model, pipeline=pipeline, optimizer_shard=shard, micro_batch=micro,
-                    recompute=recompute, recompute_layers=0, chunked_ce=chunked, amp_level=amp, dtype=dtype,
-                    lora=lora, sequence_parallel=base.sequence_parallel and model > 1,
+                    recompute=recompute_mode, recompute_layers=0, chunked_ce=chunked, amp_level=amp, dtype=dtype,
+                    lora=with_lora, sequence_parallel=base.sequence_parallel and model > 1,
                     flash_attention=device.flash_attention)
         plan = estimate(shape, params, device, s)
         if closest is None or plan.total_bytes < closest.total_bytes:

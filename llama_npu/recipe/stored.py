@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional
 
-from .schema import Recipe, RecipeError, load_recipe, recipe_from_dict
+from .load import load_recipe, recipe_from_dict
+from .problems import RecipeError
+from .schema import Recipe
 
 STORED_RECIPE = "recipe.yaml"
 

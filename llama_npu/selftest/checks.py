@@ -227,7 +227,7 @@ def speed_figures(ctx: Context) -> dict:
         return ctx.speed_run
     import time
 
-    from ..recipe.schema import load_recipe
+    from ..recipe.load import load_recipe
     from ..strategies.network import build_network
 
     path = REPO / "recipes" / f"llama3_2_1b_zh_full_{'910a' if ctx.soc == '910a' else '910b'}.yaml"

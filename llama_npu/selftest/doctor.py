@@ -8,7 +8,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from ..recipe.schema import RecipeError, load_recipe
+from ..recipe.load import load_recipe
+from ..recipe.problems import RecipeError
 
 # From MindFormers 1.9.0's package description ("Version Mapping"): the hardware it supports.
 MINDFORMERS_HARDWARE = "Atlas 800T A2, Atlas 800I A2 and Atlas 900 A3 SuperPoD (Atlas A2/A3)"

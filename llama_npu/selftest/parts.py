@@ -60,7 +60,7 @@ class Context:
         return self.target == "ascend" and self.soc != "910a"
 
     def recipe(self, *overrides):
-        from ..recipe.schema import load_recipe
+        from ..recipe.load import load_recipe
 
         device = [] if self.target == "cpu" else ["device.target=ascend", f"device.name={self.soc}"]
         return load_recipe(SMOKE, [f"data.max_seq_len={SEQ}", "data.eval_files=[]", "train.global_batch_size=0",

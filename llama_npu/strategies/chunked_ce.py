@@ -1,67 +1,61 @@
-"""Chunked cross-entropy: the LM head and the loss computed `chunk_size` tokens at a time.
-
-With Llama 3.2's 128,256-token vocabulary the fp32 logits of one 4,096-token micro-batch
-are 2.1 GB, and autodiff would keep them (and the softmax) alive until the backward pass.
-Here the forward pass sums chunk losses, and a custom backward recomputes each chunk's
-logits and applies d loss / d logits = softmax - onehot chunk by chunk, so at most one
-chunk of logits exists at a time. The price is one extra head matmul per chunk (the
-recompute). Loss and gradients equal the full path (tests/test_strategies.py).
+"""Chunked cross-entropy: the LM head and the loss computed `chunk_size` tokens at a time, so
+that at most one chunk of the vocabulary-wide logits exists (the cells and why:
+model/chunked_loss.py).
 """
 from __future__ import annotations
 
-import mindspore as ms
-from mindspore import Tensor, nn, ops
+from dataclasses import dataclass
 
-from ..model.loss import token_cross_entropy_sum
-from ..model.tokens import IGNORE_ID
-from ..recipe.schema import ChunkedCESection
+from ..recipe.problems import positive
 
-
-class ChunkedCrossEntropy(nn.Cell):
-    """(hidden (N, H), weight (V, H), targets (N,)) -> summed loss, chunked in both passes."""
-
-    def __init__(self, chunk_size: int):
-        super().__init__()
-        self.chunk_size = chunk_size
-
-    def construct(self, hidden, weight, targets):
-        total = ops.zeros((), ms.float32)
-        for start in range(0, hidden.shape[0], self.chunk_size):
-            end = start + self.chunk_size
-            logits = ops.matmul(hidden[start:end], weight.T).astype(ms.float32)  # (C, V)
-            total = total + token_cross_entropy_sum(logits, targets[start:end])
-        return total
-
-    def bprop(self, hidden, weight, targets, out, dout):
-        one, zero = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
-        d_hidden = ()
-        d_weight = ops.zeros(weight.shape, ms.float32)
-        for start in range(0, hidden.shape[0], self.chunk_size):
-            end = start + self.chunk_size
-            h, t = hidden[start:end], targets[start:end]
-            logits = ops.matmul(h, weight.T).astype(ms.float32)  # recomputed, (C, V)
-            onehot = ops.one_hot(ops.maximum(t, 0), logits.shape[-1], one, zero)
-            mask = (t != IGNORE_ID).astype(ms.float32).reshape(-1, 1)
-            d_logits = ((ops.softmax(logits, -1) - onehot) * mask * dout).astype(hidden.dtype)
-            d_hidden += (ops.matmul(d_logits, weight),)
-            d_weight = d_weight + ops.matmul(d_logits.T, h).astype(ms.float32)
-        return ops.concat(d_hidden, 0), d_weight.astype(weight.dtype), ops.zeros_like(targets)
+KEY = "chunked_ce"
+CHECKED_AFTER = ("model", "recompute")  # one memory strategy's problem at a time, as validation lists them
+PROFILE_SWITCH = "strategies.chunked_ce.enabled"  # profiled off and on
+REHEARSAL_CHUNK = 16  # chunked CE must still cut the rehearsal's 32-token sequences into pieces
 
 
-class ChunkedHeadLoss(nn.Cell):
-    """Drop-in for loss.FullHeadLoss."""
+@dataclass
+class ChunkedCESection:
+    enabled: bool = False
+    chunk_size: int = 1024  # tokens per chunk of the LM head + loss
 
-    def __init__(self, lm_head, chunk_size: int):
-        super().__init__(auto_prefix=False)
-        self.lm_head = lm_head
-        self.cross_entropy = ChunkedCrossEntropy(chunk_size)
 
-    def construct(self, hidden, targets):
-        # The head runs in the compute dtype, as MindFormers' Linear does.
-        weight = self.lm_head.weight.astype(hidden.dtype)
-        return self.cross_entropy(hidden, weight, targets)
+SECTION = ChunkedCESection
+
+
+def check(recipe) -> None:
+    positive("strategies.chunked_ce.chunk_size", recipe.strategies.chunked_ce.chunk_size)
+
+
+def rehearse(r) -> None:
+    section = r.recipe.strategies.chunked_ce
+    if section.enabled:
+        r.change("strategies.chunked_ce.chunk_size", min(section.chunk_size, REHEARSAL_CHUNK))
 
 
 def head_loss(section: ChunkedCESection, lm_head):
     """The head+loss cell for CausalLMLoss: chunked when enabled, else None (full path)."""
+    from ..model.chunked_loss import ChunkedHeadLoss  # imported here: it loads MindSpore, needless for validate
+
     return ChunkedHeadLoss(lm_head, section.chunk_size) if section.enabled else None
+
+
+# ---------------------------------------------------------------- planner term
+
+def plan_settings(recipe) -> dict:
+    return {"chunked_ce": recipe.strategies.chunked_ce.enabled, "chunk_size": recipe.strategies.chunked_ce.chunk_size}
+
+
+def logits_rows(s, tokens: int) -> int:
+    """Rows of the vocabulary-wide logits alive at once: one chunk, or every token."""
+    return min(s.chunk_size, tokens) if s.chunked_ce else tokens
+
+
+def hidden_gradient(s, tokens: int, hidden_size: int) -> int:
+    """The custom backward's fp32 gradient of the hidden states, built chunk by chunk."""
+    return tokens * hidden_size * 4 if s.chunked_ce else 0
+
+
+def extra_flops(shape, params: int, s) -> int:
+    """Each chunk's head matmul, recomputed in the backward."""
+    return 2 * shape.vocab_size * shape.hidden_size if s.chunked_ce else 0

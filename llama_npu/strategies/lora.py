@@ -8,8 +8,47 @@ compute dtype (it needs no fp32 master copy), the adapters in fp32.
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass
 
-from ..recipe.schema import LoraSection
+from ..model.architecture import LINEAR_LAYERS, matched_layers
+from ..recipe.problems import RecipeError, positive
+
+KEY = "lora"
+CHECKED_AFTER = ("model", "recompute", "chunked_ce")  # one memory strategy's problem at a time
+PROFILE_SWITCH = "strategies.lora.enabled"  # profiled off and on
+# The (in, out) sizes of each linear layer: hidden, the MLP's and the KV heads'.
+SHAPES = {"wq": ("h", "h"), "wk": ("h", "kv"), "wv": ("h", "kv"), "wo": ("h", "h"),
+          "w1": ("h", "f"), "w2": ("f", "h"), "w3": ("h", "f")}
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = False
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: str = ".*wq|.*wk|.*wv|.*wo"  # regex over wq wk wv wo w1 w2 w3
+
+
+SECTION = LoraSection
+
+
+def check(recipe) -> None:
+    section = recipe.strategies.lora
+    if not section.enabled:
+        return
+    positive("strategies.lora.rank", section.rank)
+    positive("strategies.lora.alpha", section.alpha)
+    if not 0.0 <= section.dropout < 1.0:
+        raise RecipeError(f"strategies.lora.dropout: expected a value in [0, 1), got {section.dropout}")
+    try:
+        matched = matched_layers(section.target_modules)
+    except re.error as exc:
+        raise RecipeError(f"strategies.lora.target_modules: not a valid regex ({exc})") from None
+    if not matched:
+        raise RecipeError(f"strategies.lora.target_modules={section.target_modules!r} matches no layer; "
+                          f"the linear layers are {', '.join(LINEAR_LAYERS)}")
 
 
 def _mute_mindpet_stdout() -> None:
@@ -64,3 +103,29 @@ def merge_lora(net) -> int:
 def frozen_base_dtypes(dtypes: dict) -> dict:
     """Model dtypes under LoRA: the frozen base is stored in the compute dtype."""
     return dict(dtypes, param_dtype=dtypes["compute_dtype"])
+
+
+# ---------------------------------------------------------------- planner term
+
+def plan_settings(recipe) -> dict:
+    section = recipe.strategies.lora
+    return {"lora": section.enabled, "lora_rank": section.rank,
+            "lora_targets": tuple(matched_layers(section.target_modules))}
+
+
+def lora_params_per_layer(shape, rank: int, targets) -> int:
+    dims = {"h": shape.hidden_size, "f": shape.intermediate_size, "kv": shape.num_kv_heads * shape.head_dim}
+    return sum(rank * (dims[i] + dims[o]) for name, (i, o) in SHAPES.items() if name in targets)
+
+
+def trainable_params(shape, s, layers: int, on_device: int) -> int:
+    """The parameters a device trains: the adapters of its layers (split like the base by
+    model parallel), or every parameter it holds."""
+    if not s.lora:
+        return on_device
+    return layers * lora_params_per_layer(shape, s.lora_rank, s.lora_targets) // s.model
+
+
+def flops_per_parameter(s) -> int:
+    """6 FLOPs per parameter and token; 4 with LoRA: no weight gradients of the frozen base."""
+    return 4 if s.lora else 6

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..common.atomic import unwritable_reason
-from ..recipe.schema import Recipe, RecipeError, with_absolute_paths
+from ..recipe.problems import RecipeError
+from ..recipe.schema import Recipe, with_absolute_paths
 from ..recipe.stored import STORED_RECIPE, stored_recipe
 from ..weights.pretrained import check_pretrained
 

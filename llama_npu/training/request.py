@@ -9,7 +9,9 @@ from typing import Optional
 from ..common.console import note
 from ..common.launcher import launched_workers
 from ..common.stopping import StopSignals
-from ..recipe.schema import Recipe, RecipeError, load_recipe
+from ..recipe.load import load_recipe
+from ..recipe.problems import RecipeError
+from ..recipe.schema import Recipe
 from ..recipe.stored import STORED_RECIPE, stored_recipe
 from .preflight import PreflightError, check_output_dir, check_rehearsed_recipe, preflight, resume_command
 from .rehearse import rehearse

@@ -25,8 +25,9 @@ from ..checkpoints.files import inspect
 from ..checkpoints.policy import Checkpointer
 from ..common.console import note, progress_bar, warn
 from ..common.stopping import StopSignals
-from ..recipe.schema import Recipe, accumulation_steps, with_absolute_paths
+from ..recipe.schema import Recipe, with_absolute_paths
 from ..recipe.stored import STORED_RECIPE, stored_recipe
+from ..strategies.accumulation import accumulation_steps
 from .preflight import PreflightError, preflight, recipe_difference
 
 

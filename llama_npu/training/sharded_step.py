@@ -37,8 +37,9 @@ from mindspore.ops import operations as P
 
 from ..model.loss import layers_with_additive_mask
 from ..model.tokens import IGNORE_ID
-from ..recipe.schema import ParallelSection, Recipe, accumulation_steps
-from ..strategies.parallel import World
+from ..recipe.schema import Recipe
+from ..strategies.accumulation import accumulation_steps
+from ..strategies.parallel import ParallelSection, World
 from .step import StepResult
 
 

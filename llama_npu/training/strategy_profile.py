@@ -34,13 +34,14 @@ from ..common.atomic import check_writable, replace_file
 from ..common.console import note
 from ..memory.parameter_count import cached_parameter_count
 from ..model.architecture import resolve_shape
-from ..recipe.schema import Recipe, RecipeError, load_recipe
+from ..recipe.load import load_recipe
+from ..recipe.problems import RecipeError
+from ..recipe.schema import Recipe
+from ..strategies import STRATEGIES
 from .run import planned_peak_bytes
 
 GiB = 2 ** 30
 SWITCHES = ("off", "on")
-PRECISION_VALUE = re.compile(r"O[0-3](:(float16|bfloat16))?$")
-RECOMPUTE_MODES = {"off": "none", "on": "full", "selective": "selective"}
 # How out-of-memory failures read: MindSpore on Ascend, on the host, and Python's own.
 OUT_OF_MEMORY = re.compile(r"out of memory|memory isn't enough|memory is not enough|MemoryError|"
                            r"alloc(ate)? (device )?memory failed", re.IGNORECASE)
@@ -52,38 +53,7 @@ class ProfileError(RecipeError):
     reports it the same way (one line, exit 2)."""
 
 
-class Refused(Exception):
-    """A combination this recipe cannot take (recorded as a skipped row)."""
-
-
 # ---------------------------------------------------------------- axes: value -> --set overrides
-
-def _precision(value: str, base: Recipe) -> List[str]:
-    """LEVEL[:DTYPE]; without DTYPE the recipe's. Half precision with float16 gets a dynamic
-    loss scale, as `plan --write-recipe` writes it; O0 needs none."""
-    level, _, dtype = value.partition(":")
-    dtype = dtype or base.strategies.precision.dtype
-    loss_scale = "dynamic" if level != "O0" and dtype == "float16" else "none"
-    return [f"strategies.precision.amp_level={level}", f"strategies.precision.dtype={dtype}",
-            f"strategies.precision.loss_scale={loss_scale}"]
-
-
-def _accumulation(value: str, base: Recipe) -> List[str]:
-    """k micro-batches per optimizer step at the recipe's global batch, so that every value
-    trains on the same samples per step and only the split differs."""
-    k, data = int(value), base.strategies.parallel.data
-    global_batch = base.train.global_batch_size or base.train.micro_batch_size * data
-    if global_batch % (k * data):
-        raise Refused(f"accumulation={k}: the global batch of {global_batch} samples does not split into "
-                      f"{k} micro-batches x data parallel {data} (set train.global_batch_size)")
-    return [f"train.micro_batch_size={global_batch // (k * data)}", f"train.global_batch_size={global_batch}"]
-
-
-def _recompute(value: str, base: Recipe) -> List[str]:
-    mode = RECOMPUTE_MODES[value]
-    layers = base.strategies.recompute.layers if mode == "full" else 0  # layers applies to full only
-    return [f"strategies.recompute.mode={mode}", f"strategies.recompute.layers={layers}"]
-
 
 def _switch(key: str) -> Callable[[str, Recipe], List[str]]:
     return lambda value, base: [f"{key}={'true' if value == 'on' else 'false'}"]
@@ -96,13 +66,15 @@ class Axis:
     expected: str
 
 
-AXES: Dict[str, Axis] = {
-    "precision": Axis(_precision, PRECISION_VALUE.match, "O0, O1, O2 or O3, optionally :float16 or :bfloat16"),
-    "accumulation": Axis(_accumulation, lambda v: v.isdigit() and int(v) > 0, "a whole number of micro-batches >= 1"),
-    "recompute": Axis(_recompute, RECOMPUTE_MODES.__contains__, "off, on or selective"),
-    "chunked_ce": Axis(_switch("strategies.chunked_ce.enabled"), SWITCHES.__contains__, "off or on"),
-    "lora": Axis(_switch("strategies.lora.enabled"), SWITCHES.__contains__, "off or on"),
-}
+def _axis(strategy) -> Axis:
+    """A strategy's axis: its on/off switch, or its own values."""
+    if hasattr(strategy, "PROFILE_SWITCH"):
+        return Axis(_switch(strategy.PROFILE_SWITCH), SWITCHES.__contains__, "off or on")
+    return Axis(strategy.profile_overrides, strategy.profile_value_ok, strategy.PROFILE_EXPECTED)
+
+
+AXES: Dict[str, Axis] = {strategy.KEY: _axis(strategy) for strategy in STRATEGIES
+                         if hasattr(strategy, "PROFILE_SWITCH") or hasattr(strategy, "profile_overrides")}
 
 
 def axis_overrides(axis: str, value: str, base: Recipe) -> List[str]:
@@ -151,7 +123,7 @@ def _accepts(recipe_path: Path, sets: List[str], base: Recipe, axis: str, value:
     try:
         load_recipe(recipe_path, [*sets, *axis_overrides(axis, value, base)])
         return None
-    except (RecipeError, Refused) as exc:
+    except RecipeError as exc:
         return str(exc)
 
 
@@ -333,7 +305,7 @@ def run_profile(recipe_path: Path, combos_spec: Optional[str], steps: int, out_d
         try:
             settings = run_settings(combo, base, sets, steps)
             recipe = load_recipe(recipe_path, settings)
-        except (RecipeError, Refused) as exc:
+        except RecipeError as exc:
             row.update(status="skipped", error=f"refused by the recipe validation: {exc}")
             left.skipped()
             progress(f"{heading}: skipped ({exc})")

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..checkpoints.files import CheckpointError, problem, step_dirs_newest_first
 from ..model.architecture import LlamaShape, resolve_shape
-from ..recipe.schema import RecipeError
+from ..recipe.problems import RecipeError
 from ..recipe.stored import STORED_RECIPE, stored_recipe
 from .tensor_files import (CONFIG, LORA_A, WEIGHTS, ConvertError, StoredTensor, ckpt_index, dequantize, expected_shapes,
                            lora_factors, rename, to_float32)

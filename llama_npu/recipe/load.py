@@ -1,0 +1,120 @@
+"""A recipe read from YAML, with --set's KEY=VALUE overrides, each value coerced to its key's
+type, then completed and validated.
+
+Everything here is pure Python so that a bad recipe is refused in well under a second,
+before MindSpore (slow to import) is touched.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+from typing import Any, List, Optional
+
+import yaml
+
+from ..strategies import STRATEGIES
+from .coerce import coerce
+from .problems import Problems, RecipeError
+from .schema import Recipe
+from .validate import validate
+
+
+def _unknown_key(key: str, candidates) -> RecipeError:
+    name = key.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    hint = f" (did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?)" if close else ""
+    return RecipeError(f"unknown key '{key}'{hint}")
+
+
+def _build(cls, data: Any, prefix: str, problems: Problems):
+    """Build dataclass `cls` from a mapping; an unknown key or a wrong type is a problem,
+    and the key keeps its default so the rest can still be checked."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        problems.append(f"{prefix or 'recipe'}: expected a mapping of keys, got {data!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            problems.append(str(_unknown_key(full, fields)))
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, full, problems)
+        else:
+            coerced = problems.check(coerce, value, tp, full)
+            if coerced is not None or value is None:
+                kwargs[key] = coerced
+    return cls(**kwargs)
+
+
+def _apply_override(tree: dict, assignment: str, cls=Recipe) -> None:
+    """Apply one `a.b.c=value` to the raw mapping `tree`, checking the key path exists."""
+    if "=" not in assignment:
+        raise RecipeError(f"--set {assignment!r}: expected KEY=VALUE, e.g. train.max_steps=20")
+    key, raw = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    node, node_cls = tree, cls
+    for depth, part in enumerate(parts):
+        hints = typing.get_type_hints(node_cls)
+        path = ".".join(parts[: depth + 1])
+        if part not in hints:
+            raise _unknown_key(path, hints)
+        tp = hints[part]
+        if depth == len(parts) - 1:
+            if dataclasses.is_dataclass(tp):
+                raise RecipeError(f"--set {key}: '{path}' is a section; set one of its keys")
+            # YAML parsing gives 1e-4 -> float, true -> bool, [a, b] -> list; _build coerces.
+            try:
+                node[part] = yaml.safe_load(raw) if raw.strip() else ""
+            except yaml.YAMLError:
+                node[part] = raw
+        else:
+            if not dataclasses.is_dataclass(tp):
+                raise RecipeError(f"--set {key}: '{path}' is not a section")
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node, node_cls = node[part], tp
+
+
+def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
+                workers: Optional[int] = None) -> Recipe:
+    """Read, override, coerce and validate a recipe. Relative data paths are left as
+    written: they resolve against the current directory (the shipped recipes expect the
+    repository root). `workers`: the processes the run will have (validate --workers, plan
+    --devices); by default the ones msrun launched, 1 for a plain process."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise RecipeError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(tree, dict):
+        raise RecipeError(f"{path}: expected a mapping with sections model, data, train, strategies, device")
+    return recipe_from_dict(tree, overrides, workers)
+
+
+def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers: Optional[int] = None) -> Recipe:
+    """Build and validate a recipe from a mapping (changed in place by `overrides`, --set's
+    KEY=VALUE assignments); `workers` as for load_recipe."""
+    problems = Problems()
+    for assignment in overrides or []:
+        problems.check(_apply_override, tree, assignment)
+    recipe = _build(Recipe, tree, "", problems)
+    # A key refused above keeps its default, so the checks below still see well-typed values.
+    for strategy in STRATEGIES:
+        if hasattr(strategy, "resolve"):
+            problems.check(strategy.resolve, recipe, workers)
+    problems.check(validate, recipe)
+    problems.raise_any()
+    return recipe
+

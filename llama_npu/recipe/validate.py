@@ -1,0 +1,103 @@
+"""Validation: every problem of a recipe listed at once, section by section, then each
+strategy's own checks (strategies/). A check that builds on a value runs once that value
+passed."""
+from __future__ import annotations
+
+from ..data.formats import FORMATS, ON_BAD_RECORD
+from ..memory.devices import DEVICE_TARGETS, DeviceError, parse_bytes
+from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
+from ..strategies import STRATEGIES
+from .problems import Problems, choice, positive
+
+
+def validate(recipe) -> None:
+    """Raise RecipeError listing every problem of the recipe."""
+    problems = Problems()
+    passed = {"model": problems.passes(check_model, recipe.model)}
+    problems.check(check_data, recipe.data)
+    passed["sizes"] = problems.passes(check_sizes, recipe)
+    problems.check(check_train, recipe.train)
+    problems.check(check_device, recipe.device)
+    for strategy in STRATEGIES:
+        ready = all(passed[name] for name in strategy.CHECKED_AFTER)
+        passed[strategy.KEY] = ready and problems.passes(strategy.check, recipe)
+    problems.raise_any()
+
+
+def check_model(m) -> None:
+    problems = Problems()
+    problems.check(choice, "model.preset", m.preset, PRESETS)
+    for name in SIZE_KEYS:
+        value = getattr(m, name)
+        if value is not None:
+            problems.check(positive, f"model.{name}", value)
+    problems.raise_any()
+    shape = resolve_shape(m)
+    if shape.hidden_size % shape.num_heads:
+        problems.append(f"model.hidden_size={shape.hidden_size} is not divisible by "
+                        f"model.num_heads={shape.num_heads}")
+    if shape.num_heads % shape.num_kv_heads:
+        problems.append(f"model.num_heads={shape.num_heads} is not divisible by "
+                        f"model.num_kv_heads={shape.num_kv_heads} (grouped-query attention)")
+    problems.raise_any()
+
+
+def check_data(d) -> None:
+    problems = Problems()
+    problems.check(choice, "data.format", d.format, FORMATS)
+    problems.check(choice, "data.on_bad_record", d.on_bad_record, ON_BAD_RECORD)
+    if bool(d.train_files) == bool(d.prepared):
+        problems.append("data: expected either data.train_files (raw files) or data.prepared (a "
+                        "prepare-data directory), not both or neither")
+    if d.prepared and d.pack:
+        problems.append("data.pack applies to raw data.train_files; a prepared directory is packed "
+                        "or not by llama-npu prepare-data --pack")
+    problems.raise_any()
+
+
+def check_sizes(recipe) -> None:
+    """The sequence length and the train section's counts, which the batch checks build on."""
+    t, problems = recipe.train, Problems()
+    problems.check(positive, "data.max_seq_len", recipe.data.max_seq_len)
+    problems.check(positive, "train.max_steps", t.max_steps)
+    problems.check(positive, "train.micro_batch_size", t.micro_batch_size)
+    problems.check(positive, "train.global_batch_size", t.global_batch_size, True)
+    problems.check(positive, "train.warmup_steps", t.warmup_steps, True)
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        problems.append(f"train.min_lr_ratio: expected a value in [0, 1], got {t.min_lr_ratio}")
+    problems.check(positive, "train.grad_clip", t.grad_clip, True)
+    problems.check(positive, "train.save_every", t.save_every)
+    problems.check(positive, "train.keep_last", t.keep_last)
+    problems.check(positive, "train.max_nonfinite_steps", t.max_nonfinite_steps, True)
+    problems.check(positive, "train.eval_every", t.eval_every, True)
+    problems.raise_any()
+
+
+def check_train(t) -> None:
+    """The execution mode and the optimizer."""
+    o, problems = t.optimizer, Problems()
+    problems.check(choice, "train.mode", t.mode, ("graph", "pynative"))
+    problems.check(choice, "train.optimizer.name", o.name, ("adamw", "sgd"))
+    problems.check(positive, "train.optimizer.lr", o.lr)
+    problems.check(positive, "train.optimizer.weight_decay", o.weight_decay, True)
+    for name in ("beta1", "beta2"):
+        value = getattr(o, name)
+        if not 0.0 <= value < 1.0:
+            problems.append(f"train.optimizer.{name}: expected a value in [0, 1), got {value}")
+    problems.check(positive, "train.optimizer.eps", o.eps)
+    problems.raise_any()
+
+
+def check_device(dev) -> None:
+    problems = Problems()
+    problems.check(choice, "device.name", dev.name, tuple(DEVICE_TARGETS))
+    problems.check(choice, "device.target", dev.target, ("cpu", "ascend"))
+    if DEVICE_TARGETS.get(dev.name, dev.target) != dev.target:
+        problems.append(f"device.name={dev.name} runs on target '{DEVICE_TARGETS[dev.name]}', "
+                        f"but device.target={dev.target}")
+    if dev.max_device_memory:
+        try:
+            parse_bytes(dev.max_device_memory)
+        except DeviceError as exc:
+            problems.append(f"device.max_device_memory: {exc}")
+    problems.raise_any()
