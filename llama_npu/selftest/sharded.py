@@ -72,6 +72,42 @@ def layout_problem(session, section) -> str:
     return ", ".join(f"{key} {found[key]} (asked {wanted[key]})" for key in wanted if found[key] != wanted[key])
 
 
+def fresh_work_dir(ctx: Context) -> Path:
+    """work_dir(), cleared by rank 0 before any rank writes into it."""
+    work = work_dir()
+    if ctx.rank == 0:
+        shutil.rmtree(work, ignore_errors=True)
+    barrier()
+    ctx.work = work
+    return work
+
+
+def layout_difference(session, layout: str, batch, reference: list) -> tuple[float, str]:
+    """(the largest relative difference of the layout's 3 steps from the unsharded
+    reference's losses and gradient norms -- the pipeline's: losses only --, what is wrong
+    when it exceeds TOLERANCE, else '')."""
+    from ..training.optimizer import lr_at  # imported here: it loads MindSpore, after run_selftest's quiet_frameworks
+
+    ref_losses = [r.loss for r in reference]
+    results = [session.step_fn([batch], lr_at(i, session.recipe.train)) for i in (1, 2, 3)]
+    diffs = [relative(r.loss, want) for r, want in zip(results, ref_losses)]
+    if layout != "pipeline2":
+        diffs += [relative(r.grad_norm, want.grad_norm) for r, want in zip(results, reference)]
+    diff = max(diffs)
+    if diff <= TOLERANCE:
+        return diff, ""
+    return diff, (f"{layout}: losses {['%.5f' % r.loss for r in results]} vs unsharded "
+                  f"{['%.5f' % v for v in ref_losses]}, grad norms "
+                  f"{['%.4f' % r.grad_norm for r in results]} vs {['%.4f' % r.grad_norm for r in reference]}")
+
+
+def what_ran_on_cpu(built: list, workers: int, reference: list) -> str:
+    return (f"ran: built {', '.join(built)} through train.setup on {workers} ranks (MindFormers' wrapper chain, "
+            f"semi_auto_parallel, the reference's weights loaded) and took the unsharded reference's 3 steps (losses "
+            f"{', '.join('%.4f' % r.loss for r in reference)}); the sharded steps compile a semi_auto_parallel graph, "
+            f"which needs Ascend: scripts/launch.sh --selftest N on a card")
+
+
 def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     """model=2, pipeline=2 (2 micro-batches) and optimizer_shard=true, each built by
     train.setup and stepped 3 times on one fixed batch from the reference's initial
@@ -83,25 +119,21 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     if ctx.workers < 2 or ctx.workers % 2:
         return Check(name, "parallel", SKIP, reason="needs msrun on an even number of workers: "
                                                     "scripts/launch.sh --selftest N on Ascend")
+    # imported here: they load MindSpore, after run_selftest's quiet_frameworks
     import mindspore as ms
 
     from ..data.batches import ListSamples
     from ..data.samples import Sample
     from ..training.optimizer import lr_at
-    from ..training.run import open_run_dir, setup
+    from ..training.run import open_run_dir
+    from ..training.session import setup
 
     batch = random_batch(ctx.workers, 61)
     recipe, net, cell = build(ctx, *TRAIN)
     initial = weights(net)
     step = train_step(recipe, net, cell)
     reference = [step([batch], lr=lr_at(i, recipe.train)) for i in (1, 2, 3)]
-    ref_losses = [r.loss for r in reference]
-
-    work, main = work_dir(), ctx.rank == 0
-    if main:
-        shutil.rmtree(work, ignore_errors=True)
-    barrier()  # nobody writes into the directory before rank 0 has cleared it
-    ctx.work = work
+    work = fresh_work_dir(ctx)  # nobody writes into the directory before rank 0 has cleared it
     device = [] if ctx.target == "ascend" else ["device.target=ascend", "device.name=910b"]  # validation wants a card
     source = ListSamples([Sample(list(range(1, 35)), list(range(1, 35)))])  # unused: the check feeds its own batch
     worst, problems, built, figures = 0.0, [], [], []
@@ -110,7 +142,7 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
             sharded = ctx.recipe(*TRAIN, *overrides, *device)
             run_dir = work / layout
             (run_dir / "strategy").mkdir(parents=True, exist_ok=True)
-            if main:  # the run's recipe.yaml, which merge-checkpoints reads
+            if ctx.rank == 0:  # the run's recipe.yaml, which merge-checkpoints reads
                 open_run_dir(run_dir, sharded, overwrite=False)
             session = setup(sharded, run_dir, source, [], on_ascend=ctx.target == "ascend")
             problem = layout_problem(session, sharded.strategies.parallel)
@@ -124,15 +156,8 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
                 p.set_data(ms.Tensor(initial[p.name]))
             if ctx.target != "ascend":
                 continue
-            results = [session.step_fn([batch], lr_at(i, sharded.train)) for i in (1, 2, 3)]
-            diffs = [relative(r.loss, want) for r, want in zip(results, ref_losses)]
-            if layout != "pipeline2":
-                diffs += [relative(r.grad_norm, want.grad_norm) for r, want in zip(results, reference)]
-            diff = max(diffs)
-            if not diff <= TOLERANCE:
-                problems.append(f"{layout}: losses {['%.5f' % r.loss for r in results]} vs unsharded "
-                                f"{['%.5f' % v for v in ref_losses]}, grad norms "
-                                f"{['%.4f' % r.grad_norm for r in results]} vs {['%.4f' % r.grad_norm for r in reference]}")
+            diff, problem = layout_difference(session, layout, batch, reference)
+            problems += [problem] if problem else []
             worst = max(worst, diff if diff == diff else float("inf"))
             figures.append(f"{layout} {diff:.2g}")
             ctx.sharded_runs[layout] = session
@@ -141,11 +166,7 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     if problems:
         return Check(name, "parallel", FAIL, worst if ctx.target == "ascend" else None, TOLERANCE, "; ".join(problems))
     if ctx.target != "ascend":
-        return Check(name, "parallel", SKIP, reason=(
-            f"ran: built {', '.join(built)} through train.setup on {ctx.workers} ranks (MindFormers' wrapper chain, "
-            f"semi_auto_parallel, the reference's weights loaded) and took the unsharded reference's 3 steps (losses "
-            f"{', '.join('%.4f' % v for v in ref_losses)}); the sharded steps compile a semi_auto_parallel graph, "
-            f"which needs Ascend: scripts/launch.sh --selftest N on a card"))
+        return Check(name, "parallel", SKIP, reason=what_ran_on_cpu(built, ctx.workers, reference))
     return Check(name, "parallel", PASS, worst, TOLERANCE, f"largest relative difference: {', '.join(figures)}")
 
 
@@ -270,7 +291,7 @@ def check_export_sharded(ctx: Context, fault=None) -> Check:
     from ..checkpoints.files import rank_roots
     from ..common.collective import all_reduce_sum
     from ..strategies.parallel import init_parallel
-    from ..training.run import save
+    from ..training.loop import save
 
     rank = session.world.rank
     save(session, 3)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..common.atomic import unwritable_reason
+from ..common.console import note
 from ..recipe.schema import Recipe, RecipeError, with_absolute_paths
 from ..recipe.stored import STORED_RECIPE, stored_recipe
 from ..weights.pretrained import check_pretrained
@@ -285,6 +286,26 @@ def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], ov
     if resume:
         problems += _collect(problems, check_resume_recipe, recipe, run_dir, force) or []
     return problems, candidates
+
+
+def checked_start(recipe: Recipe, run_dir: Path, resume: Optional[str], overwrite: bool, force: bool, workers: int,
+                  main_rank: bool, rehearsal: bool) -> tuple[Optional[list], bool]:
+    """`train`'s pre-flight: PreflightError on any problem, else (the checkpoints to resume
+    from, newest first, None when no resume was asked; whether run_dir has no stored recipe
+    to compare the checkpoint's with)."""
+    problems, candidates = preflight(recipe, run_dir, resume, overwrite, force, workers, main_rank,
+                                     rehearsal=rehearsal)
+    if problems:
+        raise PreflightError(problems)
+    stored = stored_recipe(run_dir) if resume else None
+    if stored is not None:
+        difference = recipe_difference(stored, recipe)
+        if difference.changed:
+            note(f"resuming with {difference.describe(difference.changed)}, unlike {run_dir / STORED_RECIPE} "
+                 f"(kept as it was)")
+    if resume == "auto" and not candidates:
+        note(f"resume: no checkpoint under {run_dir}/checkpoints; starting at step 0")
+    return (candidates if resume else None), stored is None
 
 
 def _set_value(value) -> str:

@@ -155,8 +155,8 @@ def build_train_network(llama, optimizer, recipe: Recipe, scale_sense) -> nn.Cel
                                              MFTrainOneStepCell, PipelineCellWithTwoOutput)
 
     par, clip = recipe.strategies.parallel, recipe.train.grad_clip
-    k = accumulation_steps(recipe)
     network = TrainLoss(llama, par.data, recipe.data.max_seq_len)
+    k = accumulation_steps(recipe)
     # _wrap_network_with_tool_cells_legacy: with calculate_per_token_loss MindFormers picks
     # the two-output variants of GradAccumulationCell and PipelineCell.
     if par.pipeline > 1:
@@ -242,6 +242,4 @@ def eval_layout(net, loss_cell, section: ParallelSection, world: World, micro_ba
     construction. Pipelines do not evaluate (recipe validation refuses it)."""
     if not world.sharded:
         return loss_cell, micro_batch_size
-    from .sharded_step import eval_network  # imported here: it imports MindSpore, which validate does not need
-
     return eval_network(net, section.data), micro_batch_size * section.data

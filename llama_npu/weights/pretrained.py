@@ -149,6 +149,13 @@ def load_pretrained(net, recipe) -> None:
     load_weights(net, read_weights(directory / WEIGHTS, meta), shape, directory / WEIGHTS)
 
 
+def pretrained_hf_config(recipe) -> Optional[dict]:
+    """The Hugging Face config the run started from, carried into its checkpoints."""
+    if not recipe.model.checkpoint:
+        return None
+    return read_checkpoint_dir(Path(recipe.model.checkpoint))[1].get("hf_config")
+
+
 # ---------------------------------------------------------------- what eval / generate / export take
 
 @dataclass
