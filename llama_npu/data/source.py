@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Sequence, Union
 
 from ..common.console import note
-from ..recipe.schema import Recipe
 from .batches import ListSamples
 from .mindrecord import MindRecordSamples
 from .packing import pack, padding_share
@@ -15,14 +14,14 @@ from .samples import Sample, tokenize_records
 from .tokenizer import load_tokenizer
 
 
-def run_samples(recipe: Recipe) -> tuple[Union[ListSamples, MindRecordSamples], list[Sample]]:
+def run_samples(recipe) -> tuple[Union[ListSamples, MindRecordSamples], list[Sample]]:
     """(the training set's sample source, the held-out samples), one tokenizer for both.
     A bad record deep in a file stops the run here, before its directory is touched."""
     tokenizer = load_tokenizer(recipe.data.tokenizer)
     return training_source(recipe, tokenizer), eval_samples(recipe, tokenizer)
 
 
-def _raw_samples(recipe: Recipe, tokenizer, files: Sequence[str]):
+def _raw_samples(recipe, tokenizer, files: Sequence[str]):
     records, skipped = read_dataset(files, recipe.data.format, recipe.data.on_bad_record)
     if skipped.total:
         note(f"data.on_bad_record=skip: skipped {skipped.total} of {len(records) + skipped.total} records of "
@@ -32,12 +31,12 @@ def _raw_samples(recipe: Recipe, tokenizer, files: Sequence[str]):
     return tokenize_records(tokenizer, records, recipe.data.max_seq_len + 1, recipe.data.train_on_prompt)
 
 
-def eval_samples(recipe: Recipe, tokenizer) -> list[Sample]:
+def eval_samples(recipe, tokenizer) -> list[Sample]:
     """The held-out samples of data.eval_files ([] without any)."""
     return _raw_samples(recipe, tokenizer, recipe.data.eval_files)[0] if recipe.data.eval_files else []
 
 
-def training_source(recipe: Recipe, tokenizer) -> Union[ListSamples, MindRecordSamples]:
+def training_source(recipe, tokenizer) -> Union[ListSamples, MindRecordSamples]:
     """The sample source of the training set: a prepared MindRecord directory, or the raw
     files tokenized (and packed) in memory."""
     d = recipe.data

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from ..model.architecture import LlamaShape
-from ..recipe.schema import Recipe
 from .devices import get_device
 from .planner import estimate, strategy_from_recipe
 
 
-def planned_peak_bytes(recipe: Recipe, shape: LlamaShape, params: int) -> int:
+def planned_peak_bytes(recipe, shape: LlamaShape, params: int) -> int:
     """The planner's per-device peak for this recipe (its total less the free margin),
     logged beside the measured peak."""
     device = get_device(recipe.device.name, recipe.device.max_device_memory)
