@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Optional
 
 from ..common.console import note, progress_bar
-from ..common.stopping import NonFiniteStreak, RunFailure, StopSignals, all_finite
+from ..common.stopping import RunFailure, StopSignals
 from ..evaluation.loss_loop import evaluate
 from ..memory.measure import current_rss, peak_memory
 from ..recipe.schema import accumulation_steps
+from .nonfinite import NonFiniteStreak, all_finite
 from .optimizer import lr_at
 from .session import Session
 from .step import StepResult
@@ -62,11 +63,11 @@ def step_record(s: Session, step: int, result: StepResult, tokens_per_s: float, 
     return record
 
 
-def run_summary(s: Session, step: int, stopped_by: Optional[str], losses: list, tokens_per_s: Optional[float]) -> dict:
+def run_summary(s: Session, steps: int, stopped_by: Optional[str], losses: list, tokens_per_s: Optional[float]) -> dict:
     """The run's summary (summary.json on rank 0): steps, first and last loss, held-out
     loss, throughput, peak memory, the newest checkpoint."""
     world = s.world
-    summary = {"steps": step, "steps_this_run": step - s.start_step, "stopped_by": stopped_by,
+    summary = {"steps": steps, "steps_this_run": steps - s.start_step, "stopped_by": stopped_by,
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                "tokens_per_s": tokens_per_s}
     if s.eval_samples and not stopped_by:  # a preempted job has seconds left, not minutes
@@ -95,11 +96,11 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
     or until a stop request (a signal to any rank); return the run's summary."""
     s = session
     t, world, start_step = s.recipe.train, s.world, s.start_step
+    streak = NonFiniteStreak(t.max_nonfinite_steps, s.scaler)
     k = accumulation_steps(s.recipe)
     note(f"training for {t.max_steps} steps, {k} micro-batch(es) of {t.micro_batch_size} x "
          f"{s.recipe.data.max_seq_len + 1} tokens per step and rank; the first step compiles the graph")
     losses, timed_tokens, timed_seconds = [], 0, 0.0
-    streak = NonFiniteStreak(t.max_nonfinite_steps, s.scaler)
     # Ranks reading the step's tokens apart: under full_batch every sharded rank reads the global batch.
     token_readers = 1 if world.sharded else world.size
     step, stopped_by = start_step, None
