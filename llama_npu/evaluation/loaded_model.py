@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..common.frameworks import mute_mindformers_info
+from ..recipe.schema import RecipeError, recipe_from_dict
+
 EVAL_CHUNK = 256  # tokens of logits at a time: 256 x 128,256 fp32 is 131 MB
 
 
@@ -22,8 +25,6 @@ def ascend_usable() -> bool:
 def select_device(device: str) -> bool:
     """Set MindSpore's device for `--device auto|cpu|ascend`; True when it is Ascend."""
     import mindspore as ms
-
-    from ..recipe.schema import RecipeError
 
     on_ascend = ascend_usable() if device == "auto" else device == "ascend"
     if device == "ascend" and not ascend_usable():
@@ -74,8 +75,6 @@ def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 
     """(net, loss_cell, tokenizer name) in fp32 with the weights of `checkpoint` (a converted
     directory, a step or a run directory: pretrained.resolve_weights, or a Hugging Face
     directory) loaded, LoRA adapters folded in."""
-    from ..common.frameworks import mute_mindformers_info
-    from ..recipe.schema import recipe_from_dict
     from ..strategies.network import build_network
     from ..weights.pretrained import load_weights, model_weights, resolve_weights
 

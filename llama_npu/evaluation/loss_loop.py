@@ -2,6 +2,8 @@
 periodic evaluation and by `llama-npu eval`."""
 from __future__ import annotations
 
+from ..model.tokens import IGNORE_ID, PAD_ID
+
 
 def bucket_length(longest: int, length: int, smallest: int = 64) -> int:
     """Rows of `longest` tokens padded to the next power of two >= `smallest` predicted
@@ -19,7 +21,6 @@ def evaluate(loss, samples, batch_size: int, length: int, bucketed: bool = False
     from mindspore import Tensor
 
     from ..data.samples import pad_batch
-    from ..model.tokens import IGNORE_ID, PAD_ID
 
     loss.set_train(False)
     total, tokens = 0.0, 0

@@ -15,6 +15,18 @@ from typing import Optional
 
 import numpy as np
 
+from ..checkpoints.files import load_checkpoint, optimizer_state_params, save_checkpoint
+from ..common.collective import all_reduce_sum
+from ..data.packing import pack
+from ..data.samples import Sample, pad_batch
+from ..memory.devices import get_device
+from ..memory.planner import estimate, strategy_from_recipe
+from ..model.architecture import resolve_shape
+from ..model.llama import build_model, llama_config
+from ..model.tokens import IGNORE_ID, PAD_ID
+from ..recipe.schema import load_recipe
+from ..weights.convert import ms_to_hf
+from ..weights.tensor_files import read_safetensors, rename
 from .parts import (FAIL, PASS, REPO, SEQ, SKIP, Check, Context, build, judged, random_batch, train_step, trained_once,
                     weights)
 
@@ -94,9 +106,6 @@ def check_precision_bf16(ctx: Context, fault=None) -> Check:
 # ---- mask ----------------------------------------------------------------------------------
 
 def packed_samples():
-    from ..data.samples import Sample
-    from ..model.tokens import IGNORE_ID
-
     rng = np.random.default_rng(3)
     return [Sample(list(ids), [IGNORE_ID] + list(ids[1:]), None)
             for ids in (rng.integers(0, 128000, n) for n in (9, 12, 6, 5))]
@@ -106,10 +115,6 @@ def per_sample_difference(loss_of, mask: bool) -> float:
     """Max relative difference between each sample's summed loss in a packed row and alone.
     `loss_of(ids, labels[, segments])` -> summed loss. `mask=False` drops the segment ids."""
     import mindspore as ms
-
-    from ..data.packing import pack
-    from ..data.samples import pad_batch
-    from ..model.tokens import IGNORE_ID, PAD_ID
 
     samples = packed_samples()
     alone = [loss_of(*map(ms.Tensor, pad_batch([s], SEQ + 1, PAD_ID))) for s in samples]
@@ -139,8 +144,6 @@ def check_mask_packed(ctx: Context, fault=None) -> Check:
 def check_mask_packed_sharded_loss(ctx: Context, fault=None) -> Check:
     """The same for the sharded layouts' loss (training/sharded_step.py TrainLoss), in
     stand-alone mode: its own mask and head, no sharding needed to check them."""
-    from ..model.architecture import resolve_shape
-    from ..model.llama import build_model, llama_config
     from ..training.sharded_step import TrainLoss
 
     import mindspore as ms
@@ -175,8 +178,6 @@ def check_mask_flash_vs_plain(ctx: Context, fault=None) -> Check:
 
 
 def _plain_network(recipe):
-    from ..model.architecture import resolve_shape
-    from ..model.llama import build_model, llama_config
     from ..model.loss import CausalLMLoss
 
     config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, True, device_name=recipe.device.name)
@@ -197,10 +198,6 @@ def check_memory_vs_plan(ctx: Context, fault=None) -> Check:
         return Check(name, "memory", SKIP, reason="MindSpore's memory statistics are 0 on the CPU backend, and host "
                                                   "RSS is no proxy for device memory (docs/memory.md)")
     import mindspore as ms
-
-    from ..memory.devices import get_device
-    from ..memory.planner import estimate, strategy_from_recipe
-    from ..model.architecture import resolve_shape
 
     worst = 0.0
     for overrides in ((*FP16, "strategies.precision.loss_scale=dynamic"),
@@ -227,7 +224,6 @@ def speed_figures(ctx: Context) -> dict:
         return ctx.speed_run
     import time
 
-    from ..recipe.schema import load_recipe
     from ..strategies.network import build_network
 
     path = REPO / "recipes" / f"llama3_2_1b_zh_full_{'910a' if ctx.soc == '910a' else '910b'}.yaml"
@@ -307,8 +303,6 @@ def check_data_parallel(ctx: Context, fault=None) -> Check:
     import mindspore as ms
     from mindspore.communication import get_rank
 
-    from ..common.collective import all_reduce_sum
-
     batches = [random_batch(2 * ctx.workers, seed) for seed in (31, 32, 33)]
     recipe, net, cell = build(ctx, "train.optimizer.name=sgd")
     step = train_step(recipe, net, cell)
@@ -352,8 +346,6 @@ def check_resume_exact(ctx: Context, fault=None) -> Check:
     optimizer's state is not restored (AdamW's moments start from zero)."""
     from mindspore import Tensor
 
-    from ..checkpoints.files import load_checkpoint, optimizer_state_params, save_checkpoint
-
     batches = [[random_batch(2, seed)] for seed in (42, 43)]
     with tempfile.TemporaryDirectory(prefix="llama-npu-selftest-") as tmp:
         recipe, net, step = trained_once(ctx)
@@ -382,10 +374,6 @@ def check_resume_exact(ctx: Context, fault=None) -> Check:
 def check_export_exact(ctx: Context, fault=None) -> Check:
     """Train a step, save it as a run does, ms-to-hf, read the safetensors back: the trained
     weights bit-exactly. `fault`: export in float16."""
-    from ..checkpoints.files import save_checkpoint
-    from ..model.architecture import resolve_shape
-    from ..weights.convert import ms_to_hf
-    from ..weights.tensor_files import read_safetensors, rename
 
     recipe, net, _ = trained_once(ctx)
     params = net.trainable_params()

@@ -10,6 +10,10 @@ from typing import Optional
 
 import numpy as np
 
+from ..model.llama import fused_kernels
+from ..recipe.schema import load_recipe
+from ..strategies.precision import LossScaler
+
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 SEQ = 32
@@ -51,8 +55,6 @@ class Context:
 
     @property
     def flash_attention(self) -> bool:
-        from ..model.llama import fused_kernels
-
         return fused_kernels(self.target == "ascend", self.soc)
 
     @property
@@ -60,8 +62,6 @@ class Context:
         return self.target == "ascend" and self.soc != "910a"
 
     def recipe(self, *overrides):
-        from ..recipe.schema import load_recipe
-
         device = [] if self.target == "cpu" else ["device.target=ascend", f"device.name={self.soc}"]
         return load_recipe(SMOKE, [f"data.max_seq_len={SEQ}", "data.eval_files=[]", "train.global_batch_size=0",
                                    "train.micro_batch_size=2", "train.warmup_steps=0", *device, *overrides])
@@ -80,7 +80,6 @@ def build(ctx: Context, *overrides):
 
 def train_step(recipe, net, cell, k: int = 1, optimizer=None):
     """Our TrainStep for k micro-batches, with a new optimizer or another step's."""
-    from ..strategies.precision import LossScaler
     from ..training.optimizer import build_optimizer
     from ..training.step import TrainStep
 

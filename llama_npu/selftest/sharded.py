@@ -21,6 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoints.files import rank_roots
+from ..checkpoints.merge import merge_shards
+from ..checkpoints.policy import Checkpointer
+from ..common.collective import all_reduce_sum
+from ..data.batches import ListSamples
+from ..data.samples import Sample
+from ..strategies.parallel import World, init_parallel, strategy_file
+from ..training.run import open_run_dir
+from ..weights.convert import ms_to_hf
+from ..weights.tensor_files import read_safetensors, rename
 from .parts import FAIL, PASS, SKIP, Check, Context, build, random_batch, train_step, trained_once, weights
 
 # Every layout steps the same N-row global batch (N workers): data x micro-batch (x the
@@ -46,8 +56,6 @@ def work_dir() -> Path:
 
 
 def barrier() -> None:
-    from ..common.collective import all_reduce_sum
-
     all_reduce_sum(np.zeros(1))
 
 
@@ -122,10 +130,7 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     # imported here: they load MindSpore, after run_selftest's quiet_frameworks
     import mindspore as ms
 
-    from ..data.batches import ListSamples
-    from ..data.samples import Sample
     from ..training.optimizer import lr_at
-    from ..training.run import open_run_dir
     from ..training.session import setup
 
     batch = random_batch(ctx.workers, 61)
@@ -228,9 +233,6 @@ def rank_slices(trained: dict, rank: int) -> list:
 def exported_difference(run_dir: Path, out: Path, reference: dict) -> tuple:
     """merge-checkpoints of the run's newest step, ms-to-hf, and the safetensors read back:
     (tensors differing from `reference` bit for bit, tensors exported)."""
-    from ..checkpoints.merge import merge_shards
-    from ..weights.convert import ms_to_hf
-    from ..weights.tensor_files import read_safetensors, rename
 
     merged = merge_shards(run_dir, out / "merged")
     exported = read_safetensors(ms_to_hf(merged, out / "hf", dtype="float32") / "model.safetensors")
@@ -243,10 +245,7 @@ def simulated_export(ctx: Context, fault) -> Check:
     """What a host runs of the sharded export: 2 ranks' shards of one trained step, cut as
     model=2 cuts them and written by Checkpointer.save with that layout's strategy file,
     merged, exported and read back. `fault`: rank 1 saves rank 0's slices."""
-    from ..checkpoints.policy import Checkpointer
-    from ..strategies.parallel import World, strategy_file
     from ..training.optimizer import build_optimizer
-    from ..training.run import open_run_dir
 
     name = "export_merge_sharded"
     recipe, net, _ = trained_once(ctx)
@@ -288,9 +287,6 @@ def check_export_sharded(ctx: Context, fault=None) -> Check:
         return inner
     import mindspore as ms
 
-    from ..checkpoints.files import rank_roots
-    from ..common.collective import all_reduce_sum
-    from ..strategies.parallel import init_parallel
     from ..training.loop import save
 
     rank = session.world.rank

@@ -20,8 +20,11 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 from lm_eval.api.model import TemplateLM
 
+from ...common.console import progress_bar
 from ...data.chat_template import render_text
 from ...model.tokens import BOS_ID, EOT_ID, PAD_ID
+from ...weights.hf_export import CHAT_TEMPLATE
+from ..generate import decode
 from ..loaded_model import EVAL_CHUNK
 from ..loss_loop import bucket_length
 
@@ -110,8 +113,6 @@ class MindSporeLM(TemplateLM):
         return "llama-npu-llama3-chat"
 
     def chat_template(self, chat_template=False) -> str:
-        from ...weights.hf_export import CHAT_TEMPLATE
-
         return CHAT_TEMPLATE
 
     def apply_chat_template(self, chat_history: List[dict], add_generation_prompt: bool = True) -> str:
@@ -123,8 +124,6 @@ class MindSporeLM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> List[Tuple[float, bool]]:
         import mindspore as ms
         from mindspore import ops
-
-        from ...common.console import progress_bar
 
         rows: Dict[tuple, List[Tuple[int, int, List[int]]]] = {}  # input ids -> (request, first position, targets)
         for index, (key, context, continuation) in enumerate(requests):
@@ -192,7 +191,6 @@ class MindSporeLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
         """Greedy replies through `llama-npu generate`'s decoder, cut at the first `until` string."""
-        from ..generate import decode
 
         replies = []
         for context, gen_kwargs in (req.args for req in requests):
