@@ -46,7 +46,7 @@ def decode(net, tokenizer, ids: List[int], max_new_tokens: int, greedy: bool = T
            stop: Callable[[str], bool] = lambda _: False) -> List[int]:
     """The token ids `net` generates after `ids` (without the stop token), until a stop token,
     `max_new_tokens` or `stop(text so far)`; `on_text` receives the text as it grows."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after the command's quiet_frameworks (common/frameworks.py)
     from mindspore import nn
 
     class Logits(nn.Cell):

@@ -18,7 +18,7 @@ def evaluate(loss, samples, batch_size: int, length: int, bucketed: bool = False
     """Mean loss per target token over `samples`, and the number of target tokens. `loss`:
     a loss cell or a ChunkwiseLoss. Batches are padded to `length`, or with `bucketed` to
     their bucket_length."""
-    from mindspore import Tensor
+    from mindspore import Tensor  # imported here: --help imports this module; MindSpore and numpy, only to evaluate
 
     from ..data.samples import pad_batch
 

@@ -47,7 +47,7 @@ class ChunkwiseLoss:
         self.loss_cell.set_train(mode)
 
     def __call__(self, ids, labels):
-        import mindspore as ms
+        import mindspore as ms  # imported here: --help imports this module; MindSpore and numpy, only to evaluate
         from mindspore import ops
 
         from ..model.tokens import IGNORE_ID
@@ -70,7 +70,7 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: Optional[int]
                         device: str = "auto") -> dict:
     """`max_seq_len` None: a run's checkpoint is evaluated at the run's data.max_seq_len, so its
     loss is the run's held-out loss on the same records; anything else at 2048."""
-    from ..data.samples import tokenize_records
+    from ..data.samples import tokenize_records  # imported here: --help imports this module; numpy, only to evaluate
     from ..weights.pretrained import resolve_weights
 
     # The device, the tokenizer and the data are checked before the model is built.

@@ -68,7 +68,7 @@ class Context:
 
 
 def build(ctx: Context, *overrides):
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     from ..strategies.network import build_network
 
@@ -80,6 +80,7 @@ def build(ctx: Context, *overrides):
 
 def train_step(recipe, net, cell, k: int = 1, optimizer=None):
     """Our TrainStep for k micro-batches, with a new optimizer or another step's."""
+    # imported here: MindSpore loads after run_selftest's quiet_frameworks
     from ..training.optimizer import build_optimizer
     from ..training.step import TrainStep
 

@@ -57,7 +57,7 @@ def _version(package: str) -> str:
 
 
 def set_up(device: str, speed: bool) -> Context:
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     if device == "ascend" and not has_npu():
         raise SelftestError("selftest --device ascend: no Ascend NPU on this host (no /dev/davinci_manager, "
@@ -67,6 +67,7 @@ def set_up(device: str, speed: bool) -> Context:
     ms.set_device("Ascend" if target == "ascend" else "CPU")
     soc = "cpu"
     if target == "ascend":
+        # imported here: MindSpore loads after run_selftest's quiet_frameworks
         from mindspore._c_expression import MSContext
 
         # mindspore/nn/wrap/loss_scale.py reads the SoC the same way.
@@ -74,7 +75,7 @@ def set_up(device: str, speed: bool) -> Context:
         soc = "910a" if version == "ascend910" else "910b" if version.startswith("ascend910b") else version
     workers = launched_workers()
     if workers > 1:
-        from mindspore.communication import init
+        from mindspore.communication import init  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
         init()
     ctx = Context(target, soc, workers, speed, rank=launched_rank())

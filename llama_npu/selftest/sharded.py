@@ -65,7 +65,7 @@ def relative(a: float, b: float) -> float:
 
 def layout_problem(session, section) -> str:
     """What of the asked layout the built run lacks ('' when all is there)."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     from ..training.sharded_step import ShardedStep
 
@@ -194,7 +194,7 @@ def write_strategy(path: Path, tensor_maps: dict, stage: int = 0, devices: int =
     """A strategy file in MindSpore's protobuf format (node_strategy.proto) for pipeline
     stage `stage` of `devices` devices a stage: `tensor_maps` gives each weight's tensor map
     over the device matrix [devices] (-1: not split), as a compiled graph records it."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     strategy = ms.train.node_strategy_pb2.ParallelStrategyMap()
     strategy.current_stage = stage
@@ -218,7 +218,7 @@ def write_strategy(path: Path, tensor_maps: dict, stage: int = 0, devices: int =
 def rank_slices(trained: dict, rank: int) -> list:
     """Rank `rank`'s Parameters of a model=2 cut, marked `sliced` as a compiled graph marks
     what a rank holds (mindspore/parallel/_utils.py _slice_parameter)."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     params = []
     for name, value in trained.items():
@@ -245,6 +245,7 @@ def simulated_export(ctx: Context, fault) -> Check:
     """What a host runs of the sharded export: 2 ranks' shards of one trained step, cut as
     model=2 cuts them and written by Checkpointer.save with that layout's strategy file,
     merged, exported and read back. `fault`: rank 1 saves rank 0's slices."""
+    # imported here: MindSpore loads after run_selftest's quiet_frameworks
     from ..training.optimizer import build_optimizer
 
     name = "export_merge_sharded"
@@ -285,7 +286,7 @@ def check_export_sharded(ctx: Context, fault=None) -> Check:
         if inner.status == SKIP and ctx.workers > 1:  # check_sharded_layouts said why there is no run
             inner.reason = "the model=2 run of sharded_model_pipeline_optimizer did not complete; " + inner.reason
         return inner
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     from ..training.loop import save
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from mindspore import ops
+
 
 class NonFiniteStreak:
     """Counts skipped non-finite steps in a row that loss scaling does not account for."""
@@ -40,6 +42,4 @@ class NonFiniteStreak:
 
 def all_finite(params) -> bool:
     """Whether every weight is finite, checked where the weights live (device or host)."""
-    from mindspore import ops
-
     return all(bool(ops.isfinite(p).all()) for p in params)

@@ -33,6 +33,9 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, nn
+from mindspore.communication.comm_func import all_reduce
+from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
+from mindspore.ops import ReduceOp
 from mindspore.ops import operations as P
 
 from ..model.loss import layers_with_additive_mask
@@ -140,8 +143,6 @@ class EvalKeepingTrainStrategy:
 
 def eval_network(llama, data_parallel: int) -> EvalKeepingTrainStrategy:
     """As base_trainer.wrap_eval_network_with_tool_cells: _VirtualDatasetCell around it."""
-    from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
-
     return EvalKeepingTrainStrategy(_VirtualDatasetCell(EvalLoss(llama, data_parallel)))
 
 
@@ -150,7 +151,7 @@ def build_train_network(llama, optimizer, recipe: Recipe, scale_sense) -> nn.Cel
     semi-auto parallel context set (and, for the pipeline wrapper, communication).
     `scale_sense`: LossScaler.sense(), the update cell MindFormers' configs name for dynamic
     scaling (mindspore.nn.DynamicLossScaleUpdateCell) or a fixed value."""
-    from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
+    # imported here: MindFormers loads through mute_mindformers_info (common/frameworks.py), stdout captured
     from mindformers.wrapper.wrapper import (GradAccumulationCellWithTwoOutput, MFPipelineWithLossScaleCell,
                                              MFTrainOneStepCell, PipelineCellWithTwoOutput)
 
@@ -209,9 +210,6 @@ class ShardedStep:
         schedule one more step behind the loop's step number, as in MindFormers' training.
         The result carries the rate the graph computed for this step (MindFormers' wrappers
         return it, applied or, on overflow, skipped), which is what metrics.jsonl logs."""
-        from mindspore.communication.comm_func import all_reduce
-        from mindspore.ops import ReduceOp
-
         tokens = sum(int((batch[1][:, 1:] != IGNORE_ID).sum()) for batch in micro_batches)
         # The scale this step uses; the wrapper updates it on the device (loss_scaling_manager).
         scale = float(self.train_network.scale_sense.asnumpy())

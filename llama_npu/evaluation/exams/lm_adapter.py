@@ -18,6 +18,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+from lm_eval import utils
 from lm_eval.api.model import TemplateLM
 
 from ...common.console import progress_bar
@@ -48,7 +49,7 @@ def head_rows(needed: int) -> int:
 
 def target_head(lm_head):
     """A cell: (hidden (C, H), targets (C, K)) -> (log p of each target (C, K), argmax (C,))."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after the command's quiet_frameworks (common/frameworks.py)
     from mindspore import nn, ops
 
     class TargetLogprobs(nn.Cell):
@@ -122,6 +123,7 @@ class MindSporeLM(TemplateLM):
 
     # ------------------------------------------------------------ scoring
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> List[Tuple[float, bool]]:
+        # imported here: MindSpore loads after the command's quiet_frameworks (common/frameworks.py)
         import mindspore as ms
         from mindspore import ops
 
@@ -175,8 +177,6 @@ class MindSporeLM(TemplateLM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
         """Each string's total log-likelihood in disjoint windows of --max-seq-len, as
         lm-eval's HFLM computes it (lm_eval/models/huggingface.py loglikelihood_rolling)."""
-        from lm_eval import utils
-
         windows, owner = [], []
         for index, (string,) in enumerate(req.args for req in requests):
             for context, continuation in map(utils.make_disjoint_window, utils.get_rolling_token_windows(

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import yaml
+
 from ...common.atomic import check_writable, replace_file
 from ...data.readers import RecordError
 from ...data.tokenizer import load_tokenizer
@@ -42,8 +44,6 @@ class Scored:
 
 def chat_default(checkpoint: Path) -> tuple[bool, str]:
     """(--chat default, why): on for a run directory (or its step) trained on chat data."""
-    import yaml
-
     checkpoint = Path(checkpoint)
     for run in (checkpoint, checkpoint.parent.parent):
         if (run / "recipe.yaml").is_file():
@@ -115,7 +115,7 @@ def summarize(task: str, records: List[Scored], configs: dict) -> dict:
 
 def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, chat: Optional[bool],
                      max_seq_len: int, batch_size: int, device: str) -> dict:
-    from .lm_adapter import MindSporeLM
+    from .lm_adapter import MindSporeLM  # imported here: lm-eval, only once the exam data is checked
 
     default, why = chat_default(checkpoint)
     chat_on = default if chat is None else chat
