@@ -65,7 +65,8 @@ class MindRecordSamples:
         return self.count
 
     def iterate(self, indices) -> Iterator[Sample]:
-        import mindspore.dataset as ds  # imported here: numpy and MindSpore, which the pre-flight's read_meta does not need
+        # imported here: numpy and MindSpore, which the pre-flight's read_meta does not need
+        import mindspore.dataset as ds
 
         dataset = ds.MindDataset(str(self.directory / DATA_FILE), columns_list=list(COLUMNS),
                                  sampler=ds.SubsetSampler([int(i) for i in indices]))
