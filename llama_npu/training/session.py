@@ -72,12 +72,11 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
     world = init_parallel(parallel, run_dir)
     note(describe_layout(recipe))
     batch_size, rank, ranks = stream_layout(parallel, world, t.micro_batch_size)
-    scaler = LossScaler(recipe.strategies.precision)
-    k, shape = accumulation_steps(recipe), resolve_shape(recipe.model)
-
     note(f"building the model{' and loading ' + recipe.model.checkpoint if recipe.model.checkpoint else ''}")
     net, loss_cell = build_network(recipe, on_ascend)
     params = net.trainable_params()
+    scaler = LossScaler(recipe.strategies.precision)
+    k, shape = accumulation_steps(recipe), resolve_shape(recipe.model)
     # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
     optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
     step_fn = ShardedStep(net, optimizer, scaler, recipe) if world.sharded else TrainStep(
