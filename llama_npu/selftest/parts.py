@@ -49,7 +49,7 @@ class Context:
     device: dict = field(default_factory=dict)
     rank: int = 0
     work: Optional[Path] = None  # a directory every rank shares (selftest_sharded.work_dir)
-    sharded_runs: dict = field(default_factory=dict)  # layout -> its trained train.Session
+    sharded_runs: dict = field(default_factory=dict)  # layout -> its trained training.session.Session
     trained: Optional[tuple] = None  # trained_once's
     speed_run: Optional[dict] = None  # selftest.speed_figures'
 

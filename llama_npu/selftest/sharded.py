@@ -1,14 +1,14 @@
 """selftest's checks of the sharded layouts (model / pipeline / optimizer sharding under
 semi_auto_parallel) and of their checkpoint export, under `scripts/launch.sh --selftest N`.
 
-On a card each layout is built by train.setup, exactly as a run builds it, started from the
-weights of an unsharded reference computed in the same process, and stepped 3 times on one
-fixed batch; the model=2 run is then saved as a run saves, merged with merge-checkpoints,
+On a card each layout is built by setup (training/session.py), exactly as a run builds it,
+started from the weights of an unsharded reference computed in the same process, and
+stepped 3 times on one fixed batch; the model=2 run is then saved as a run saves, merged with merge-checkpoints,
 exported with ms-to-hf and compared bit-exactly with its weights as MindSpore gathers them.
 
 The CPU backend cannot compile a semi-auto graph (FACTS.md), so there each check does what
 runs without one and reports a skip that says what ran: the layouts are built through
-train.setup under msrun and the reference steps are taken; the export merges per-rank files
+setup under msrun and the reference steps are taken; the export merges per-rank files
 that Checkpointer.save wrote from weights cut as model=2 cuts them.
 """
 from __future__ import annotations
@@ -118,7 +118,7 @@ def what_ran_on_cpu(built: list, workers: int, reference: list) -> str:
 
 def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     """model=2, pipeline=2 (2 micro-batches) and optimizer_shard=true, each built by
-    train.setup and stepped 3 times on one fixed batch from the reference's initial
+    setup and stepped 3 times on one fixed batch from the reference's initial
     weights: losses and gradient norms (the pipeline: losses only; that the norm a stage
     reports spans every stage is not established) within TOLERANCE of the unsharded
     TrainStep on the same batch, computed first on every rank. On a card: about a minute a

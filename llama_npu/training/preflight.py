@@ -31,8 +31,8 @@ from ..weights.errors import ConvertError
 # give each step different samples than the checkpoint's run did: refused without --force.
 # Everything else (max_steps, save/eval cadence, lr and schedule, precision, recompute,
 # chunked CE, device) may change: lowering the lr or enabling loss scaling is how a
-# diverged run is recovered (stopping.NonFiniteStreak says so), and memory strategies do
-# not change the maths.
+# diverged run is recovered (training/nonfinite.py NonFiniteStreak says so), and memory
+# strategies do not change the maths.
 RESULT_KEYS = ("model.", "data.", "train.micro_batch_size", "train.global_batch_size", "train.seed",
                "strategies.lora.", "strategies.parallel.")
 NOT_RESULT_KEYS = ("data.eval_files",)  # what is evaluated, not what is trained
@@ -241,7 +241,7 @@ class RecipeDifference:
 
 
 def recipe_difference(stored: Recipe, recipe: Recipe) -> RecipeDifference:
-    # The stored recipe's paths are absolute (train.open_run_dir); the same file named
+    # The stored recipe's paths are absolute (training/run.py open_run_dir); the same file named
     # relative to the current directory is no change.
     old, new = flatten(with_absolute_paths(stored).to_dict()), flatten(with_absolute_paths(recipe).to_dict())
     return RecipeDifference({k: (old.get(k), new[k]) for k in new if old.get(k) != new[k]})
