@@ -14,7 +14,7 @@ from ..model.llama import fused_kernels
 from ..recipe.schema import load_recipe
 from ..strategies.precision import LossScaler
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 SEQ = 32
 PASS, FAIL, SKIP = "pass", "fail", "skip"
