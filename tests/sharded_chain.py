@@ -19,7 +19,7 @@ from llama_npu.data.samples import Sample
 from llama_npu.recipe.load import load_recipe
 from llama_npu.selftest.sharded import layout_problem
 from llama_npu.strategies.parallel import run_scheduler
-from llama_npu.training.run import setup
+from llama_npu.training.session import setup
 from llama_npu.training.sharded_step import ShardedStep
 
 REPO = Path(__file__).resolve().parent.parent

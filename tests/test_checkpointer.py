@@ -151,9 +151,11 @@ def test_a_stop_saves_even_after_a_skipped_step(ms, tmp_path):
     """fp16 with a static loss scale of 2**20 overflows every step: each is skipped, the
     streak grows, and the stop still writes the (unchanged, finite) weights."""
     from llama_npu.common.stopping import StopSignals
+    from llama_npu.data.source import training_source
     from llama_npu.data.tokenizer import load_tokenizer
     from llama_npu.recipe.load import load_recipe
-    from llama_npu.training.run import run_loop, setup, training_source
+    from llama_npu.training.loop import run_loop
+    from llama_npu.training.session import setup
 
     recipe = load_recipe(SMOKE, [arg for arg in TINY_RUN if arg != "--set"] + [
         "train.max_steps=3", "train.save_every=100", "train.max_nonfinite_steps=0",

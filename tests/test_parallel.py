@@ -275,10 +275,10 @@ def ms_tensor(array):
 def test_resume_compiles_the_train_graph_before_loading_the_checkpoint(ms, tmp_path, capsys):
     from llama_npu.checkpoints.files import optimizer_state_params, save_checkpoint
     from llama_npu.checkpoints.policy import Checkpointer
+    from llama_npu.checkpoints.resume import compile_then_resume
     from llama_npu.strategies.network import build_network
     from llama_npu.strategies.parallel import World
     from llama_npu.training.optimizer import build_optimizer
-    from llama_npu.training.run import compile_then_resume
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16", "train.micro_batch_size=2"])
     net, loss_cell = build_network(recipe, on_ascend=False)

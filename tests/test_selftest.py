@@ -50,7 +50,7 @@ def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
     packed rows without their mask, a resume without the optimizer state, a float16
     export, a rank saving another rank's shards) makes it fail: none of them passes
     whatever happens."""
-    from llama_npu.selftest import checks as selftest
+    from llama_npu.selftest import run as selftest
 
     check = getattr(selftest, f"check_{name}")(selftest.Context("cpu", "cpu"), fault=True)
     assert check.status == "fail" and check.reason

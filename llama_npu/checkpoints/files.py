@@ -99,7 +99,7 @@ def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state
     """Write <root>/step_<step> atomically. With a `model_description` (full fine-tunes) the
     step directory also gets the config.json of a converted checkpoint, so eval, generate,
     quantize and ms-to-hf take it directly."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: --help imports this module; MindSpore, only to save or load
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -241,7 +241,7 @@ def unmovable(root: Path, step: int) -> Optional[str]:
 
 def load_checkpoint(path: Path, net, optimizer, sharded: bool = False) -> dict:
     """Load weights into `net` and state into `optimizer`; return the sidecar."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: --help imports this module; MindSpore, only to save or load
 
     state = read_state(path)
     if state is None:

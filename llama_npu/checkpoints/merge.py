@@ -41,7 +41,7 @@ def pipeline_stages(run_dir: Path) -> int:
 
 def stage_parameters(strategy_file: Path) -> set:
     """The parameters a rank's own strategy file lays out: those of its pipeline stage."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: --help imports this module; MindSpore, only to merge
 
     strategy = ms.train.node_strategy_pb2.ParallelStrategyMap()
     strategy.ParseFromString(Path(strategy_file).read_bytes())
@@ -51,7 +51,7 @@ def stage_parameters(strategy_file: Path) -> set:
 def source_strategy(run_dir: Path, work_dir: Path) -> Path:
     """The strategy file that describes every parameter of the run: rank 0's, or with
     pipeline stages the per-rank files merged into <work_dir>/merged_strategy.ckpt."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: --help imports this module; MindSpore, only to merge
 
     strategy_dir = Path(run_dir) / "strategy"
     files = sorted(strategy_dir.glob("rank_*.ckpt"))
@@ -86,7 +86,7 @@ def merge_shards(run_dir: Path, dst: Path, step: Optional[int] = None) -> Path:
     """The shards of `step` (default: the newest complete on every rank) merged into `dst`:
     a .ckpt file, or a directory (model.ckpt and config.json) that eval, generate and
     convert ms-to-hf take as they take a converted one."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: --help imports this module; MindSpore, only to merge
 
     run_dir, dst = Path(run_dir), Path(dst)
     as_directory = dst.suffix != ".ckpt"

@@ -11,6 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
+from ..common.collective import all_reduce_sum
 from ..common.console import note, warn
 from .files import (CheckpointError, checkpoint_root, inspect, load_checkpoint, optimizer_state_params, owned, prune,
                     remove_abandoned_saves, save_checkpoint, set_aside, step_of)
@@ -19,10 +22,6 @@ from .files import (CheckpointError, checkpoint_root, inspect, load_checkpoint, 
 def _gathered(world, value: float) -> list:
     """Every rank's `value`, on every rank: the sum of one-hot rows (exact for integers below
     2**24). Also a barrier."""
-    import numpy as np
-
-    from ..common.collective import all_reduce_sum
-
     row = np.zeros(world.size, np.float32)
     row[world.rank] = value
     return [int(v) for v in all_reduce_sum(row)]

@@ -11,7 +11,7 @@ def all_reduce_sum(values) -> np.ndarray:
     """`values` (float32) summed over every rank; also a barrier. The CPU backend has only a
     summing AllReduce, and only inside a graph, hence the one-op cell; integers below 2**24
     come back exact."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: selftest imports this module before its quiet_frameworks
     from mindspore import nn, ops
 
     class _Sum(nn.Cell):

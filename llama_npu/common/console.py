@@ -8,7 +8,7 @@ import sys
 
 def progress_bar(total: int, desc: str, unit: str, initial: int = 0, enabled: bool = True):
     """A tqdm bar: count, rate and time left ("[elapsed<remaining]")."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # imported here: --help imports this module; tqdm, only to draw a bar
 
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True,
                 disable=not enabled)

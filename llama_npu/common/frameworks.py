@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.machinery
+import io
 import logging
 import os
 import sys
@@ -63,8 +64,6 @@ def mute_mindformers_info() -> None:
     MindFormers' callbacks import tensorboardX, which imports torch when it is installed (the
     test extra installs it) only to accept torch tensors; no command uses torch, and its import
     alone added ~4.5 s to every command that builds a model, so it is kept out of this one."""
-    import io
-
     if "mindformers" not in sys.modules:
         with contextlib.redirect_stdout(io.StringIO()), _not_imported("torch"):
             import mindformers  # noqa: F401  (creates its loggers)

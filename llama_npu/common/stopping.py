@@ -1,5 +1,5 @@
-"""Ending a run without losing work: on a signal, after a streak of non-finite steps, or
-when a checkpoint cannot be written.
+"""Ending a run without losing work: on a signal, after a streak of non-finite steps
+(training/nonfinite.py), or when a checkpoint cannot be written.
 
 - `StopSignals`: during training the first SIGTERM/SIGINT only sets a flag; the loop
   finishes the current optimizer step, writes a checkpoint and exits with PREEMPTED. A
@@ -7,9 +7,6 @@ when a checkpoint cannot be written.
   removing the run directory the start-up created. Checkpoints are written
   under a temporary name and renamed (common/atomic.py), so dying mid-save leaves the previous
   complete checkpoint as it was.
-- `NonFiniteStreak`: a step whose loss or gradients are not finite is skipped by TrainStep;
-  a streak of them that loss scaling cannot explain (no dynamic scaling, or the scale at its
-  floor) stops the run.
 """
 from __future__ import annotations
 
@@ -97,41 +94,3 @@ class StopSignals:
         with self._lock:
             self.training_started = True
         yield self
-
-
-class NonFiniteStreak:
-    """Counts skipped non-finite steps in a row that loss scaling does not account for."""
-
-    def __init__(self, limit: int, scaler):
-        self.limit = limit  # 0: never stop
-        self.scaler = scaler
-        self.count = 0
-        self.first_step: Optional[int] = None
-
-    def update(self, step: int, overflow: bool, scale_used: float) -> None:
-        # A dynamic scaler above its floor overflows on purpose: it is finding its scale.
-        searching = self.scaler.kind == "dynamic" and scale_used > self.scaler.MIN_SCALE
-        if not overflow or searching:
-            self.count, self.first_step = 0, None
-            return
-        self.count += 1
-        self.first_step = step if self.first_step is None else self.first_step
-
-    @property
-    def exhausted(self) -> bool:
-        return self.limit > 0 and self.count >= self.limit
-
-    def message(self, step: int, last_checkpoint: Optional[str]) -> str:
-        kept = (f"the last checkpoint, {last_checkpoint}, was written after a finite step"
-                if last_checkpoint else "no checkpoint was written")
-        return (f"steps {self.first_step}-{step}: loss or gradients were not finite {self.count} times in a "
-                f"row (train.max_nonfinite_steps={self.limit}); every one was skipped and the run stopped; "
-                f"{kept}. Lower train.optimizer.lr, enable loss scaling or use amp_level O0/bfloat16, "
-                f"then resume")
-
-
-def all_finite(params) -> bool:
-    """Whether every weight is finite, checked where the weights live (device or host)."""
-    from mindspore import ops
-
-    return all(bool(ops.isfinite(p).all()) for p in params)

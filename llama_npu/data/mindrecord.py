@@ -15,7 +15,7 @@ COLUMNS = ("input_ids", "labels", "segment_ids")
 
 
 def write_samples(directory: Path, samples: Sequence[Sample]) -> None:
-    import numpy as np
+    import numpy as np  # imported here: numpy and MindSpore, which the pre-flight's read_meta does not need
     from mindspore.mindrecord import FileWriter
 
     writer = FileWriter(str(Path(directory) / DATA_FILE), shard_num=1, overwrite=False)
@@ -65,6 +65,7 @@ class MindRecordSamples:
         return self.count
 
     def iterate(self, indices) -> Iterator[Sample]:
+        # imported here: numpy and MindSpore, which the pre-flight's read_meta does not need
         import mindspore.dataset as ds
 
         dataset = ds.MindDataset(str(self.directory / DATA_FILE), columns_list=list(COLUMNS),

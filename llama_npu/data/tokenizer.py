@@ -82,6 +82,7 @@ def load_tokenizer(name: str = "llama3.2"):
 
 
 def _read_tokenizer(path: Path):
+    # imported here: the library, only to load a tokenizer (validate names and hashes it)
     from tokenizers import Tokenizer
 
     try:

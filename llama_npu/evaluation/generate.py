@@ -12,15 +12,17 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from ..data.chat_template import encode_chat, role_headers
+from ..data.tokenizer import load_tokenizer
 from ..model.tokens import PAD_ID
 from ..weights.hf_export import STOP_TOKEN_IDS
+from .loaded_model import build_from_checkpoint, checkpoint_tokenizer
 
 STOP_IDS = tuple(STOP_TOKEN_IDS)  # the ones an export's generation_config.json names
 
 
 def prompt_ids(tokenizer, prompt: str, system: Optional[str] = None) -> List[int]:
     """The Llama 3 chat up to and including the assistant header."""
-    from ..data.chat_template import encode_chat, role_headers
 
     messages = ([("system", system)] if system else []) + [("user", prompt)]
     ids, _ = encode_chat(tokenizer, messages)
@@ -44,7 +46,7 @@ def decode(net, tokenizer, ids: List[int], max_new_tokens: int, greedy: bool = T
            stop: Callable[[str], bool] = lambda _: False) -> List[int]:
     """The token ids `net` generates after `ids` (without the stop token), until a stop token,
     `max_new_tokens` or `stop(text so far)`; `on_text` receives the text as it grows."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after the command's quiet_frameworks (common/frameworks.py)
     from mindspore import nn
 
     class Logits(nn.Cell):
@@ -84,8 +86,6 @@ def generate(checkpoint: Path, prompt: str, system: Optional[str] = None, max_ne
              greedy: bool = True, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
              on_text: Callable[[str], None] = lambda _: None, device: str = "auto") -> List[int]:
     """The generated token ids (without the stop token); `on_text` receives the text as it grows."""
-    from ..data.tokenizer import load_tokenizer
-    from .loaded_model import build_from_checkpoint, checkpoint_tokenizer
 
     tokenizer = load_tokenizer(checkpoint_tokenizer(Path(checkpoint)))
     ids = prompt_ids(tokenizer, prompt, system)

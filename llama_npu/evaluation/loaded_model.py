@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..common.frameworks import mute_mindformers_info
+from ..recipe.load import recipe_from_dict
+from ..recipe.problems import RecipeError
+
 EVAL_CHUNK = 256  # tokens of logits at a time: 256 x 128,256 fp32 is 131 MB
 
 
 def ascend_usable() -> bool:
     """MindSpore loaded its Ascend plugin (CANN present) and sees at least one device."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: --help imports this module; MindSpore and numpy, only to load a model
 
     try:
         return ms.device_context.ascend.is_available() and ms.device_context.ascend.device_count() > 0
@@ -21,9 +25,7 @@ def ascend_usable() -> bool:
 
 def select_device(device: str) -> bool:
     """Set MindSpore's device for `--device auto|cpu|ascend`; True when it is Ascend."""
-    import mindspore as ms
-
-    from ..recipe.problems import RecipeError
+    import mindspore as ms  # imported here: --help imports this module; MindSpore and numpy, only to load a model
 
     on_ascend = ascend_usable() if device == "auto" else device == "ascend"
     if device == "ascend" and not ascend_usable():
@@ -49,7 +51,7 @@ def is_hf_directory(path: Path) -> bool:
 def hf_model_weights(src: Path):
     """(shape, tokenizer, name -> float32 Tensor in MindFormers' names) of a Hugging Face
     Llama 3.2 directory, read as `convert hf-to-ms` reads it, with nothing written."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: --help imports this module; MindSpore and numpy, only to load a model
 
     from ..weights.convert import checked_hf_model
     from ..weights.tensor_files import rename, to_float32
@@ -63,6 +65,7 @@ def hf_model_weights(src: Path):
 
 def checkpoint_tokenizer(checkpoint: Path) -> str:
     """The tokenizer a checkpoint eval, generate or the exam scorer takes was trained with."""
+    # imported here: --help imports this module; MindSpore and numpy, only to load a model
     from ..weights.pretrained import resolve_weights
 
     if is_hf_directory(checkpoint):
@@ -74,8 +77,7 @@ def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 
     """(net, loss_cell, tokenizer name) in fp32 with the weights of `checkpoint` (a converted
     directory, a step or a run directory: pretrained.resolve_weights, or a Hugging Face
     directory) loaded, LoRA adapters folded in."""
-    from ..common.frameworks import mute_mindformers_info
-    from ..recipe.load import recipe_from_dict
+    # imported here: --help imports this module; MindSpore and numpy, only to load a model
     from ..strategies.network import build_network
     from ..weights.pretrained import load_weights, model_weights, resolve_weights
 

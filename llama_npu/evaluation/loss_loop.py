@@ -2,6 +2,8 @@
 periodic evaluation and by `llama-npu eval`."""
 from __future__ import annotations
 
+from ..model.tokens import IGNORE_ID, PAD_ID
+
 
 def bucket_length(longest: int, length: int, smallest: int = 64) -> int:
     """Rows of `longest` tokens padded to the next power of two >= `smallest` predicted
@@ -16,10 +18,9 @@ def evaluate(loss, samples, batch_size: int, length: int, bucketed: bool = False
     """Mean loss per target token over `samples`, and the number of target tokens. `loss`:
     a loss cell or a ChunkwiseLoss. Batches are padded to `length`, or with `bucketed` to
     their bucket_length."""
-    from mindspore import Tensor
+    from mindspore import Tensor  # imported here: --help imports this module; MindSpore and numpy, only to evaluate
 
     from ..data.samples import pad_batch
-    from ..model.tokens import IGNORE_ID, PAD_ID
 
     loss.set_train(False)
     total, tokens = 0.0, 0

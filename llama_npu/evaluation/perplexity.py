@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from ..data.readers import RecordError, detect_format as record_format, read_records
+from ..data.tokenizer import load_tokenizer
 from .loaded_model import EVAL_CHUNK, build_from_checkpoint, select_device
 from .loss_loop import evaluate
 
@@ -21,7 +23,6 @@ from .loss_loop import evaluate
 def detect_format(path: Path) -> str:
     """text / alpaca / sharegpt of an eval --data file (data/readers.detect_format), or why
     a directory is not one."""
-    from ..data.readers import RecordError, detect_format as record_format
 
     if path.is_dir():
         raise RecordError(f"--data {path}: a directory; for a C-Eval, CMMLU or MMLU directory add --task "
@@ -46,7 +47,7 @@ class ChunkwiseLoss:
         self.loss_cell.set_train(mode)
 
     def __call__(self, ids, labels):
-        import mindspore as ms
+        import mindspore as ms  # imported here: --help imports this module; MindSpore and numpy, only to evaluate
         from mindspore import ops
 
         from ..model.tokens import IGNORE_ID
@@ -69,9 +70,7 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: Optional[int]
                         device: str = "auto") -> dict:
     """`max_seq_len` None: a run's checkpoint is evaluated at the run's data.max_seq_len, so its
     loss is the run's held-out loss on the same records; anything else at 2048."""
-    from ..data.readers import read_records
-    from ..data.samples import tokenize_records
-    from ..data.tokenizer import load_tokenizer
+    from ..data.samples import tokenize_records  # imported here: --help imports this module; numpy, only to evaluate
     from ..weights.pretrained import resolve_weights
 
     # The device, the tokenizer and the data are checked before the model is built.

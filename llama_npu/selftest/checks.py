@@ -9,12 +9,26 @@ with the reason, never a pass.
 """
 from __future__ import annotations
 
+import hashlib
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
+from ..checkpoints.files import load_checkpoint, optimizer_state_params, save_checkpoint
+from ..common.collective import all_reduce_sum
+from ..data.packing import pack
+from ..data.samples import Sample, pad_batch
+from ..memory.devices import get_device
+from ..memory.planner import estimate, strategy_from_recipe
+from ..model.architecture import resolve_shape
+from ..model.llama import build_model, llama_config
+from ..model.tokens import IGNORE_ID, PAD_ID
+from ..recipe.load import load_recipe
+from ..weights.convert import ms_to_hf
+from ..weights.tensor_files import read_safetensors, rename
 from .parts import (FAIL, PASS, REPO, SEQ, SKIP, Check, Context, build, judged, random_batch, train_step, trained_once,
                     weights)
 
@@ -29,7 +43,7 @@ def check_overflow_skips_update(ctx: Context, fault=None) -> Check:
     """A loss scale that must overflow fp16 (2^40 / 64 tokens): the update is skipped, the
     weights stay bit-identical and the dynamic scale halves. `fault`: a scale that does not
     overflow, so the weights move."""
-    from ..training.step import overflow_check
+    from ..training.step import overflow_check  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     scale = 1.0 if fault else 2.0 ** 40
     recipe, net, cell = build(ctx, *FP16, "strategies.precision.loss_scale=dynamic",
@@ -94,9 +108,6 @@ def check_precision_bf16(ctx: Context, fault=None) -> Check:
 # ---- mask ----------------------------------------------------------------------------------
 
 def packed_samples():
-    from ..data.samples import Sample
-    from ..model.tokens import IGNORE_ID
-
     rng = np.random.default_rng(3)
     return [Sample(list(ids), [IGNORE_ID] + list(ids[1:]), None)
             for ids in (rng.integers(0, 128000, n) for n in (9, 12, 6, 5))]
@@ -105,11 +116,7 @@ def packed_samples():
 def per_sample_difference(loss_of, mask: bool) -> float:
     """Max relative difference between each sample's summed loss in a packed row and alone.
     `loss_of(ids, labels[, segments])` -> summed loss. `mask=False` drops the segment ids."""
-    import mindspore as ms
-
-    from ..data.packing import pack
-    from ..data.samples import pad_batch
-    from ..model.tokens import IGNORE_ID, PAD_ID
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     samples = packed_samples()
     alone = [loss_of(*map(ms.Tensor, pad_batch([s], SEQ + 1, PAD_ID))) for s in samples]
@@ -139,8 +146,7 @@ def check_mask_packed(ctx: Context, fault=None) -> Check:
 def check_mask_packed_sharded_loss(ctx: Context, fault=None) -> Check:
     """The same for the sharded layouts' loss (training/sharded_step.py TrainLoss), in
     stand-alone mode: its own mask and head, no sharding needed to check them."""
-    from ..model.architecture import resolve_shape
-    from ..model.llama import build_model, llama_config
+    # imported here: MindSpore loads after run_selftest's quiet_frameworks
     from ..training.sharded_step import TrainLoss
 
     import mindspore as ms
@@ -159,7 +165,7 @@ def check_mask_flash_vs_plain(ctx: Context, fault=None) -> Check:
     name = "mask_flash_vs_plain"
     if not ctx.flash_attention:
         return Check(name, "mask", SKIP, reason=f"no flash attention on {ctx.soc} (CANN: Atlas A2/A3 only)")
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     from ..strategies.network import build_network
 
@@ -175,9 +181,7 @@ def check_mask_flash_vs_plain(ctx: Context, fault=None) -> Check:
 
 
 def _plain_network(recipe):
-    from ..model.architecture import resolve_shape
-    from ..model.llama import build_model, llama_config
-    from ..model.loss import CausalLMLoss
+    from ..model.loss import CausalLMLoss  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, True, device_name=recipe.device.name)
     config.use_flash_attention = False
@@ -196,11 +200,7 @@ def check_memory_vs_plan(ctx: Context, fault=None) -> Check:
     if ctx.target != "ascend":
         return Check(name, "memory", SKIP, reason="MindSpore's memory statistics are 0 on the CPU backend, and host "
                                                   "RSS is no proxy for device memory (docs/memory.md)")
-    import mindspore as ms
-
-    from ..memory.devices import get_device
-    from ..memory.planner import estimate, strategy_from_recipe
-    from ..model.architecture import resolve_shape
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     worst = 0.0
     for overrides in ((*FP16, "strategies.precision.loss_scale=dynamic"),
@@ -225,10 +225,7 @@ def speed_figures(ctx: Context) -> dict:
     and optimizer."""
     if ctx.speed_run is not None:
         return ctx.speed_run
-    import time
-
-    from ..recipe.load import load_recipe
-    from ..strategies.network import build_network
+    from ..strategies.network import build_network  # imported here: it loads MindSpore, after quiet_frameworks
 
     path = REPO / "recipes" / f"llama3_2_1b_zh_full_{'910a' if ctx.soc == '910a' else '910b'}.yaml"
     recipe = load_recipe(path)
@@ -302,12 +299,8 @@ def check_data_parallel(ctx: Context, fault=None) -> Check:
     name = "data_parallel_equals_one_process"
     if ctx.workers < 2:
         return Check(name, "parallel", SKIP, reason="needs msrun: scripts/launch.sh --selftest 2")
-    import hashlib
-
-    import mindspore as ms
+    import mindspore as ms  # imported here, as in every check: MindSpore loads after run_selftest's quiet_frameworks
     from mindspore.communication import get_rank
-
-    from ..common.collective import all_reduce_sum
 
     batches = [random_batch(2 * ctx.workers, seed) for seed in (31, 32, 33)]
     recipe, net, cell = build(ctx, "train.optimizer.name=sgd")
@@ -350,9 +343,7 @@ def check_resume_exact(ctx: Context, fault=None) -> Check:
     """1 step (trained_once's), checkpoint, 2 more, against a fresh network and optimizer
     loaded from the checkpoint taking the same 2 steps: bit-identical weights. `fault`: the
     optimizer's state is not restored (AdamW's moments start from zero)."""
-    from mindspore import Tensor
-
-    from ..checkpoints.files import load_checkpoint, optimizer_state_params, save_checkpoint
+    from mindspore import Tensor  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     batches = [[random_batch(2, seed)] for seed in (42, 43)]
     with tempfile.TemporaryDirectory(prefix="llama-npu-selftest-") as tmp:
@@ -382,10 +373,6 @@ def check_resume_exact(ctx: Context, fault=None) -> Check:
 def check_export_exact(ctx: Context, fault=None) -> Check:
     """Train a step, save it as a run does, ms-to-hf, read the safetensors back: the trained
     weights bit-exactly. `fault`: export in float16."""
-    from ..checkpoints.files import save_checkpoint
-    from ..model.architecture import resolve_shape
-    from ..weights.convert import ms_to_hf
-    from ..weights.tensor_files import read_safetensors, rename
 
     recipe, net, _ = trained_once(ctx)
     params = net.trainable_params()

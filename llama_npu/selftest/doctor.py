@@ -45,7 +45,7 @@ def _cpu_backend_works() -> str:
 
 
 def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
-    import psutil
+    import psutil  # imported here: --help imports this module; psutil, only the doctor's report
 
     lines = []
     versions = {p: _version(p) for p in ("mindspore", "mindformers", "numpy", "llama-npu")}

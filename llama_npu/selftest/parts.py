@@ -10,7 +10,11 @@ from typing import Optional
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+from ..model.llama import fused_kernels
+from ..recipe.load import load_recipe
+from ..strategies.precision import LossScaler
+
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 SEQ = 32
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -45,14 +49,12 @@ class Context:
     device: dict = field(default_factory=dict)
     rank: int = 0
     work: Optional[Path] = None  # a directory every rank shares (selftest_sharded.work_dir)
-    sharded_runs: dict = field(default_factory=dict)  # layout -> its trained train.Session
+    sharded_runs: dict = field(default_factory=dict)  # layout -> its trained training.session.Session
     trained: Optional[tuple] = None  # trained_once's
     speed_run: Optional[dict] = None  # selftest.speed_figures'
 
     @property
     def flash_attention(self) -> bool:
-        from ..model.llama import fused_kernels
-
         return fused_kernels(self.target == "ascend", self.soc)
 
     @property
@@ -60,15 +62,13 @@ class Context:
         return self.target == "ascend" and self.soc != "910a"
 
     def recipe(self, *overrides):
-        from ..recipe.load import load_recipe
-
         device = [] if self.target == "cpu" else ["device.target=ascend", f"device.name={self.soc}"]
         return load_recipe(SMOKE, [f"data.max_seq_len={SEQ}", "data.eval_files=[]", "train.global_batch_size=0",
                                    "train.micro_batch_size=2", "train.warmup_steps=0", *device, *overrides])
 
 
 def build(ctx: Context, *overrides):
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     from ..strategies.network import build_network
 
@@ -80,7 +80,7 @@ def build(ctx: Context, *overrides):
 
 def train_step(recipe, net, cell, k: int = 1, optimizer=None):
     """Our TrainStep for k micro-batches, with a new optimizer or another step's."""
-    from ..strategies.precision import LossScaler
+    # imported here: MindSpore loads after run_selftest's quiet_frameworks
     from ..training.optimizer import build_optimizer
     from ..training.step import TrainStep
 

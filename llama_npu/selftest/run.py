@@ -13,12 +13,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from ..common.frameworks import mute_mindformers_info, quiet_frameworks
+from ..common.launcher import launched_rank, launched_workers
+from ..memory.devices import DEVICES
 from .checks import (check_data_parallel, check_export_exact, check_mask_flash_vs_plain, check_mask_packed,
                      check_mask_packed_sharded_loss, check_memory_vs_plan, check_overflow_skips_update,
                      check_precision_bf16, check_precision_fp16, check_resume_exact, check_saturation_registers,
                      check_speed, check_speed_accumulation)
 from .parts import FAIL, PASS, SKIP, Check, Context
-from .sharded import check_export_sharded, check_sharded_layouts
+from .sharded import barrier, check_export_sharded, check_sharded_layouts
 
 
 SINGLE: List[Callable] = [check_overflow_skips_update, check_saturation_registers, check_precision_fp16,
@@ -54,9 +57,7 @@ def _version(package: str) -> str:
 
 
 def set_up(device: str, speed: bool) -> Context:
-    import mindspore as ms
-
-    from ..common.launcher import launched_rank, launched_workers
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     if device == "ascend" and not has_npu():
         raise SelftestError("selftest --device ascend: no Ascend NPU on this host (no /dev/davinci_manager, "
@@ -66,6 +67,7 @@ def set_up(device: str, speed: bool) -> Context:
     ms.set_device("Ascend" if target == "ascend" else "CPU")
     soc = "cpu"
     if target == "ascend":
+        # imported here: MindSpore loads after run_selftest's quiet_frameworks
         from mindspore._c_expression import MSContext
 
         # mindspore/nn/wrap/loss_scale.py reads the SoC the same way.
@@ -73,11 +75,10 @@ def set_up(device: str, speed: bool) -> Context:
         soc = "910a" if version == "ascend910" else "910b" if version.startswith("ascend910b") else version
     workers = launched_workers()
     if workers > 1:
-        from mindspore.communication import init
+        from mindspore.communication import init  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
         init()
     ctx = Context(target, soc, workers, speed, rank=launched_rank())
-    from ..memory.devices import DEVICES
 
     profile = DEVICES.get(soc)
     ctx.device = {"target": target, "soc": soc, "cann": cann_version() if target == "ascend" else "not used",
@@ -90,7 +91,6 @@ def set_up(device: str, speed: bool) -> Context:
 def run_selftest(device: str = "auto", json_path: Optional[str] = None, speed: bool = False,
                  emit: Callable[[str], None] = print) -> int:
     """Run every check, print a line each, write the JSON; 0 only if nothing failed."""
-    from ..common.frameworks import mute_mindformers_info, quiet_frameworks
 
     if device not in ("auto", "cpu", "ascend"):
         raise SelftestError(f"selftest --device: expected auto, cpu or ascend, got {device!r}")
@@ -111,8 +111,6 @@ def run_selftest(device: str = "auto", json_path: Optional[str] = None, speed: b
         if main:
             emit(check.line())
     if ctx.work is not None:  # every rank is done with it before rank 0 removes it
-        from .sharded import barrier
-
         barrier()
         if main:
             shutil.rmtree(ctx.work, ignore_errors=True)

@@ -1,14 +1,14 @@
 """selftest's checks of the sharded layouts (model / pipeline / optimizer sharding under
 semi_auto_parallel) and of their checkpoint export, under `scripts/launch.sh --selftest N`.
 
-On a card each layout is built by train.setup, exactly as a run builds it, started from the
-weights of an unsharded reference computed in the same process, and stepped 3 times on one
-fixed batch; the model=2 run is then saved as a run saves, merged with merge-checkpoints,
+On a card each layout is built by setup (training/session.py), exactly as a run builds it,
+started from the weights of an unsharded reference computed in the same process, and
+stepped 3 times on one fixed batch; the model=2 run is then saved as a run saves, merged with merge-checkpoints,
 exported with ms-to-hf and compared bit-exactly with its weights as MindSpore gathers them.
 
 The CPU backend cannot compile a semi-auto graph (FACTS.md), so there each check does what
 runs without one and reports a skip that says what ran: the layouts are built through
-train.setup under msrun and the reference steps are taken; the export merges per-rank files
+setup under msrun and the reference steps are taken; the export merges per-rank files
 that Checkpointer.save wrote from weights cut as model=2 cuts them.
 """
 from __future__ import annotations
@@ -21,6 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoints.files import rank_roots
+from ..checkpoints.merge import merge_shards
+from ..checkpoints.policy import Checkpointer
+from ..common.collective import all_reduce_sum
+from ..data.batches import ListSamples
+from ..data.samples import Sample
+from ..strategies.parallel import World, init_parallel, strategy_file
+from ..training.run import open_run_dir
+from ..weights.convert import ms_to_hf
+from ..weights.tensor_files import read_safetensors, rename
 from .parts import FAIL, PASS, SKIP, Check, Context, build, random_batch, train_step, trained_once, weights
 
 # Every layout steps the same N-row global batch (N workers): data x micro-batch (x the
@@ -46,8 +56,6 @@ def work_dir() -> Path:
 
 
 def barrier() -> None:
-    from ..common.collective import all_reduce_sum
-
     all_reduce_sum(np.zeros(1))
 
 
@@ -57,7 +65,7 @@ def relative(a: float, b: float) -> float:
 
 def layout_problem(session, section) -> str:
     """What of the asked layout the built run lacks ('' when all is there)."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     from ..training.sharded_step import ShardedStep
 
@@ -72,9 +80,45 @@ def layout_problem(session, section) -> str:
     return ", ".join(f"{key} {found[key]} (asked {wanted[key]})" for key in wanted if found[key] != wanted[key])
 
 
+def fresh_work_dir(ctx: Context) -> Path:
+    """work_dir(), cleared by rank 0 before any rank writes into it."""
+    work = work_dir()
+    if ctx.rank == 0:
+        shutil.rmtree(work, ignore_errors=True)
+    barrier()
+    ctx.work = work
+    return work
+
+
+def layout_difference(session, layout: str, batch, reference: list) -> tuple[float, str]:
+    """(the largest relative difference of the layout's 3 steps from the unsharded
+    reference's losses and gradient norms -- the pipeline's: losses only --, what is wrong
+    when it exceeds TOLERANCE, else '')."""
+    from ..training.optimizer import lr_at  # imported here: it loads MindSpore, after run_selftest's quiet_frameworks
+
+    ref_losses = [r.loss for r in reference]
+    results = [session.step_fn([batch], lr_at(i, session.recipe.train)) for i in (1, 2, 3)]
+    diffs = [relative(r.loss, want) for r, want in zip(results, ref_losses)]
+    if layout != "pipeline2":
+        diffs += [relative(r.grad_norm, want.grad_norm) for r, want in zip(results, reference)]
+    diff = max(diffs)
+    if diff <= TOLERANCE:
+        return diff, ""
+    return diff, (f"{layout}: losses {['%.5f' % r.loss for r in results]} vs unsharded "
+                  f"{['%.5f' % v for v in ref_losses]}, grad norms "
+                  f"{['%.4f' % r.grad_norm for r in results]} vs {['%.4f' % r.grad_norm for r in reference]}")
+
+
+def what_ran_on_cpu(built: list, workers: int, reference: list) -> str:
+    return (f"ran: built {', '.join(built)} through train.setup on {workers} ranks (MindFormers' wrapper chain, "
+            f"semi_auto_parallel, the reference's weights loaded) and took the unsharded reference's 3 steps (losses "
+            f"{', '.join('%.4f' % r.loss for r in reference)}); the sharded steps compile a semi_auto_parallel graph, "
+            f"which needs Ascend: scripts/launch.sh --selftest N on a card")
+
+
 def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     """model=2, pipeline=2 (2 micro-batches) and optimizer_shard=true, each built by
-    train.setup and stepped 3 times on one fixed batch from the reference's initial
+    setup and stepped 3 times on one fixed batch from the reference's initial
     weights: losses and gradient norms (the pipeline: losses only; that the norm a stage
     reports spans every stage is not established) within TOLERANCE of the unsharded
     TrainStep on the same batch, computed first on every rank. On a card: about a minute a
@@ -83,25 +127,18 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     if ctx.workers < 2 or ctx.workers % 2:
         return Check(name, "parallel", SKIP, reason="needs msrun on an even number of workers: "
                                                     "scripts/launch.sh --selftest N on Ascend")
+    # imported here: they load MindSpore, after run_selftest's quiet_frameworks
     import mindspore as ms
 
-    from ..data.batches import ListSamples
-    from ..data.samples import Sample
     from ..training.optimizer import lr_at
-    from ..training.run import open_run_dir, setup
+    from ..training.session import setup
 
     batch = random_batch(ctx.workers, 61)
     recipe, net, cell = build(ctx, *TRAIN)
     initial = weights(net)
     step = train_step(recipe, net, cell)
     reference = [step([batch], lr=lr_at(i, recipe.train)) for i in (1, 2, 3)]
-    ref_losses = [r.loss for r in reference]
-
-    work, main = work_dir(), ctx.rank == 0
-    if main:
-        shutil.rmtree(work, ignore_errors=True)
-    barrier()  # nobody writes into the directory before rank 0 has cleared it
-    ctx.work = work
+    work = fresh_work_dir(ctx)  # nobody writes into the directory before rank 0 has cleared it
     device = [] if ctx.target == "ascend" else ["device.target=ascend", "device.name=910b"]  # validation wants a card
     source = ListSamples([Sample(list(range(1, 35)), list(range(1, 35)))])  # unused: the check feeds its own batch
     worst, problems, built, figures = 0.0, [], [], []
@@ -110,7 +147,7 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
             sharded = ctx.recipe(*TRAIN, *overrides, *device)
             run_dir = work / layout
             (run_dir / "strategy").mkdir(parents=True, exist_ok=True)
-            if main:  # the run's recipe.yaml, which merge-checkpoints reads
+            if ctx.rank == 0:  # the run's recipe.yaml, which merge-checkpoints reads
                 open_run_dir(run_dir, sharded, overwrite=False)
             session = setup(sharded, run_dir, source, [], on_ascend=ctx.target == "ascend")
             problem = layout_problem(session, sharded.strategies.parallel)
@@ -124,15 +161,8 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
                 p.set_data(ms.Tensor(initial[p.name]))
             if ctx.target != "ascend":
                 continue
-            results = [session.step_fn([batch], lr_at(i, sharded.train)) for i in (1, 2, 3)]
-            diffs = [relative(r.loss, want) for r, want in zip(results, ref_losses)]
-            if layout != "pipeline2":
-                diffs += [relative(r.grad_norm, want.grad_norm) for r, want in zip(results, reference)]
-            diff = max(diffs)
-            if not diff <= TOLERANCE:
-                problems.append(f"{layout}: losses {['%.5f' % r.loss for r in results]} vs unsharded "
-                                f"{['%.5f' % v for v in ref_losses]}, grad norms "
-                                f"{['%.4f' % r.grad_norm for r in results]} vs {['%.4f' % r.grad_norm for r in reference]}")
+            diff, problem = layout_difference(session, layout, batch, reference)
+            problems += [problem] if problem else []
             worst = max(worst, diff if diff == diff else float("inf"))
             figures.append(f"{layout} {diff:.2g}")
             ctx.sharded_runs[layout] = session
@@ -141,11 +171,7 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     if problems:
         return Check(name, "parallel", FAIL, worst if ctx.target == "ascend" else None, TOLERANCE, "; ".join(problems))
     if ctx.target != "ascend":
-        return Check(name, "parallel", SKIP, reason=(
-            f"ran: built {', '.join(built)} through train.setup on {ctx.workers} ranks (MindFormers' wrapper chain, "
-            f"semi_auto_parallel, the reference's weights loaded) and took the unsharded reference's 3 steps (losses "
-            f"{', '.join('%.4f' % v for v in ref_losses)}); the sharded steps compile a semi_auto_parallel graph, "
-            f"which needs Ascend: scripts/launch.sh --selftest N on a card"))
+        return Check(name, "parallel", SKIP, reason=what_ran_on_cpu(built, ctx.workers, reference))
     return Check(name, "parallel", PASS, worst, TOLERANCE, f"largest relative difference: {', '.join(figures)}")
 
 
@@ -168,7 +194,7 @@ def write_strategy(path: Path, tensor_maps: dict, stage: int = 0, devices: int =
     """A strategy file in MindSpore's protobuf format (node_strategy.proto) for pipeline
     stage `stage` of `devices` devices a stage: `tensor_maps` gives each weight's tensor map
     over the device matrix [devices] (-1: not split), as a compiled graph records it."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     strategy = ms.train.node_strategy_pb2.ParallelStrategyMap()
     strategy.current_stage = stage
@@ -192,7 +218,7 @@ def write_strategy(path: Path, tensor_maps: dict, stage: int = 0, devices: int =
 def rank_slices(trained: dict, rank: int) -> list:
     """Rank `rank`'s Parameters of a model=2 cut, marked `sliced` as a compiled graph marks
     what a rank holds (mindspore/parallel/_utils.py _slice_parameter)."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     params = []
     for name, value in trained.items():
@@ -207,9 +233,6 @@ def rank_slices(trained: dict, rank: int) -> list:
 def exported_difference(run_dir: Path, out: Path, reference: dict) -> tuple:
     """merge-checkpoints of the run's newest step, ms-to-hf, and the safetensors read back:
     (tensors differing from `reference` bit for bit, tensors exported)."""
-    from ..checkpoints.merge import merge_shards
-    from ..weights.convert import ms_to_hf
-    from ..weights.tensor_files import read_safetensors, rename
 
     merged = merge_shards(run_dir, out / "merged")
     exported = read_safetensors(ms_to_hf(merged, out / "hf", dtype="float32") / "model.safetensors")
@@ -222,10 +245,8 @@ def simulated_export(ctx: Context, fault) -> Check:
     """What a host runs of the sharded export: 2 ranks' shards of one trained step, cut as
     model=2 cuts them and written by Checkpointer.save with that layout's strategy file,
     merged, exported and read back. `fault`: rank 1 saves rank 0's slices."""
-    from ..checkpoints.policy import Checkpointer
-    from ..strategies.parallel import World, strategy_file
+    # imported here: MindSpore loads after run_selftest's quiet_frameworks
     from ..training.optimizer import build_optimizer
-    from ..training.run import open_run_dir
 
     name = "export_merge_sharded"
     recipe, net, _ = trained_once(ctx)
@@ -265,12 +286,9 @@ def check_export_sharded(ctx: Context, fault=None) -> Check:
         if inner.status == SKIP and ctx.workers > 1:  # check_sharded_layouts said why there is no run
             inner.reason = "the model=2 run of sharded_model_pipeline_optimizer did not complete; " + inner.reason
         return inner
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
-    from ..checkpoints.files import rank_roots
-    from ..common.collective import all_reduce_sum
-    from ..strategies.parallel import init_parallel
-    from ..training.run import save
+    from ..training.loop import save
 
     rank = session.world.rank
     save(session, 3)

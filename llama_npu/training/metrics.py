@@ -15,7 +15,7 @@ class MetricLogger:
             self._truncate_after(resume_step)
         elif self.path.exists():
             self.path.unlink()
-        from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter  # imported here: tensorboardX, only on the rank that logs
 
         # purge_step hides events a killed run wrote after the checkpoint we resume from.
         self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=resume_step + 1)

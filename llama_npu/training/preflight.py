@@ -16,18 +16,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..checkpoints.files import (CheckpointError, checkpoint_root, inspect, problem, rank_roots, read_state,
+                                 step_dirs_newest_first, unmovable)
 from ..common.atomic import unwritable_reason
+from ..common.console import note
+from ..data.readers import RecordError, iter_records
+from ..data.tokenizer import TokenizerError, load_tokenizer, tokenizer_identity
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe, with_absolute_paths
 from ..recipe.stored import STORED_RECIPE, stored_recipe
-from ..weights.pretrained import check_pretrained
+from ..strategies.parallel import check_workers
+from ..weights.errors import ConvertError
 
 # Changing one of these on resume would train a different model, on different data, or
 # give each step different samples than the checkpoint's run did: refused without --force.
 # Everything else (max_steps, save/eval cadence, lr and schedule, precision, recompute,
 # chunked CE, device) may change: lowering the lr or enabling loss scaling is how a
-# diverged run is recovered (stopping.NonFiniteStreak says so), and memory strategies do
-# not change the maths.
+# diverged run is recovered (training/nonfinite.py NonFiniteStreak says so), and memory
+# strategies do not change the maths.
 RESULT_KEYS = ("model.", "data.", "train.micro_batch_size", "train.global_batch_size", "train.seed",
                "strategies.lora.", "strategies.parallel.")
 NOT_RESULT_KEYS = ("data.eval_files",)  # what is evaluated, not what is trained
@@ -49,11 +55,6 @@ class PreflightError(RuntimeError):
 
 def _collect(problems: list, check: Callable, *args):
     """Run one check; a user error it raises becomes one problem line."""
-    from ..checkpoints.files import CheckpointError
-    from ..data.readers import RecordError
-    from ..data.tokenizer import TokenizerError
-    from ..weights.tensor_files import ConvertError
-
     try:
         return check(*args)
     except (RecipeError, RecordError, TokenizerError, ConvertError, CheckpointError, RunDirError,
@@ -87,8 +88,6 @@ BAD_RECORDS_LISTED = 20
 def _file_bad_records(path: str, fmt: str) -> list:
     """Every bad record of one file, read with the reader train uses (data/readers.py); a
     file of which no record parses (most often another format) is one error instead."""
-    from ..data.readers import RecordError, iter_records
-
     bad, good = [], 0
     try:
         for item in iter_records([path], fmt):
@@ -120,8 +119,7 @@ def check_records(recipe: Recipe) -> list:
 def check_prepared(recipe: Recipe, rehearsal: bool = False) -> None:
     """data.prepared was made for this recipe: its length (a rehearsal reads longer rows cut
     to its own, data/mindrecord.window) and its tokenizer."""
-    from ..data.mindrecord import DATA_FILE, read_meta
-    from ..data.tokenizer import tokenizer_identity
+    from ..data.mindrecord import DATA_FILE, read_meta  # imported here: it loads numpy, which validate does not need
 
     d = recipe.data
     meta = read_meta(Path(d.prepared))
@@ -136,8 +134,6 @@ def check_prepared(recipe: Recipe, rehearsal: bool = False) -> None:
 
 
 def check_data(recipe: Recipe, rehearsal: bool = False) -> list:
-    from ..data.tokenizer import load_tokenizer
-
     d, problems = recipe.data, []
     _collect(problems, load_tokenizer, d.tokenizer)
     if d.prepared:
@@ -151,7 +147,10 @@ def check_data(recipe: Recipe, rehearsal: bool = False) -> list:
 def check_rehearsed_recipe(recipe: Recipe) -> list:
     """A rehearsal stands in for the full recipe: its data and weights are checked as given."""
     problems = check_data(recipe)
-    _collect(problems, check_pretrained, recipe)
+    if recipe.model.checkpoint:
+        from ..weights.pretrained import check_pretrained  # imported here: it loads numpy, which validate does not need
+
+        _collect(problems, check_pretrained, recipe)
     return problems
 
 
@@ -161,8 +160,6 @@ def resume_candidates(run_dir: Path, resume: Optional[str]) -> list:
     """The checkpoints to resume from, newest first: with `auto`, the steps complete on every
     rank (checkpointer.Checkpointer.choose reads them against their CRC and takes the newest
     good one); raises when there is none that could be."""
-    from ..checkpoints.files import checkpoint_root, problem, rank_roots, read_state, step_dirs_newest_first
-
     if resume == "auto":
         roots = rank_roots(run_dir) or [checkpoint_root(run_dir)]
         found = step_dirs_newest_first(roots[0])  # a step missing on rank 0 is complete nowhere
@@ -186,8 +183,6 @@ def check_rewind(run_dir: Path, candidates: list) -> None:
     """Resuming from an older step than the run directory holds sets the later ones aside
     (checkpointer.Checkpointer.start_branch); refuse now, before anything is written, when
     they could not be moved."""
-    from ..checkpoints.files import checkpoint_root, inspect, rank_roots, unmovable
-
     if not candidates:
         return
     step = inspect(candidates[0])[0]["step"]
@@ -247,7 +242,7 @@ class RecipeDifference:
 
 
 def recipe_difference(stored: Recipe, recipe: Recipe) -> RecipeDifference:
-    # The stored recipe's paths are absolute (train.open_run_dir); the same file named
+    # The stored recipe's paths are absolute (training/run.py open_run_dir); the same file named
     # relative to the current directory is no change.
     old, new = flatten(with_absolute_paths(stored).to_dict()), flatten(with_absolute_paths(recipe).to_dict())
     return RecipeDifference({k: (old.get(k), new[k]) for k in new if old.get(k) != new[k]})
@@ -273,12 +268,13 @@ def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], ov
     """(every problem that would stop this run, one line each, [] when it can start;
     the checkpoints to resume from, newest first). Without a run_dir the output directory
     is not judged (`validate RECIPE` alone)."""
-    from ..strategies.parallel import check_workers
-
     problems = check_device(recipe)
     _collect(problems, check_workers, recipe.strategies.parallel, workers)
     problems += check_data(recipe, rehearsal)
-    _collect(problems, check_pretrained, recipe)
+    if recipe.model.checkpoint:
+        from ..weights.pretrained import check_pretrained  # imported here: it loads numpy, which validate does not need
+
+        _collect(problems, check_pretrained, recipe)
     if run_dir is None:
         return problems, []
     output_problems, candidates = check_output_dir(run_dir, resume, overwrite, main_rank)
@@ -286,6 +282,26 @@ def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], ov
     if resume:
         problems += _collect(problems, check_resume_recipe, recipe, run_dir, force) or []
     return problems, candidates
+
+
+def checked_start(recipe: Recipe, run_dir: Path, resume: Optional[str], overwrite: bool, force: bool, workers: int,
+                  main_rank: bool, rehearsal: bool) -> tuple[Optional[list], bool]:
+    """`train`'s pre-flight: PreflightError on any problem, else (the checkpoints to resume
+    from, newest first, None when no resume was asked; whether run_dir has no stored recipe
+    to compare the checkpoint's with)."""
+    problems, candidates = preflight(recipe, run_dir, resume, overwrite, force, workers, main_rank,
+                                     rehearsal=rehearsal)
+    if problems:
+        raise PreflightError(problems)
+    stored = stored_recipe(run_dir) if resume else None
+    if stored is not None:
+        difference = recipe_difference(stored, recipe)
+        if difference.changed:
+            note(f"resuming with {difference.describe(difference.changed)}, unlike {run_dir / STORED_RECIPE} "
+                 f"(kept as it was)")
+    if resume == "auto" and not candidates:
+        note(f"resume: no checkpoint under {run_dir}/checkpoints; starting at step 0")
+    return (candidates if resume else None), stored is None
 
 
 def _set_value(value) -> str:

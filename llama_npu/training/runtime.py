@@ -7,7 +7,7 @@ from ..recipe.schema import Recipe
 
 def init_runtime(recipe: Recipe) -> bool:
     """Configure MindSpore for the recipe; returns True when running on Ascend."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after the command's quiet_frameworks (common/frameworks.py)
 
     on_ascend = recipe.device.target == "ascend"
     ms.set_context(mode=ms.GRAPH_MODE if recipe.train.mode == "graph" else ms.PYNATIVE_MODE)

@@ -33,6 +33,9 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, nn
+from mindspore.communication.comm_func import all_reduce
+from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
+from mindspore.ops import ReduceOp
 from mindspore.ops import operations as P
 
 from ..model.loss import layers_with_additive_mask
@@ -141,8 +144,6 @@ class EvalKeepingTrainStrategy:
 
 def eval_network(llama, data_parallel: int) -> EvalKeepingTrainStrategy:
     """As base_trainer.wrap_eval_network_with_tool_cells: _VirtualDatasetCell around it."""
-    from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
-
     return EvalKeepingTrainStrategy(_VirtualDatasetCell(EvalLoss(llama, data_parallel)))
 
 
@@ -151,13 +152,13 @@ def build_train_network(llama, optimizer, recipe: Recipe, scale_sense) -> nn.Cel
     semi-auto parallel context set (and, for the pipeline wrapper, communication).
     `scale_sense`: LossScaler.sense(), the update cell MindFormers' configs name for dynamic
     scaling (mindspore.nn.DynamicLossScaleUpdateCell) or a fixed value."""
-    from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
+    # imported here: MindFormers loads through mute_mindformers_info (common/frameworks.py), stdout captured
     from mindformers.wrapper.wrapper import (GradAccumulationCellWithTwoOutput, MFPipelineWithLossScaleCell,
                                              MFTrainOneStepCell, PipelineCellWithTwoOutput)
 
     par, clip = recipe.strategies.parallel, recipe.train.grad_clip
-    k = accumulation_steps(recipe)
     network = TrainLoss(llama, par.data, recipe.data.max_seq_len)
+    k = accumulation_steps(recipe)
     # _wrap_network_with_tool_cells_legacy: with calculate_per_token_loss MindFormers picks
     # the two-output variants of GradAccumulationCell and PipelineCell.
     if par.pipeline > 1:
@@ -210,9 +211,6 @@ class ShardedStep:
         schedule one more step behind the loop's step number, as in MindFormers' training.
         The result carries the rate the graph computed for this step (MindFormers' wrappers
         return it, applied or, on overflow, skipped), which is what metrics.jsonl logs."""
-        from mindspore.communication.comm_func import all_reduce
-        from mindspore.ops import ReduceOp
-
         tokens = sum(int((batch[1][:, 1:] != IGNORE_ID).sum()) for batch in micro_batches)
         # The scale this step uses; the wrapper updates it on the device (loss_scaling_manager).
         scale = float(self.train_network.scale_sense.asnumpy())
@@ -243,6 +241,4 @@ def eval_layout(net, loss_cell, section: ParallelSection, world: World, micro_ba
     construction. Pipelines do not evaluate (recipe validation refuses it)."""
     if not world.sharded:
         return loss_cell, micro_batch_size
-    from .sharded_step import eval_network  # imported here: it imports MindSpore, which validate does not need
-
     return eval_network(net, section.data), micro_batch_size * section.data

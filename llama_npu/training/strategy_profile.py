@@ -33,12 +33,12 @@ from ..checkpoints.files import checkpoint_root
 from ..common.atomic import check_writable, replace_file
 from ..common.console import note
 from ..memory.parameter_count import cached_parameter_count
+from ..memory.planned_peak import planned_peak_bytes
 from ..model.architecture import resolve_shape
 from ..recipe.load import load_recipe
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe
 from ..strategies import STRATEGIES
-from .run import planned_peak_bytes
 
 GiB = 2 ** 30
 SWITCHES = ("off", "on")

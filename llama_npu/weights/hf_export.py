@@ -18,6 +18,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..data.tokenizer import tokenizer_path
 from ..model.tokens import BOS_ID, PAD_ID
 
 STOP_TOKEN_IDS = [128001, 128008, 128009]  # <|end_of_text|>, <|eom_id|>, <|eot_id|>
@@ -57,7 +58,6 @@ def tokenizer_config(shipped: dict | None) -> dict:
 def write_model_files(dst: Path, config: dict, tokenizer: str) -> None:
     """config.json, generation_config.json and the tokenizer files of the tokenizer.json
     the run trained with (data.tokenizer), into `dst`."""
-    from ..data.tokenizer import tokenizer_path
 
     (dst / "config.json").write_text(json.dumps(chat_config(config), indent=2), encoding="utf-8")
     (dst / "generation_config.json").write_text(json.dumps(generation_config(), indent=2), encoding="utf-8")

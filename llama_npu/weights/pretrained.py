@@ -116,7 +116,7 @@ def check_pretrained(recipe) -> None:
 
 def read_weights(path: Path, meta: dict) -> dict:
     """name -> Tensor of a model.ckpt; a quantized one's int8 weights dequantized."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: validate's header check (check_pretrained) needs no MindSpore
 
     try:
         weights = ms.load_checkpoint(str(path))
@@ -130,7 +130,7 @@ def read_weights(path: Path, meta: dict) -> dict:
 def load_weights(net, weights: dict, shape: LlamaShape, source: Path) -> None:
     """Load every Llama weight of `weights` into `net`, each cast to its Parameter's dtype.
     Parameters the checkpoint does not describe (LoRA adapters) keep their values."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: validate's header check (check_pretrained) needs no MindSpore
 
     verify_tensors({name: tuple(tensor.shape) for name, tensor in weights.items()}, shape, source)
     params = {p.name: p for p in net.get_parameters()}
@@ -147,6 +147,13 @@ def load_pretrained(net, recipe) -> None:
     tensor as it loads, so the header read of check_pretrained is not repeated)."""
     directory, shape, meta = pretrained_source(recipe)
     load_weights(net, read_weights(directory / WEIGHTS, meta), shape, directory / WEIGHTS)
+
+
+def pretrained_hf_config(recipe) -> Optional[dict]:
+    """The Hugging Face config the run started from, carried into its checkpoints."""
+    if not recipe.model.checkpoint:
+        return None
+    return read_checkpoint_dir(Path(recipe.model.checkpoint))[1].get("hf_config")
 
 
 # ---------------------------------------------------------------- what eval / generate / export take
@@ -203,7 +210,7 @@ def resolve_weights(path: Path) -> ResolvedWeights:
 
 def fold_adapters(weights: dict, adapters_path: Path, alpha: float) -> dict:
     """`weights` with W + (alpha / rank) B A for every adapter pair in `adapters_path`."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: validate's header check (check_pretrained) needs no MindSpore
 
     adapters = read_adapters(adapters_path)
     targets = [name[: -len(LORA_A)] + "weight" for name in adapters if name.endswith(LORA_A)]

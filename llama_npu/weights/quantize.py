@@ -14,6 +14,7 @@ import json
 import re
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
 
 from ..common.atomic import check_writable, staged_directory
@@ -31,8 +32,6 @@ def quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantize_checkpoint(src: Path, dst: Path) -> dict:
-    import mindspore as ms
-
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")

@@ -27,15 +27,13 @@ from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
+from .errors import ConvertError
+
 CONFIG = "config.json"  # a converted directory's description (and a Hugging Face directory's config)
 WEIGHTS = "model.ckpt"
 HF_WEIGHTS = "model.safetensors"
 LORA_A, LORA_B = "mindpet_delta_lora_a", "mindpet_delta_lora_b"
 INT8_SCALE = ".int8_scale"  # quantize: a linear weight's per-row fp32 scale, stored beside it
-
-
-class ConvertError(ValueError):
-    """Bad conversion input; the message names the file and the tensor."""
 
 
 # ---------------------------------------------------------------- names and shapes

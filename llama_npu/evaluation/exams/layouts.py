@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ...data.readers import RecordError
+from ...data.readers import RecordError, read_text
 
 LETTERS = ("A", "B", "C", "D")
 
@@ -92,7 +92,6 @@ def check_directory(layout: Layout, root: Path, split: str) -> List[str]:
 
 def _rows(layout: Layout, path: Path):
     """(line number, row as a list of strings) after the header, which is checked."""
-    from ...data.readers import read_text
 
     reader = csv.reader(read_text(path).splitlines(keepends=True))
     if layout.columns is not None:

@@ -18,10 +18,14 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+from lm_eval import utils
 from lm_eval.api.model import TemplateLM
 
+from ...common.console import progress_bar
 from ...data.chat_template import render_text
 from ...model.tokens import BOS_ID, EOT_ID, PAD_ID
+from ...weights.hf_export import CHAT_TEMPLATE
+from ..generate import decode
 from ..loaded_model import EVAL_CHUNK
 from ..loss_loop import bucket_length
 
@@ -45,7 +49,7 @@ def head_rows(needed: int) -> int:
 
 def target_head(lm_head):
     """A cell: (hidden (C, H), targets (C, K)) -> (log p of each target (C, K), argmax (C,))."""
-    import mindspore as ms
+    import mindspore as ms  # imported here: MindSpore loads after the command's quiet_frameworks (common/frameworks.py)
     from mindspore import nn, ops
 
     class TargetLogprobs(nn.Cell):
@@ -110,8 +114,6 @@ class MindSporeLM(TemplateLM):
         return "llama-npu-llama3-chat"
 
     def chat_template(self, chat_template=False) -> str:
-        from ...weights.hf_export import CHAT_TEMPLATE
-
         return CHAT_TEMPLATE
 
     def apply_chat_template(self, chat_history: List[dict], add_generation_prompt: bool = True) -> str:
@@ -121,10 +123,9 @@ class MindSporeLM(TemplateLM):
 
     # ------------------------------------------------------------ scoring
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> List[Tuple[float, bool]]:
+        # imported here: MindSpore loads after the command's quiet_frameworks (common/frameworks.py)
         import mindspore as ms
         from mindspore import ops
-
-        from ...common.console import progress_bar
 
         rows: Dict[tuple, List[Tuple[int, int, List[int]]]] = {}  # input ids -> (request, first position, targets)
         for index, (key, context, continuation) in enumerate(requests):
@@ -176,8 +177,6 @@ class MindSporeLM(TemplateLM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
         """Each string's total log-likelihood in disjoint windows of --max-seq-len, as
         lm-eval's HFLM computes it (lm_eval/models/huggingface.py loglikelihood_rolling)."""
-        from lm_eval import utils
-
         windows, owner = [], []
         for index, (string,) in enumerate(req.args for req in requests):
             for context, continuation in map(utils.make_disjoint_window, utils.get_rolling_token_windows(
@@ -192,7 +191,6 @@ class MindSporeLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
         """Greedy replies through `llama-npu generate`'s decoder, cut at the first `until` string."""
-        from ..generate import decode
 
         replies = []
         for context, gen_kwargs in (req.args for req in requests):

@@ -16,8 +16,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import yaml
+
+from ...common.atomic import check_writable, replace_file
+from ...data.readers import RecordError
+from ...data.tokenizer import load_tokenizer
+from ..loaded_model import build_from_checkpoint, checkpoint_tokenizer
 from .categories import CATEGORY_ORDER, categories_of
 from .layouts import LETTERS, ExamData, read_exam
+from .tasks import build_tasks
 
 
 @dataclass
@@ -37,8 +44,6 @@ class Scored:
 
 def chat_default(checkpoint: Path) -> tuple[bool, str]:
     """(--chat default, why): on for a run directory (or its step) trained on chat data."""
-    import yaml
-
     checkpoint = Path(checkpoint)
     for run in (checkpoint, checkpoint.parent.parent):
         if (run / "recipe.yaml").is_file():
@@ -110,9 +115,7 @@ def summarize(task: str, records: List[Scored], configs: dict) -> dict:
 
 def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, chat: Optional[bool],
                      max_seq_len: int, batch_size: int, device: str) -> dict:
-    from ...data.tokenizer import load_tokenizer
-    from ..loaded_model import build_from_checkpoint
-    from .lm_adapter import MindSporeLM
+    from .lm_adapter import MindSporeLM  # imported here: lm-eval, only once the exam data is checked
 
     default, why = chat_default(checkpoint)
     chat_on = default if chat is None else chat
@@ -134,10 +137,6 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
              device: str = "auto") -> dict:
     """The summary of `checkpoint` (and of `compare`, with deltas); every input is checked
     before a model is built, and --output is written only once everything is scored."""
-    from ...common.atomic import check_writable, replace_file
-    from ...data.readers import RecordError
-    from ..loaded_model import checkpoint_tokenizer
-    from .tasks import build_tasks
 
     if shots < 0:
         raise RecordError(f"--shots {shots}: expected 0 or more")

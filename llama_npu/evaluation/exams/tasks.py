@@ -5,6 +5,7 @@ is downloaded: lm-eval's `custom_dataset` hook (lm_eval/api/task.py Configurable
 returns in-memory `datasets.Dataset`s."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import List
@@ -17,7 +18,7 @@ OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TE
 
 
 def task_yaml(task: str, subject: str) -> Path:
-    import lm_eval.tasks
+    import lm_eval.tasks  # imported here: lm-eval and datasets, only after OFFLINE is set
 
     tasks = Path(lm_eval.tasks.__file__).parent
     return {"ceval": tasks / "ceval" / f"ceval-valid_{subject}.yaml",
@@ -28,7 +29,7 @@ def task_yaml(task: str, subject: str) -> Path:
 def task_config(task: str, subject: str, where: Path) -> dict:
     """lm-eval's config of `subject`, `include`s resolved."""
     os.environ.update(OFFLINE)
-    from lm_eval.tasks._yaml_loader import load_yaml
+    from lm_eval.tasks._yaml_loader import load_yaml  # imported here: lm-eval and datasets, only after OFFLINE is set
 
     path = task_yaml(task, subject)
     if not path.is_file():
@@ -44,7 +45,7 @@ def task_config(task: str, subject: str, where: Path) -> dict:
 
 
 def _dataset(questions: List[Question]):
-    import datasets
+    import datasets  # imported here: lm-eval and datasets, only after OFFLINE is set
 
     return datasets.Dataset.from_list([q.doc for q in questions])
 
@@ -53,9 +54,7 @@ def build_tasks(data: ExamData) -> dict:
     """subject -> lm-eval ConfigurableTask whose eval docs are the split's questions (in
     file order) and whose few-shot docs are the dev split's."""
     os.environ.update(OFFLINE)
-    import logging
-
-    from lm_eval.api.task import ConfigurableTask
+    from lm_eval.api.task import ConfigurableTask  # imported here: after OFFLINE, which lm-eval reads at import
 
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its custom_dataset notice is for its CLI
     tasks = {}

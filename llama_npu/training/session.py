@@ -1,0 +1,105 @@
+"""`setup(recipe, run_dir, ...) -> Session`: everything a run's loop needs, built in order --
+communication and layout, network, optimizer, train step, evaluation, checkpoints -- and
+resumed, with the data stream and metrics placed at the step the run starts from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Union
+
+from mindspore import Parameter, nn
+
+from ..checkpoints.policy import Checkpointer
+from ..checkpoints.resume import resume
+from ..common.console import note
+from ..data.batches import BatchStream, ListSamples
+from ..data.mindrecord import MindRecordSamples
+from ..data.samples import Sample
+from ..memory.planned_peak import planned_peak_bytes
+from ..model.architecture import LlamaShape, resolve_shape
+from ..recipe.schema import Recipe
+from ..strategies.accumulation import accumulation_steps
+from ..strategies.network import build_network
+from ..strategies.parallel import World, describe_layout, init_parallel, stream_layout
+from ..strategies.precision import LossScaler
+from ..weights.pretrained import pretrained_hf_config
+from .metrics import MetricLogger
+from .optimizer import build_optimizer
+from .sharded_step import EvalKeepingTrainStrategy, ShardedStep, eval_layout
+from .step import TrainStep
+
+if TYPE_CHECKING:  # for the annotation only: MindFormers is imported by mute_mindformers_info, stdout captured
+    from mindformers.models.llama import LlamaForCausalLM
+
+
+@dataclass
+class Session:
+    """Everything the loop needs, built by `setup`: the network and its train step, the
+    data stream at the step the run starts from, evaluation, metrics and checkpoints."""
+    recipe: Recipe
+    run_dir: Path
+    world: World
+    on_ascend: bool
+    net: LlamaForCausalLM
+    params: list[Parameter]
+    optimizer: nn.Optimizer
+    scaler: LossScaler
+    step_fn: Union[TrainStep, ShardedStep]
+    stream: BatchStream
+    eval_cell: Union[nn.Cell, EvalKeepingTrainStrategy]
+    eval_batch: int
+    eval_samples: list[Sample]
+    checkpointer: Checkpointer
+    metrics: Optional[MetricLogger]  # rank 0's
+    planned_peak: int
+    start_step: int = 0
+    rehearsal: Optional[dict] = None  # what training.rehearse shrank and could not rehearse
+
+
+def model_description(recipe: Recipe, shape: LlamaShape, params: list, run_dir: Path, world: World) -> Optional[dict]:
+    """The config.json a full checkpoint carries, so eval, generate and convert take it."""
+    if recipe.strategies.lora.enabled or world.sharded:  # adapters or shards: not a whole model to describe
+        return None
+    return {"format": "llama-npu", "shape": shape.__dict__, "dtype": str(params[0].dtype).lower(),
+            "source": str(run_dir), "hf_config": pretrained_hf_config(recipe)}
+
+
+def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRecordSamples],
+          eval_samples: list[Sample], on_ascend: bool, resume_candidates: Optional[list] = None,
+          warn_recipe_hash: bool = False, rehearsal: Optional[dict] = None) -> Session:
+    """Build the run, then resume (`resume_candidates`, newest first; None: no resume asked)
+    and place the data stream and metrics at the step it starts from."""
+    t, parallel = recipe.train, recipe.strategies.parallel
+    world = init_parallel(parallel, run_dir)
+    note(describe_layout(recipe))
+    batch_size, rank, ranks = stream_layout(parallel, world, t.micro_batch_size)
+    note(f"building the model{' and loading ' + recipe.model.checkpoint if recipe.model.checkpoint else ''}")
+    net, loss_cell = build_network(recipe, on_ascend)
+    params = net.trainable_params()
+    scaler = LossScaler(recipe.strategies.precision)
+    k, shape = accumulation_steps(recipe), resolve_shape(recipe.model)
+    # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
+    optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
+    step_fn = ShardedStep(net, optimizer, scaler, recipe) if world.sharded else TrainStep(
+        loss_cell, optimizer, scaler, t.grad_clip, k)  # sharded: MindFormers' wrapper chain, one semi-auto graph
+    eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
+    description = model_description(recipe, shape, params, run_dir, world)
+    checkpointer = Checkpointer(run_dir, world, t.keep_last, description)
+
+    def stream_from(samples_consumed: int) -> BatchStream:
+        return BatchStream(train_source, batch_size, recipe.data.max_seq_len + 1, t.seed, samples_consumed, rank,
+                           ranks)
+
+    def example_batches() -> list:  # one step's micro-batches, for a graph compiled before the load
+        example = stream_from(0)
+        return [example.next_batch() for _ in range(k)]
+
+    start_step, samples_consumed = resume(recipe, checkpointer, resume_candidates, step_fn, net, optimizer,
+                                          example_batches, warn_recipe_hash)
+    metrics = MetricLogger(run_dir, start_step) if world.is_main else None
+    stream = stream_from(samples_consumed)
+    planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
+    note(f"model {recipe.model.preset} ({shape.describe()}); {sum(p.size for p in params):,} trainable "
+         f"parameters{'' if world.size == 1 else f' (rank {world.rank} of {world.size})'}")
+    return Session(recipe, run_dir, world, on_ascend, net, params, optimizer, scaler, step_fn, stream, eval_cell,
+                   eval_batch, eval_samples, checkpointer, metrics, planned_peak, start_step, rehearsal)
