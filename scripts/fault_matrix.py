@@ -266,7 +266,7 @@ def run_chain(cells: list, reference: dict, work: Path) -> None:
 
 def reference_run(work: Path) -> dict:
     out, logs = work / "run", work / "logs"
-    proc = launch(["scripts/launch.sh", SMOKE, 2, "--output-dir", out, *ARGS], logs)
+    proc = launch(fresh_launch(out), logs)
     if proc.wait(timeout=900) != 0:
         raise RuntimeError(f"the uninterrupted launch failed: {_read(logs / 'stderr')[-2000:]}")
     return losses(out)
