@@ -3,7 +3,7 @@ smoke recipe on the CPU, one fault at one moment, then the command the launch pr
 the resumed run's losses against those of an uninterrupted launch. Real signals and a real
 file-size limit (RLIMIT_FSIZE set on the running worker with prlimit); nothing is mocked.
 
-    python scripts/fault_matrix.py [--cells FAULT:MOMENT ...] [--json FILE]
+    python scripts/fault_matrix.py [--cells FAULT:MOMENT ...] [--chain] [--json FILE]
 
 Faults: sigint_launch, sigterm_launch (to launch.sh), sigterm_worker (rank 1), sigkill_worker
 (rank 0, the rank that saves a data-parallel run), disk_full (rank 0's checkpoint write).
@@ -12,6 +12,8 @@ mid_save (while step 6's checkpoint is being written). A launch is 8 steps, savi
 Prints one row a cell: the launch's exit status and last line, the step the printed command
 resumed from, the steps trained twice, and whether every step's loss equals the
 uninterrupted run's (to 1e-6). Each cell costs two launches (~30-60 s each on 2 cores).
+--chain costs one launch a cell and one more: each cell's fault goes into the launch that
+resumes the cell before it, in one run directory, whose losses at the end are every cell's.
 """
 from __future__ import annotations
 
@@ -83,9 +85,28 @@ def worker_pid(port: str, rank: int) -> Optional[int]:
     return None
 
 
-def metric_steps(out: Path) -> list:
+@dataclass
+class Before:
+    """What the run directory held when a launch started: what an earlier, stopped launch left
+    there is no progress of the new one."""
+    metrics_inode: Optional[int] = None  # a resumed run replaces metrics.jsonl, dropping the steps it redoes
+    partial_saves: frozenset = frozenset()
+
+    @classmethod
+    def of(cls, out: Path) -> "Before":
+        path = out / "metrics.jsonl"
+        return cls(path.stat().st_ino if path.exists() else None, frozenset(partial_saves(out)))
+
+
+def partial_saves(out: Path) -> set:
+    return set((out / "checkpoints").glob(f".step_{SAVED_MID_RUN}.partial-*"))
+
+
+def metric_steps(out: Path, before: Before = Before()) -> list:
     path = out / "metrics.jsonl"
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+    if not path.exists() or path.stat().st_ino == before.metrics_inode:
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
 
 
 def wait_for(condition, proc, what: str, timeout: float = 600) -> None:
@@ -98,15 +119,14 @@ def wait_for(condition, proc, what: str, timeout: float = 600) -> None:
         time.sleep(0.01)
 
 
-def wait_for_moment(moment: str, proc, out: Path, logs: Path) -> None:
+def wait_for_moment(moment: str, proc, out: Path, logs: Path, before: Before) -> None:
     if moment == "compile":  # both ranks are in the first step, compiling its graph
         wait_for(lambda: all("the first step compiles" in _read(logs / "msrun" / f"worker_{r}.log") for r in (0, 1))
-                 and not metric_steps(out), proc, "the first step")
+                 and not metric_steps(out, before), proc, "the first step")
     elif moment == "mid_step":
-        wait_for(lambda: len(metric_steps(out)) >= SAVE_EVERY + 1, proc, f"step {SAVE_EVERY + 1}")
+        wait_for(lambda: len(metric_steps(out, before)) >= SAVE_EVERY + 1, proc, f"step {SAVE_EVERY + 1}")
     else:  # the hidden staging directory of step 6's checkpoint exists: its files are being written
-        wait_for(lambda: any((out / "checkpoints").glob(f".step_{SAVED_MID_RUN}.partial-*")), proc,
-                 f"the save of step {SAVED_MID_RUN}")
+        wait_for(lambda: bool(partial_saves(out) - before.partial_saves), proc, f"the save of step {SAVED_MID_RUN}")
 
 
 def _read(path: Path) -> str:
@@ -150,47 +170,103 @@ def same_losses(out: Path, reference: dict) -> bool:
     return sorted(got) == sorted(reference) and all(abs(got[s] - reference[s]) <= 1e-6 for s in reference)
 
 
-def run_cell(fault: str, moment: str, reference: dict, work: Path) -> Cell:
-    cell = Cell(fault, moment)
-    if fault == "disk_full" and moment != "mid_save":
+def not_applicable(cell: Cell) -> bool:
+    if cell.fault == "disk_full" and cell.moment != "mid_save":
         cell.note = "n/a: a full disk matters only when a checkpoint is written"
-        return cell
-    out, logs = work / "run", work / "logs"
-    port = _port()
-    proc = launch(["scripts/launch.sh", SMOKE, 2, "--output-dir", out, *ARGS], logs, {"MASTER_PORT": port})
+    return bool(cell.note)
+
+
+def fresh_launch(out: Path) -> list:
+    return ["scripts/launch.sh", SMOKE, 2, "--output-dir", out, *ARGS]
+
+
+def fault_launch(cell: Cell, words: list, env: dict, out: Path, logs: Path) -> tuple[str, int]:
+    """Start `words`, inject the cell's fault at its moment and note how the launch ended:
+    (its stderr, the last step it logged)."""
+    before, port = Before.of(out), _port()
+    proc = launch(words, logs, {**env, "MASTER_PORT": port})
     # The disk fills before step 6's save starts, not during it: set the limit after step 4.
-    wait_for_moment("mid_step" if fault == "disk_full" else moment, proc, out, logs)
-    inject(fault, proc, port)
+    wait_for_moment("mid_step" if cell.fault == "disk_full" else cell.moment, proc, out, logs, before)
+    inject(cell.fault, proc, port)
     injected = time.monotonic()
     cell.exit_status = proc.wait(timeout=600)
     cell.seconds_to_exit = round(time.monotonic() - injected, 1)
     stderr = _read(logs / "stderr")
     said = [line for line in stderr.splitlines() if not line.startswith("launch: continue with: ")]
     cell.last_line = said[-1].split("; continue with: ")[0] if said else ""
-    trained = max(metric_steps(out), default=0)
     cell.ranks_stopped_at = tuple(int(m.group(1)) for r in (0, 1) if (m := re.search(
         r"stopped by [\w ]+? after step (\d+)", _read(logs / "msrun" / f"worker_{r}.log"))))
-    if cell.exit_status == 0:  # the stop request reached the last step: the run simply finished
-        cell.exact, cell.steps_lost = same_losses(out, reference), 0
-        cell.note = "finished: the stop request reached the last step"
-        return cell
-    env, words = continue_command(stderr)
-    resumed_logs = work / "resumed"
-    resumed = launch(words, resumed_logs, env)
-    if resumed.wait(timeout=900) != 0:
-        cell.note = f"the resumed launch failed: {_read(resumed_logs / 'stderr').strip().splitlines()[-1:]}"
-        return cell
-    worker_log = _read(resumed_logs / "msrun" / "worker_0.log")
+    return stderr, max(metric_steps(out), default=0)
+
+
+def stop(cell: Cell, words: list, env: dict, out: Path, work: Path, reference: dict, earlier=()) -> Optional[tuple]:
+    """The cell's fault in the launch of `words`: (cell, stderr, steps logged) if it stopped the
+    launch; if the launch finished instead, its losses are the cell's and the `earlier` cells'."""
+    try:
+        stderr, trained = fault_launch(cell, words, env, out, work / "logs")
+    except RuntimeError as exc:
+        cell.note = f"not run: {exc}"
+        return None
+    if cell.exit_status:
+        return cell, stderr, trained
+    cell.steps_lost, cell.note = 0, "finished: the stop request reached the last step"
+    for done in (cell, *earlier):
+        done.exact = same_losses(out, reference)
+    return None
+
+
+def resumed(stopped: tuple, logs: Path) -> None:
+    """The step the launch logging under `logs` resumed a stopped launch, (cell, stderr, steps
+    logged), from."""
+    cell, _, trained = stopped
+    worker_log = _read(logs / "msrun" / "worker_0.log")
     marker = next((line for line in worker_log.splitlines() if "resumed from" in line), "")
     cell.resumed_from = int(marker.rsplit(" ", 1)[1]) if marker else 0
     cell.steps_lost = trained - cell.resumed_from
-    cell.exact = same_losses(out, reference)
-    return cell
+
+
+def finish(stopped: list, out: Path, work: Path, reference: dict) -> None:
+    """Run the command the last of the `stopped` launches printed to the end: each one's
+    losses are then the run directory's."""
+    env, words = continue_command(stopped[-1][1])
+    logs = work / "resumed"
+    if launch(words, logs, env).wait(timeout=900) != 0:
+        stopped[-1][0].note = f"the resumed launch failed: {_read(logs / 'stderr').strip().splitlines()[-1:]}"
+        return
+    resumed(stopped[-1], logs)
+    for cell, _, _ in stopped:
+        cell.exact = same_losses(out, reference)
+
+
+def run_cell(cell: Cell, reference: dict, work: Path) -> None:
+    """The cell on a launch of its own, then the command it printed."""
+    out = work / "run"
+    stopped = stop(cell, fresh_launch(out), {}, out, work, reference)
+    if stopped:
+        finish([stopped], out, work, reference)
+
+
+def run_chain(cells: list, reference: dict, work: Path) -> None:
+    """Each cell's fault in the launch that resumes the cell before it, on one run directory;
+    the last one's printed command runs to the end."""
+    out, chained = work / "run", []
+    for cell in cells:
+        if chained is None:
+            cell.note = "not run: the chain ended before it"
+            continue
+        cell_work = work / f"{cell.fault}-{cell.moment}"
+        env, words = continue_command(chained[-1][1]) if chained else ({}, fresh_launch(out))
+        stopped = stop(cell, words, env, out, cell_work, reference, [c for c, _, _ in chained])
+        if chained:
+            resumed(chained[-1], cell_work / "logs")
+        chained = [*chained, stopped] if stopped else None
+    if chained:
+        finish(chained, out, cell_work, reference)
 
 
 def reference_run(work: Path) -> dict:
     out, logs = work / "run", work / "logs"
-    proc = launch(["scripts/launch.sh", SMOKE, 2, "--output-dir", out, *ARGS], logs)
+    proc = launch(fresh_launch(out), logs)
     if proc.wait(timeout=900) != 0:
         raise RuntimeError(f"the uninterrupted launch failed: {_read(logs / 'stderr')[-2000:]}")
     return losses(out)
@@ -212,6 +288,8 @@ def main(argv=None) -> int:
                         default=[f"{f}:{m}" for f in FAULTS for m in MOMENTS])
     parser.add_argument("--json", type=Path, help="also write the cells as JSON here")
     parser.add_argument("--work", type=Path, help="keep every launch's directory here (default: a temporary one)")
+    parser.add_argument("--chain", action="store_true",
+                        help="inject each cell's fault into the launch resuming the cell before it")
     parser.add_argument("--reference", type=Path, metavar="RUN_DIR",
                         help="an uninterrupted launch of the same arguments to compare with (default: run one)")
     args = parser.parse_args(argv)
@@ -222,13 +300,13 @@ def main(argv=None) -> int:
                          f"MOMENT in {', '.join(MOMENTS)}")
     work = args.work or Path(tempfile.mkdtemp(prefix="fault-matrix-"))
     reference = losses(args.reference) if args.reference else reference_run(work / "reference")
-    cells = []
-    for fault, moment in cells_asked:
-        try:
-            cells.append(run_cell(fault, moment, reference, work / f"{fault}-{moment}"))
-        except RuntimeError as exc:
-            cells.append(Cell(fault, moment, note=f"not run: {exc}"))
-        print(table(cells[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    cells = [Cell(fault, moment) for fault, moment in cells_asked]
+    if args.chain:
+        run_chain([c for c in cells if not not_applicable(c)], reference, work)
+    for cell in [] if args.chain else cells:
+        if not not_applicable(cell):
+            run_cell(cell, reference, work / f"{cell.fault}-{cell.moment}")
+        print(table([cell]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(cells))
     if args.json:
         args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1))

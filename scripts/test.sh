@@ -12,6 +12,8 @@ done
 cd "$ROOT"
 # Two pytest processes (TEST_WORKERS; 0 runs the tests in this one): the suite's time goes
 # mostly to single-threaded start-up and graph compiles, so one process keeps about one core
-# busy. --dist loadgroup keeps the tests that share a session fixture together (tests/conftest.py).
+# busy. --dist loadgroup keeps the tests that share a session fixture together, and
+# --no-loadscope-reorder starts the groups in the order tests/conftest.py gives them (heaviest
+# first) rather than by their number of tests.
 exec "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadgroup \
-    ${args[@]+"${args[@]}"}
+    --no-loadscope-reorder ${args[@]+"${args[@]}"}

@@ -1,6 +1,7 @@
 """Shared helpers: run the real CLI in a subprocess, read a run's metrics."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -27,6 +28,9 @@ HEAVIEST_FIRST = ["dp2_launch", "conversions", "test_shipped_recipes.py", "test_
                   "test_benchmarks.py", "test_selftest.py", "test_planner.py"]
 
 
+# First: pytest-xdist's own hook (xdist/remote.py) reads the marks to name each test's group,
+# and a conftest's hook would otherwise run after it, when there are none to read.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     def group(item):
         return JOINED.get(item.path.name, item.path.name)
@@ -104,12 +108,30 @@ def assert_same_steps(resumed_dir: Path, reference_dir: Path, steps) -> None:
         assert resumed[step]["samples_consumed"] == reference[step]["samples_consumed"], step
 
 
+def built_once(request, tmp_path_factory, name: str, build) -> tuple[Path, subprocess.CompletedProcess]:
+    """(directory, process) of `build(directory)`, once a session: under pytest-xdist the first
+    worker to ask runs it in the session's shared temporary directory, holding a lock, and
+    the other worker reads the process it kept there. Tests copy the directory to change it."""
+    if not hasattr(request.config, "workerinput"):  # one pytest process
+        out = tmp_path_factory.mktemp(name) / "run"
+        return out, build(out)
+    shared = tmp_path_factory.getbasetemp().parent / name  # basetemp is the worker's popen-gwN
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        kept = shared / "process.json"
+        if not kept.exists():
+            shared.mkdir(exist_ok=True)
+            proc = build(shared / "run")
+            kept.write_text(json.dumps({key: getattr(proc, key) for key in ("args", "returncode", "stdout", "stderr")}))
+        return shared / "run", subprocess.CompletedProcess(**json.loads(kept.read_text()))
+
+
 @pytest.fixture(scope="session")
-def six_step_run(tmp_path_factory):
-    """One real 6-step tiny run, checkpoint every 3 steps, shared by several tests."""
-    out = tmp_path_factory.mktemp("six") / "run"
-    proc = run_cli("train", SMOKE, "--output-dir", out, *SIX_STEPS, check=True)
-    return out, proc
+def six_step_run(request, tmp_path_factory):
+    """One real 6-step tiny run, checkpoint every 3 steps, shared by several tests in both
+    xdist workers."""
+    return built_once(request, tmp_path_factory, "six", lambda out: run_cli(
+        "train", SMOKE, "--output-dir", out, *SIX_STEPS, check=True))
 
 
 

@@ -339,18 +339,19 @@ def test_a_worker_failing_after_start_ends_the_launch_with_its_error(tmp_path):
 # ---------------------------------------------------------------- scripts/launch.sh keeps the work (#19)
 
 def test_launch_stops_every_rank_on_a_signal_and_names_a_killed_rank(dp2_launch, tmp_path):
-    """Two cells of scripts/fault_matrix.py (its whole table is in docs/multi-device.md):
-    Ctrl-C to launch.sh between two saves, and kill -9 of rank 0 while it writes step 6.
-    Each is followed by the command the launch printed, and both resumed runs' losses must
-    equal those of an uninterrupted launch of the same arguments (the session's shared one)."""
+    """Two cells of scripts/fault_matrix.py (its whole table is in docs/multi-device.md),
+    chained: kill -9 of rank 0 while it writes step 6, then Ctrl-C to launch.sh between two
+    saves of the launch the kill's printed command started. The Ctrl-C's printed command runs
+    to the end, and the run's losses must equal those of an uninterrupted launch of the same
+    arguments (the session's shared one)."""
     reference, launched, _ = dp2_launch
     assert launched.returncode == 0, launched.stderr[-3000:]
-    proc = subprocess.run([sys.executable, "scripts/fault_matrix.py", "--cells", "sigint_launch:mid_step",
-                           "sigkill_worker:mid_save", "--reference", str(reference), "--json",
+    proc = subprocess.run([sys.executable, "scripts/fault_matrix.py", "--chain", "--cells", "sigkill_worker:mid_save",
+                           "sigint_launch:mid_step", "--reference", str(reference), "--json",
                            str(tmp_path / "cells.json"), "--work", str(tmp_path / "work")],
                           cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    stop, kill = json.loads((tmp_path / "cells.json").read_text())
+    kill, stop = json.loads((tmp_path / "cells.json").read_text())
     assert stop["exit_status"] == PREEMPTED, stop
     step = stop["ranks_stopped_at"][0]
     assert stop["ranks_stopped_at"] == [step, step]  # both ranks finished the same optimizer step
