@@ -7,7 +7,7 @@ Samples come from a source with len() and iterate(indices): a list in memory
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -72,3 +72,10 @@ class BatchStream:
                 picked.append(next(self._iterator))
         self.samples_consumed += self.batch_size * self.world
         return pad_batch(picked, self.length, PAD_ID)
+
+
+def first_batches(stream_at: Callable[[int], BatchStream], k: int) -> list:
+    """One step's k micro-batches from the start of the stream `stream_at(0)`, for a graph
+    compiled before a checkpoint is loaded."""
+    example = stream_at(0)
+    return [example.next_batch() for _ in range(k)]

@@ -2,7 +2,7 @@
 
 One entry point per strategy, called in the order the cells nest: dtypes and recompute
 shape the MindFormers config, LoRA rewrites the built model, chunked cross-entropy picks the
-head+loss cell. Precision's loss scaling and accumulation act on the step (training/run.py).
+head+loss cell. Precision's loss scaling and accumulation act on the step (training/session.py).
 """
 from __future__ import annotations
 
@@ -25,18 +25,21 @@ def build_network(recipe: Recipe, on_ascend: bool, variable_length: bool = False
     broadcasting one of seq_length (mindformers/modules/transformer/transformer.py
     LowerTriangularMaskWithDynamic)."""
     s = recipe.strategies
+    # Every strategy's part of the MindFormers config first, then the model, then what acts on the built model.
     dtypes = model_dtypes(s.precision)
     if s.lora.enabled:
         dtypes = frozen_base_dtypes(dtypes)
     parallel_config = dict(mindformers_parallel_config(s.parallel), recompute=recompute_config(s.recompute))
-    config = llama_config(resolve_shape(recipe.model), recipe.data.max_seq_len, on_ascend,
+    options, shape = mindformers_model_options(s.parallel), resolve_shape(recipe.model)
+    config = llama_config(shape, recipe.data.max_seq_len, on_ascend,
                           device_name=recipe.device.name, parallel_config=parallel_config,
-                          is_dynamic=variable_length, **mindformers_model_options(s.parallel), **dtypes)
+                          is_dynamic=variable_length, **options, **dtypes)
     net = build_model(config)
     if recipe.model.checkpoint:
-        load_pretrained(net, recipe)
+        load_pretrained(net, recipe, shape)
     if s.lora.enabled:
         apply_lora(net, s.lora, dtypes["compute_dtype"])
-    loss_cell = CausalLMLoss(net, head_loss(s.chunked_ce, net.lm_head))
+    head = head_loss(s.chunked_ce, net.lm_head)
+    loss_cell = CausalLMLoss(net, head)
     loss_cell.set_train(True)
     return net, loss_cell

@@ -4,6 +4,7 @@ resumed, with the data stream and metrics placed at the step the run starts from
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Union
 
@@ -12,7 +13,7 @@ from mindspore import Parameter, nn
 from ..checkpoints.policy import Checkpointer
 from ..checkpoints.resume import resume
 from ..common.console import note
-from ..data.batches import BatchStream, ListSamples
+from ..data.batches import BatchStream, ListSamples, first_batches
 from ..data.mindrecord import MindRecordSamples
 from ..data.samples import Sample
 from ..memory.planned_peak import planned_peak_bytes
@@ -73,31 +74,23 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
     world = init_parallel(parallel, run_dir)
     note(describe_layout(recipe))
     batch_size, rank, ranks = stream_layout(parallel, world, t.micro_batch_size)
+    scaler, k = LossScaler(recipe.strategies.precision), accumulation_steps(recipe)
     note(f"building the model{' and loading ' + recipe.model.checkpoint if recipe.model.checkpoint else ''}")
     net, loss_cell = build_network(recipe, on_ascend)
-    params = net.trainable_params()
-    scaler = LossScaler(recipe.strategies.precision)
-    k, shape = accumulation_steps(recipe), resolve_shape(recipe.model)
+    params, shape = net.trainable_params(), resolve_shape(recipe.model)
     # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
     optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
-    step_fn = ShardedStep(net, optimizer, scaler, recipe) if world.sharded else TrainStep(
+    step_fn = ShardedStep(net, optimizer, scaler, recipe, k) if world.sharded else TrainStep(
         loss_cell, optimizer, scaler, t.grad_clip, k)  # sharded: MindFormers' wrapper chain, one semi-auto graph
     eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
     description = model_description(recipe, shape, params, run_dir, world)
     checkpointer = Checkpointer(run_dir, world, t.keep_last, description)
-
-    def stream_from(samples_consumed: int) -> BatchStream:
-        return BatchStream(train_source, batch_size, recipe.data.max_seq_len + 1, t.seed, samples_consumed, rank,
-                           ranks)
-
-    def example_batches() -> list:  # one step's micro-batches, for a graph compiled before the load
-        example = stream_from(0)
-        return [example.next_batch() for _ in range(k)]
-
+    stream_at = partial(BatchStream, train_source, batch_size, recipe.data.max_seq_len + 1, t.seed, rank=rank,
+                        world=ranks)  # this rank's batches after a number of samples consumed
     start_step, samples_consumed = resume(recipe, checkpointer, resume_candidates, step_fn, net, optimizer,
-                                          example_batches, warn_recipe_hash)
+                                          partial(first_batches, stream_at, k), warn_recipe_hash)
     metrics = MetricLogger(run_dir, start_step) if world.is_main else None
-    stream = stream_from(samples_consumed)
+    stream = stream_at(samples_consumed)
     planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
     note(f"model {recipe.model.preset} ({shape.describe()}); {sum(p.size for p in params):,} trainable "
          f"parameters{'' if world.size == 1 else f' (rank {world.rank} of {world.size})'}")

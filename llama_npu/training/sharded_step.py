@@ -41,7 +41,6 @@ from mindspore.ops import operations as P
 from ..model.loss import layers_with_additive_mask
 from ..model.tokens import IGNORE_ID
 from ..recipe.schema import Recipe
-from ..strategies.accumulation import accumulation_steps
 from ..strategies.parallel import ParallelSection, World
 from .step import StepResult
 
@@ -147,18 +146,18 @@ def eval_network(llama, data_parallel: int) -> EvalKeepingTrainStrategy:
     return EvalKeepingTrainStrategy(_VirtualDatasetCell(EvalLoss(llama, data_parallel)))
 
 
-def build_train_network(llama, optimizer, recipe: Recipe, scale_sense) -> nn.Cell:
+def build_train_network(llama, optimizer, recipe: Recipe, scale_sense, k: int) -> nn.Cell:
     """The one train graph, as base_trainer.training_process assembles it. Needs the
     semi-auto parallel context set (and, for the pipeline wrapper, communication).
     `scale_sense`: LossScaler.sense(), the update cell MindFormers' configs name for dynamic
-    scaling (mindspore.nn.DynamicLossScaleUpdateCell) or a fixed value."""
+    scaling (mindspore.nn.DynamicLossScaleUpdateCell) or a fixed value. `k`: the recipe's
+    accumulation steps."""
     # imported here: MindFormers loads through mute_mindformers_info (common/frameworks.py), stdout captured
     from mindformers.wrapper.wrapper import (GradAccumulationCellWithTwoOutput, MFPipelineWithLossScaleCell,
                                              MFTrainOneStepCell, PipelineCellWithTwoOutput)
 
     par, clip = recipe.strategies.parallel, recipe.train.grad_clip
     network = TrainLoss(llama, par.data, recipe.data.max_seq_len)
-    k = accumulation_steps(recipe)
     # _wrap_network_with_tool_cells_legacy: with calculate_per_token_loss MindFormers picks
     # the two-output variants of GradAccumulationCell and PipelineCell.
     if par.pipeline > 1:
@@ -184,13 +183,13 @@ class ShardedStep:
     micro-batches of the step go into the graph as one batch, which MindFormers' accumulation
     or pipeline cell cuts back into k (or micro_batches) pieces."""
 
-    def __init__(self, llama, optimizer, scaler, recipe: Recipe):
+    def __init__(self, llama, optimizer, scaler, recipe: Recipe, k: int):
         # The wrappers call the optimizer only inside `if not overflow`, where a host-side
         # set_data of a learning-rate Parameter is not seen by the compiled graph (MindSpore
         # 2.9.0, checked on CPU): the schedule must be a cell the optimizer evaluates itself.
         if not optimizer.dynamic_lr:
             raise ValueError("ShardedStep needs an optimizer from build_optimizer(..., schedule_in_graph=True)")
-        self.train_network = build_train_network(llama, optimizer, recipe, scaler.sense())
+        self.train_network = build_train_network(llama, optimizer, recipe, scaler.sense(), k)
         self.train_network.set_train(True)
         self.scaler = scaler
 

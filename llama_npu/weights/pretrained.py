@@ -85,8 +85,9 @@ def verify_tensors(found: Dict[str, tuple], shape: LlamaShape, source) -> None:
             raise CheckpointError(f"{source}: tensor {name} has shape {found[name]}, the model needs {dims}")
 
 
-def pretrained_source(recipe) -> tuple[Path, LlamaShape, dict]:
-    """(directory, shape, config) of model.checkpoint, checked against `recipe`'s model."""
+def pretrained_source(recipe, wanted: LlamaShape) -> tuple[Path, LlamaShape, dict]:
+    """(directory, shape, config) of model.checkpoint, checked against `recipe`'s model of
+    shape `wanted`."""
     directory = Path(recipe.model.checkpoint)
     if not directory.is_dir():
         raise CheckpointError(f"model.checkpoint={directory}: no such directory (expected one written by "
@@ -95,7 +96,6 @@ def pretrained_source(recipe) -> tuple[Path, LlamaShape, dict]:
         shape, meta = read_checkpoint_dir(directory)
     except ConvertError as exc:
         raise CheckpointError(f"model.checkpoint={exc}") from None
-    wanted = resolve_shape(recipe.model)
     if shape != wanted:
         raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
                           f"{recipe.model.preset} is {wanted.describe()}")
@@ -108,7 +108,7 @@ def check_pretrained(recipe) -> None:
     """Raise RecipeError / CheckpointError (one line) when model.checkpoint cannot start
     `recipe`'s model. Reads config.json and the checkpoint's headers only."""
     if recipe.model.checkpoint:
-        directory, shape, _ = pretrained_source(recipe)
+        directory, shape, _ = pretrained_source(recipe, resolve_shape(recipe.model))
         verify_tensors(tensor_index(directory / WEIGHTS), shape, directory / WEIGHTS)
 
 
@@ -142,10 +142,11 @@ def load_weights(net, weights: dict, shape: LlamaShape, source: Path) -> None:
     ms.load_param_into_net(net, cast, strict_load=True)
 
 
-def load_pretrained(net, recipe) -> None:
-    """model.checkpoint into the freshly built network of `recipe` (load_weights checks each
-    tensor as it loads, so the header read of check_pretrained is not repeated)."""
-    directory, shape, meta = pretrained_source(recipe)
+def load_pretrained(net, recipe, wanted: LlamaShape) -> None:
+    """model.checkpoint into the freshly built network of `recipe`, of shape `wanted`
+    (load_weights checks each tensor as it loads, so the header read of check_pretrained is
+    not repeated)."""
+    directory, shape, meta = pretrained_source(recipe, wanted)
     load_weights(net, read_weights(directory / WEIGHTS, meta), shape, directory / WEIGHTS)
 
 
