@@ -41,7 +41,7 @@ DEVICE_TARGETS = {"cpu": "cpu", **{name: "ascend" for name in DEVICES}}
 
 
 def cpu_device() -> Device:
-    import psutil
+    import psutil  # imported here: only the CPU profile reads the host's memory; recipe validation never does
 
     total = psutil.virtual_memory().total
     return Device("cpu", total, total, False, "host memory of this machine (CPU backend)", False)

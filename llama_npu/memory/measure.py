@@ -13,7 +13,7 @@ import sys
 def peak_memory(on_ascend: bool) -> tuple[int, str]:
     """(bytes, source) where source is 'device' or 'host_rss'."""
     if on_ascend:
-        import mindspore
+        import mindspore  # imported here: this module is imported before the run's quiet_frameworks
 
         return int(mindspore.runtime.max_memory_allocated()), "device"
     return host_peak_rss(), "host_rss"
@@ -38,6 +38,6 @@ def host_peak_rss() -> int:
 
 def current_rss() -> int:
     """Resident host memory now (not the peak): what a leak would make grow step by step."""
-    import psutil
+    import psutil  # imported here, as peak_memory's MindSpore is: the module stays free of imports
 
     return int(psutil.Process().memory_info().rss)

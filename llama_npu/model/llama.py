@@ -34,8 +34,10 @@ def llama_config(shape: LlamaShape, seq_len: int, on_ascend: bool, compute_dtype
     through model/loss.py's additive mask. The CPU backend rejects the broadcasting BatchMatMul of
     the default rotary path, so CPU runs use the sliced rotary embedding instead.
     """
-    fused = fused_kernels(on_ascend, device_name)
+    # imported here: MindFormers loads through common/frameworks.py mute_mindformers_info, stdout captured
     from mindformers.models.llama import LlamaConfig
+
+    fused = fused_kernels(on_ascend, device_name)
 
     return LlamaConfig(
         batch_size=1, seq_length=seq_len,
@@ -53,14 +55,14 @@ def llama_config(shape: LlamaShape, seq_len: int, on_ascend: bool, compute_dtype
 
 
 def build_model(config):
-    from mindformers.models.llama import LlamaForCausalLM
+    from mindformers.models.llama import LlamaForCausalLM  # imported here: as in llama_config
 
     return LlamaForCausalLM(config)
 
 
 def count_parameters(shape: LlamaShape) -> int:
     """Exact trainable parameter count, from the real model built without allocating weights."""
-    from mindspore.nn.utils import no_init_parameters
+    from mindspore.nn.utils import no_init_parameters  # imported here: `plan` loads MindSpore only to count
 
     with no_init_parameters():
         net = build_model(llama_config(shape, seq_len=128, on_ascend=False))

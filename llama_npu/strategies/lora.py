@@ -56,7 +56,7 @@ def _mute_mindpet_stdout() -> None:
     to freeze model'), among our own lines and in --json output; they are not logging.getLogger
     loggers, so runtime.mute_mindformers_info does not reach them (mindpet/log/log.py). Keep
     their stdout handlers to warnings; their service.log files keep everything."""
-    from mindpet.log import log
+    from mindpet.log import log  # imported here: recipe validation imports this module without MindSpore
 
     for logger in (log.logger, log.operation_logger):
         logger.stdout_level = "WARNING"  # read when its first record sets up its handlers (MxLogger.set_logger)
@@ -68,7 +68,7 @@ def _mute_mindpet_stdout() -> None:
 def apply_lora(net, section: LoraSection, compute_dtype: str):
     """Replace the targeted layers of `net` (a LlamaForCausalLM, changed in place) with
     LoRA layers and freeze everything else. Returns `net`."""
-    from mindformers.pet import LoraConfig, get_pet_model
+    from mindformers.pet import LoraConfig, get_pet_model  # imported here: as mindpet above
 
     _mute_mindpet_stdout()
 
@@ -80,7 +80,7 @@ def apply_lora(net, section: LoraSection, compute_dtype: str):
 
 
 def lora_cells(net):
-    from mindpet.delta.lora import LoRADense
+    from mindpet.delta.lora import LoRADense  # imported here: as mindpet above
 
     return [cell for _, cell in net.cells_and_names() if isinstance(cell, LoRADense)]
 
@@ -88,7 +88,7 @@ def lora_cells(net):
 def merge_lora(net) -> int:
     """Fold every adapter into its base weight: W <- W + (alpha / rank) B A, then zero B so
     the adapter adds nothing. Returns the number of layers merged."""
-    from mindspore import ops
+    from mindspore import ops  # imported here: as mindpet above
 
     cells = lora_cells(net)
     for cell in cells:

@@ -137,6 +137,7 @@ def check(recipe) -> None:
 def run_scheduler() -> None:
     """The scheduler's whole job: take part in communication set-up until the workers are
     done. It trains nothing and writes nothing."""
+    # imported here: recipe validation imports this module, and it needs no MindSpore
     import mindspore as ms
     from mindspore.communication import init
 
@@ -208,6 +209,7 @@ def init_parallel(section: ParallelSection, run_dir: Path) -> World:
     check_workers(section, workers)
     if workers == 1:
         return World()
+    # imported here: recipe validation imports this module, and it needs no MindSpore
     import mindspore as ms
     from mindspore.communication import GlobalComm, get_group_size, get_rank, init
 

@@ -167,6 +167,7 @@ class LossScaler:
 
     def sense(self):
         """`scale_sense` for nn.TrainOneStepWithLossScaleCell: an update cell or a fixed value."""
+        # imported here: recipe validation imports this module, and it needs no MindSpore
         import mindspore as ms
         from mindspore import Tensor, nn
 
@@ -183,6 +184,7 @@ class LossScaler:
         return {"scale": float(cell.scale_sense.asnumpy()), "clean_steps": clean}
 
     def load_state(self, cell, state: dict) -> None:
+        # imported here: as in sense()
         import mindspore as ms
         from mindspore import Tensor
 
