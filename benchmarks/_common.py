@@ -55,7 +55,7 @@ def build_for_training(recipe):
 
 def our_train_step(recipe, accumulation_steps: int = 1):
     """(TrainStep, net): our step (training/step.py) around a fresh build, as
-    training/run.py makes it on one device, for `accumulation_steps` micro-batches a step."""
+    training/session.py makes it on one device, for `accumulation_steps` micro-batches a step."""
     from llama_npu.strategies.precision import LossScaler
     from llama_npu.training.step import TrainStep
 

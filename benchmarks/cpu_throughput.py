@@ -4,7 +4,7 @@ FLOP/s MindSpore's own matmul reaches here, measured in one run.
 A training step costs 6 x parameters x tokens FLOPs (2 forward, 4 backward; with tied
 embeddings the LM head is the embedding matrix, counted once), 8 x with full recompute,
 which runs the forward twice; attention scores are left out (short sequences). The step is
-our TrainStep at one micro-batch, as training/run.py runs it. The reference is one float32
+our TrainStep at one micro-batch, as training/loop.py runs it. The reference is one float32
 N x N @ N x N MatMul in GRAPH_MODE, 2 N^3 FLOPs, timed in turn with the training steps.
 The small model keeps Llama 3.2's proportions: head size 64, four query heads a KV head,
 MLP 4 x hidden.

@@ -1,7 +1,7 @@
 """Step time of our training step against a bare TrainOneStepCell on the same model and
 data, measured side by side in one process (goal: ratio at most 1.03).
 
-Ours is the TrainStep that training/run.py runs (training/step.py) at one micro-batch
+Ours is the TrainStep that training/loop.py runs (training/step.py) at one micro-batch
 per step, with the recipe's clipping on (train.grad_clip 1.0): one graph of a
 TrainOneStepWithLossScaleCell subclass -- forward, backward, the overflow check, the
 global norm, clipping, `if not overflow: optimizer(grads)` -- and one read of the step's
@@ -17,7 +17,7 @@ NPUGetFloatStatusV2, which has no CPU kernel (MindSpore 2.9.0, MindFormers 1.9.0
 subclass takes an is-finite reduction there instead. Its plain base,
 mindspore.nn.TrainOneStepCell, is the bare loop it extends.
 
-The per-step Python of training/run.py's loop around the step (metrics line, peak-memory read,
+The per-step Python of training/loop.py's loop around the step (metrics line, peak-memory read,
 batch assembly) is outside both timings. CPU backend; the ratio is the result.
 
     .venv/bin/python benchmarks/harness_overhead.py [--micro 4] [--seq 128] [--steps 10]

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def user_errors() -> tuple:
     """What bad input raises, from any command: one line and exit 2, never a traceback."""
-    # Imported when a command fails, not at start: the weights format and preflight load numpy.
+    # Imported when a command fails, not at start: the weights format and the selftest load numpy.
     from .checkpoints.files import CheckpointError
     from .checkpoints.merge import MergeError
     from .common.atomic import UnwritableError

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..training.strategy_profile import format_result, run_profile
+
 
 def add_parser(subparsers) -> None:
     prof = subparsers.add_parser("profile", help="train the recipe under each strategy combination and measure it")
@@ -20,8 +22,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..training.strategy_profile import format_result, run_profile  # imported here: it loads numpy (through train)
-
     recipe = Path(args.recipe)
     out = Path(args.out or Path("runs") / f"{recipe.stem}-profile")
     profile = run_profile(recipe, args.combos, args.steps, out, args.set)

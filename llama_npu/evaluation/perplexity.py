@@ -5,7 +5,7 @@ alpaca or ShareGPT, told apart by their keys). `eval --task` (benchmark scores) 
 Memory stays proportional to the records, not to --max-seq-len: records are sorted by
 length, each batch is padded only to the bucket (a power of two from 64 tokens up to
 --max-seq-len) that holds its longest record, so the graph compiles once per bucket used,
-and the LM head with its cross-entropy (strategies/chunked_ce.py) runs one chunk of tokens
+and the LM head with its cross-entropy (model/chunked_loss.py) runs one chunk of tokens
 per call, so one chunk of logits exists at a time.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Llama 3.2's architecture as plain data: the presets' shapes and the decoder's linear
 layers.
 
-A leaf: it imports nothing from the package, so recipe validation (recipe/schema.py), the model
+A leaf: it imports nothing from the package, so recipe validation (recipe/validate.py), the model
 builder (model/llama.py), LoRA (strategies/lora.py) and the planner all read one definition.
 """
 from __future__ import annotations

@@ -242,7 +242,7 @@ class RecipeDifference:
 
 
 def recipe_difference(stored: Recipe, recipe: Recipe) -> RecipeDifference:
-    # The stored recipe's paths are absolute (training/run.py open_run_dir); the same file named
+    # The stored recipe's paths are absolute (training/run.py, open_run_dir); the same file named
     # relative to the current directory is no change.
     old, new = flatten(with_absolute_paths(stored).to_dict()), flatten(with_absolute_paths(recipe).to_dict())
     return RecipeDifference({k: (old.get(k), new[k]) for k in new if old.get(k) != new[k]})
