@@ -98,7 +98,9 @@ def owned(params) -> list:
     rank's graph does not hold (`not sliced`: another pipeline stage's copy) and what was never
     initialised (`has_init`). `sliced` alone is no test of ownership: _slice_parameter
     (mindspore/parallel/_utils.py) marks every parameter it is called on. Unsharded runs set
-    no is_param_init, so every parameter but a pipeline-shared one is kept."""
+    no is_param_init, so every parameter but a pipeline-shared one is kept. The gate is read off
+    the list given, not the whole train cell: the weights, or the optimizer's state, whose step
+    counter the compile sets up like any other parameter of the rank's graph."""
     from mindspore.train.serialization import (  # imported here: --help imports this module
         _convert_cell_param_and_names_to_dict, _is_auto_parallel_mode)
 
