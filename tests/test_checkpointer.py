@@ -71,8 +71,9 @@ def test_a_damaged_resume_path_is_refused_and_nothing_is_moved(ms, tmp_path):
 
 
 def test_a_rank_saves_only_the_parameters_its_graph_sliced_and_resumes_from_them(ms, tmp_path):
-    """Two pipeline stages: rank 0's compiled graph holds stage 0's weight, which compile marks
-    `sliced` (mindspore/parallel/_utils.py); stage 1's copy on rank 0 is never sliced."""
+    """Two pipeline stages: rank 0's compile sets up stage 0's weight for its layout
+    (`is_param_init`, mindspore/parallel AutoParallelPostProcess) and marks it `sliced`
+    (mindspore/parallel/_utils.py); stage 1's copy on rank 0 is neither."""
     from llama_npu.checkpoints.files import CheckpointError, load_checkpoint
     from llama_npu.checkpoints.policy import Checkpointer
 
@@ -83,16 +84,58 @@ def test_a_rank_saves_only_the_parameters_its_graph_sliced_and_resumes_from_them
 
     net = TwoStages()
     optimizer = ms.nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
-    for p in [net.stage0, *[p for p in optimizer.get_parameters() if "layers.1" not in p.name]]:
-        p.sliced = True
+    compiled = [net.stage0, *[p for p in optimizer.get_parameters() if "layers.1" not in p.name]]
+    for p in compiled:
+        p.sliced = p.param_info.is_param_init = True
     path = Checkpointer(tmp_path, world(0, 2, sharded=True), keep_last=1).save(
         5, net.trainable_params(), optimizer, {"samples_consumed": 10})
     assert sorted(ms.load_checkpoint(str(path / "model.ckpt"))) == ["model.layers.0.w"]
     assert not [name for name in ms.load_checkpoint(str(path / "optimizer.ckpt")) if "layers.1" in name]
     # Resuming checks for the weights this rank owns, not for the other stage's.
-    assert load_checkpoint(path, net, optimizer, sharded=True)["step"] == 5
+    assert load_checkpoint(path, net, optimizer)["step"] == 5
+    for p in compiled:  # unsharded, every weight is this rank's, and stage 1's is missing
+        p.param_info.is_param_init = False
     with pytest.raises(CheckpointError, match="lacks trained weights: model.layers.1.w"):
-        load_checkpoint(path, net, optimizer, sharded=False)
+        load_checkpoint(path, net, optimizer)
+
+
+def parameter(ms, name, sliced=False, lazy=False, shared=False, parallel=False):
+    """A Parameter in one state MindSpore's cell save tells apart: sliced by a compile or not,
+    never initialised (has_init, built under no_init_parameters) or not, a pipeline's shared
+    copy or not, set up for a parallel layout (is_param_init) or not."""
+    from mindspore.common.initializer import initializer
+
+    if lazy:
+        with ms.nn.utils.no_init_parameters():
+            p = ms.Parameter(initializer("ones", (2, 2), ms.float32), name=name)
+    else:
+        p = ms.Parameter(ms.Tensor(np.ones((2, 2), np.float32)), name=name)
+    assert p.has_init == lazy
+    p.sliced = sliced
+    p.param_info.is_pipeline_shared_param = shared
+    p.param_info.is_param_init = parallel
+    return p
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["no_parameter_init_for_a_layout", "parallel_layout"])
+def test_a_save_keeps_exactly_what_mindspores_cell_save_keeps(ms, tmp_path, parallel):
+    """owned() against a real mindspore.save_checkpoint(cell) of the same parameters, read back
+    (mindspore/train/serialization.py, _convert_cell_param_and_names_to_dict)."""
+    from llama_npu.checkpoints.files import owned
+
+    class Holder(ms.nn.Cell):
+        def __init__(self, params):
+            super().__init__()
+            for p in params:
+                setattr(self, p.name, p)
+
+    states = [dict(), dict(sliced=True), dict(sliced=True, lazy=True), dict(lazy=True),
+              dict(sliced=True, shared=True), dict(shared=True), dict(sliced=True, parallel=parallel)]
+    cell = Holder([parameter(ms, f"p{i}", **state) for i, state in enumerate(states)])
+    ours = sorted(p.name for p in owned(cell.get_parameters()))  # before the save: it initialises lazy ones
+    ms.save_checkpoint(cell, str(tmp_path / "cell.ckpt"))
+    assert ours == sorted(ms.load_checkpoint(str(tmp_path / "cell.ckpt")))
+    assert ours == (["p1", "p6"] if parallel else ["p0", "p1", "p2", "p3", "p6"])
 
 
 def test_pruning_counts_only_complete_checkpoints(ms, tmp_path):

@@ -154,14 +154,15 @@ def test_bad_plan_input_is_one_line_with_exit_2(args, message):
 def test_a_recipe_is_planned_on_its_own_device_and_layout():
     path = REPO / "recipes" / "llama3_2_3b_zh_full_8x910b.yaml"
     own = json.loads(run_cli("plan", path, "--json", check=True).stdout)
-    assert (own["device"], own["devices"], own["device_bytes"]) == ("910b", 8, 58 * 10**9)
+    # GB is MindSpore's 2^30 bytes (was 10**9): max_device_memory "58GB" is 58 x 2^30 to MindSpore
+    assert (own["device"], own["devices"], own["device_bytes"]) == ("910b", 8, 58 * 2**30)
     assert own["strategy"]["optimizer_shard"] and own["never_run_on_npu"] == ["optimizer sharding"]
     assert json.loads(run_cli("plan", path, "--device", "910b", "--devices", "8", "--json", check=True).stdout) == own
     # device.max_device_memory is the usable memory; --device-memory and another --device override it
     smaller = json.loads(run_cli("plan", path, "--set", "device.max_device_memory=40GB", "--json").stdout)
-    assert smaller["device_bytes"] == 40 * 10**9 and smaller["fits"] is False
+    assert smaller["device_bytes"] == 40 * 2**30 and smaller["fits"] is False
     assert json.loads(run_cli("plan", path, "--device-memory", "61GB", "--json", check=True).stdout)[
-        "device_bytes"] == 61 * 10**9
+        "device_bytes"] == 61 * 2**30
     on_b4 = run_cli("plan", path, "--device", "910b4")
     assert on_b4.returncode == 1 and "on 910b4 x 8" in on_b4.stdout and "fits: no" in on_b4.stdout
 
@@ -177,7 +178,8 @@ def test_set_applies_to_the_default_recipe_of_a_model():
 
 def test_a_plan_that_does_not_fit_exits_1_in_text_and_json():
     text = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a")
-    assert text.returncode == 1 and "fits: no, 48.35 GB over the 29.00 GB usable" in text.stdout
+    # 43.24 (was 48.35): GB is MindSpore's 2^30 bytes, and the pool 29 x 2^30 bytes
+    assert text.returncode == 1 and "fits: no, 43.24 GB over the 29.00 GB usable" in text.stdout
     as_json = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--json")
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["fits"] is False
     nothing = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit", "--no-lora")
@@ -303,21 +305,61 @@ def test_inference_plan_counts_weights_by_precision_and_the_kv_cache():
 def test_the_plan_is_the_peak_over_the_step_phases(global_batch, data, update_copies):
     """docs/memory.md's table: the accumulators (k > 1) are alive in every phase, the
     gradients of k = 1 only from the backward on; the half-precision weight copies and the
-    activations not in the update; in the backward the tied embedding's head part, to which our
-    step adds the lookup's rows (in place at k > 1, into one copy at k = 1)."""
+    activations not in the update; at the backward's start chunked CE's three copies of the
+    head's gradient; at its end a whole micro-batch's gradients (k > 1: beside the
+    accumulators, the worst case) and the embedding's rows sum. HCCL's buffers in no phase:
+    they are outside the pool."""
     s = Strategy(seq_len=2048, micro_batch=1, global_batch=global_batch, data=data, recompute="full",
                  chunked_ce=True, chunk_size=512)
     plan = estimate(PRESETS["llama3.2-1b"], P["llama3.2-1b"], DEVICES["910a"], s)
     c, k = plan.components, s.accumulation
     assert c["update_copies"] == update_copies and c["embedding_gradient"] == 128256 * 2048 * 4
-    always = c["weights"] + c["optimizer_states"] + c["communication_buffers"] + (c["gradients"] if k > 1 else 0)
+    assert c["micro_batch_gradients"] == (4 * P["llama3.2-1b"] if k > 1 else 0)  # fp32 gradients under O2
+    always = c["weights"] + c["optimizer_states"] + (c["gradients"] if k > 1 else 0)
     forward = always + c["weight_compute_copies"] + c["activations"] + c["logits_loss"]
     assert plan.phases == {
         "forward": forward,
-        "backward": max(forward + c["embedding_gradient"], always + c["weight_compute_copies"]
-                        + (0 if k > 1 else c["gradients"]) + c["embedding_gradient"]),
+        "backward": max(forward + 3 * c["embedding_gradient"], always + c["weight_compute_copies"]
+                        + (c["micro_batch_gradients"] if k > 1 else c["gradients"]) + c["embedding_gradient"]),
         "update": always + (0 if k > 1 else c["gradients"]) + c["update_copies"]}
     assert plan.peak_phase == "backward" and plan.total_bytes == plan.phases["backward"] + c["margin"]
+
+
+def test_the_pool_is_max_device_memory_in_mindspores_gb():
+    """MindSpore reads "29GB" as 29 x 2^30 bytes (mindspore/runtime/memory.py; AscendMemAdapter)."""
+    default = json.loads(run_cli("plan", "--model", "llama3.2-1b", "--device", "910a", "--json").stdout)
+    given = json.loads(run_cli("plan", "--model", "llama3.2-1b", "--device", "910a", "--device-memory", "29GB",
+                               "--json").stdout)
+    assert default["device_bytes"] == given["device_bytes"] == 31_138_512_896
+    assert default["hbm_bytes"] == 32 * 2**30
+
+
+def test_hccl_buffers_are_outside_the_pool():
+    """2 x 200 MB per communicator (CANN's HCCL_BUFFSIZE default), in the HBM the pool leaves."""
+    path = REPO / "recipes" / "llama3_2_1b_zh_full_8x910a_dp.yaml"
+    plan = json.loads(run_cli("plan", path, "--json", check=True).stdout)
+    c = plan["components"]
+    assert c["communication_buffers"] == plan["outside_pool_bytes"] == 2 * 200 * 2**20
+    assert plan["phases"]["forward"] == c["weights"] + c["optimizer_states"] + c["gradients"] \
+        + c["weight_compute_copies"] + c["activations"] + c["logits_loss"]
+    # A pool that fits but leaves HCCL too little HBM (0.20 GB of 32) does not fit.
+    tight = run_cli("plan", path, "--device-memory", "31.8GB")
+    assert tight.returncode == 1 and "fits: no, the communication buffers need 0.39 GB outside the pool, where " \
+        "0.20 GB are left" in tight.stdout
+
+
+def test_accumulation_is_planned_at_its_worst_case_in_plan_json():
+    """k > 1: a whole micro-batch's gradients beside the accumulators before they are added in,
+    since MindSpore's execution order does not guarantee better (docs/memory.md)."""
+    path = REPO / "recipes" / "llama3_2_1b_zh_full_910a.yaml"
+    plan = json.loads(run_cli("plan", path, "--json", check=True).stdout)
+    c = plan["components"]
+    assert c["micro_batch_gradients"] == c["gradients"] == 4 * P["llama3.2-1b"]
+    assert plan["peak_phase"] == "backward" and plan["phases"]["backward"] == c["weights"] + c["optimizer_states"] \
+        + c["gradients"] + c["weight_compute_copies"] + c["micro_batch_gradients"] + c["embedding_gradient"]
+    assert any(note.startswith("micro_batch_gradients: counted at the worst case") for note in plan["notes"])
+    one = json.loads(run_cli("plan", path, "--set", "train.global_batch_size=1", "--json", check=True).stdout)
+    assert one["components"]["micro_batch_gradients"] == 0 and not one["notes"]
 
 
 def test_sharded_accumulation_counts_mindformers_out_of_place_scaling():

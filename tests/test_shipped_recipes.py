@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
+from llama_npu.memory.devices import GB
 from llama_npu.recipe.load import load_recipe
 from llama_npu.recipe.schema import Recipe, with_absolute_paths
 from llama_npu.strategies.accumulation import accumulation_steps
@@ -41,13 +42,13 @@ def test_recipe_fits_its_device_with_the_margin_as_its_comment_says(path):
     par = recipe.strategies.parallel
     plan = json.loads(run_cli("plan", path, "--json", check=True).stdout)
     assert (plan["device"], plan["devices"]) == (recipe.device.name, par.data * par.model * par.pipeline)
-    assert plan["fits"], f"{path.name}: {plan['total_bytes'] / 1e9:.2f} GB > {plan['device_bytes'] / 1e9:.2f} GB"
+    assert plan["fits"], f"{path.name}: {plan['total_bytes'] / GB:.2f} GB > {plan['device_bytes'] / GB:.2f} GB"
     assert plan["components"]["margin"] >= 0.1 * plan["device_bytes"]
     claimed = re.search(r"(\d+(?:\.(\d+))?) GB spare beyond the (?:10% )?margin", " ".join(
         line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#")))
     assert claimed, f"{path.name}: its header comment must say how much is spare"
     digits = len(claimed.group(2) or "")
-    spare = (plan["device_bytes"] - plan["total_bytes"]) / 1e9
+    spare = (plan["device_bytes"] - plan["total_bytes"]) / GB  # MindSpore's GB, as plan prints it
     assert f"{spare:.{digits}f}" == claimed.group(1), f"{path.name}: comment says {claimed.group(1)}, plan {spare:.3f}"
 
 

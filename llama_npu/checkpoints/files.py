@@ -79,13 +79,33 @@ def _named(params) -> list:
     return [{"name": p.name, "data": p} for p in params]
 
 
-def owned(params, sharded: bool) -> list:
-    """The parameters this rank owns. Under semi-auto parallel a compiled graph marks every
-    Parameter it holds `sliced` (its shard of this rank, mindspore/parallel/_utils.py
-    _slice_parameter); another pipeline stage's copy is never sliced, never updated here, and
-    MindSpore's own Cell save skips it (mindspore/train/serialization.py,
-    _convert_cell_param_and_names_to_dict: `not param.sliced`). Unsharded, all are owned."""
-    return [p for p in params if p.sliced] if sharded else list(params)
+class _ParameterView:
+    """A parameter list seen as MindSpore's cell save sees a Cell: by parameters_and_names()."""
+
+    def __init__(self, params):
+        self._params = list(params)
+
+    def parameters_and_names(self):
+        return ((p.name, p) for p in self._params)
+
+
+def owned(params) -> list:
+    """The parameters this rank saves: exactly those MindSpore's own Cell save keeps, by its own
+    functions (mindspore/train/serialization.py, _is_auto_parallel_mode and
+    _convert_cell_param_and_names_to_dict, lines 857-936 in 2.9.0). It always skips a pipeline's
+    shared copies (param_info.is_pipeline_shared_param); in GRAPH_MODE, when the compile set
+    any parameter up for a parallel layout (param_info.is_param_init), it also skips what this
+    rank's graph does not hold (`not sliced`: another pipeline stage's copy) and what was never
+    initialised (`has_init`). `sliced` alone is no test of ownership: _slice_parameter
+    (mindspore/parallel/_utils.py) marks every parameter it is called on. Unsharded runs set
+    no is_param_init, so every parameter but a pipeline-shared one is kept. The gate is read off
+    the list given, not the whole train cell: the weights, or the optimizer's state, whose step
+    counter the compile sets up like any other parameter of the rank's graph."""
+    from mindspore.train.serialization import (  # imported here: --help imports this module
+        _convert_cell_param_and_names_to_dict, _is_auto_parallel_mode)
+
+    view = _ParameterView(params)
+    return list(_convert_cell_param_and_names_to_dict(view, None, _is_auto_parallel_mode(view)).values())
 
 
 def optimizer_state_params(optimizer, model_params) -> list:
@@ -239,7 +259,7 @@ def unmovable(root: Path, step: int) -> Optional[str]:
             f"resumed run's own checkpoints are the newest, but {blocked[0]} is not writable")
 
 
-def load_checkpoint(path: Path, net, optimizer, sharded: bool = False) -> dict:
+def load_checkpoint(path: Path, net, optimizer) -> dict:
     """Load weights into `net` and state into `optimizer`; return the sidecar."""
     import mindspore as ms  # imported here: --help imports this module; MindSpore, only to save or load
 
@@ -256,7 +276,7 @@ def load_checkpoint(path: Path, net, optimizer, sharded: bool = False) -> dict:
             raise CheckpointError(f"{path / name} is damaged or unreadable ({exc})") from exc
     not_loaded, _ = ms.load_param_into_net(net, contents[WEIGHTS], strict_load=True)
     # Only what this rank owns must be there: a pipeline stage's file holds its own stage.
-    missing = [n for n in not_loaded if n in {p.name for p in owned(net.trainable_params(), sharded)}]
+    missing = [n for n in not_loaded if n in {p.name for p in owned(net.trainable_params())}]
     if missing:
         raise CheckpointError(f"{path / WEIGHTS} lacks trained weights: {', '.join(missing[:5])}")
     ms.load_param_into_net(optimizer, contents[OPTIMIZER], strict_load=True)

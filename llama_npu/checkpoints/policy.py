@@ -87,7 +87,7 @@ class Checkpointer:
 
     def load(self, path: Path, net, optimizer) -> dict:
         note(f"loading checkpoint {path}")
-        state = load_checkpoint(path, net, optimizer, self.world.sharded)
+        state = load_checkpoint(path, net, optimizer)
         self.last = path
         return state
 
@@ -108,8 +108,8 @@ class Checkpointer:
 
     def save(self, step: int, params, optimizer, state: dict) -> Path:
         """Write this rank's checkpoint of `step`, then prune its root (and what killed saves left)."""
-        model = owned(params, self.world.sharded)
-        opt = owned(optimizer_state_params(optimizer, params), self.world.sharded)
+        model = owned(params)
+        opt = owned(optimizer_state_params(optimizer, params))
         path = save_checkpoint(self.root, step, model, opt, state, self.model_description)
         self.last = path
         prune(self.root, self.keep_last)

@@ -1,8 +1,14 @@
 """Device profiles for the planner.
 
-`usable_bytes` is what MindSpore may allocate (its max_device_memory): MindFormers' own
-configs use 58 GB on 64 GB parts and about 29 GB is the usual ceiling on 32 GB parts; the
-rest goes to the runtime and HCCL (FACTS.md). `--device-memory` overrides it.
+`usable_bytes` is MindSpore's memory pool (its max_device_memory): MindFormers' own configs
+use 58 GB on 64 GB parts and about 29 GB is the usual ceiling on 32 GB parts. The rest of the
+HBM, outside the pool, holds HCCL's buffers and the runtime's (FACTS.md). `--device-memory`
+overrides the pool.
+
+GB is MindSpore's: max_device_memory "29GB" is read as 29 x 2^30 bytes (mindspore/runtime/
+memory.py set_memory passes float("29") GB on; the C++ AscendMemAdapter::GetDeviceMemSizeFromContext
+multiplies by kGBToByte = 1024 << 20), and the HBM sizes it compares with (32 and 64) are in
+the same unit. Every size here and in `plan` is in that unit.
 
 A leaf, and the one list of device names: recipe validation (device.name) and the command
 line (plan --device) read DEVICE_TARGETS.
@@ -12,7 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-GB = 10**9
+GB = 2**30  # MindSpore's GB (module docstring)
+MB = 2**20
 
 
 class DeviceError(ValueError):
@@ -65,4 +72,4 @@ def parse_bytes(text: str) -> int:
     if not match:
         raise DeviceError(f"device memory {text!r}: expected a size such as 28GB or 512MB")
     value, unit = float(match.group(1)), (match.group(2) or "GB").upper()
-    return int(value * (GB if unit.startswith("G") else 10**6))
+    return int(value * (GB if unit.startswith("G") else MB))

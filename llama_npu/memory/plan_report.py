@@ -67,12 +67,26 @@ def never_run_on_npu(s: Strategy) -> List[str]:
     return parts + (["optimizer sharding"] if s.optimizer_shard else [])
 
 
+def plan_notes(plan: Plan) -> List[str]:
+    """What a reader of the numbers must know about how they were counted."""
+    notes = []
+    if plan.components.get("micro_batch_gradients"):
+        notes.append("micro_batch_gradients: counted at the worst case, a whole micro-batch's gradients alive "
+                     "beside the accumulators before they are added in (MindSpore's execution order does not "
+                     "guarantee adding each gradient as the backward produces it)")
+    if plan.outside_pool_bytes:
+        notes.append(f"communication_buffers: HCCL's, outside the {gb(plan.device.usable_bytes)} GB pool, in the "
+                     f"{gb(plan.device.hbm_bytes - plan.device.usable_bytes)} GB of HBM it leaves")
+    return notes
+
+
 def plan_json(plan: Plan, preset: str) -> dict:
     return {"model": preset, "params": plan.params, "device": plan.device.name, "devices": plan.strategy.devices,
-            "device_bytes": plan.device.usable_bytes, "components": dict(plan.components),
+            "device_bytes": plan.device.usable_bytes, "hbm_bytes": plan.device.hbm_bytes,
+            "components": dict(plan.components), "outside_pool_bytes": plan.outside_pool_bytes,
             "phases": dict(plan.phases), "peak_phase": plan.peak_phase,
             "total_bytes": plan.total_bytes, "fits": plan.fits, "strategy": asdict(plan.strategy),
-            "never_run_on_npu": never_run_on_npu(plan.strategy)}
+            "notes": plan_notes(plan), "never_run_on_npu": never_run_on_npu(plan.strategy)}
 
 
 def format_plan(plan: Plan, preset: str, title: str = "") -> str:
@@ -92,8 +106,14 @@ def format_plan(plan: Plan, preset: str, title: str = "") -> str:
         f"{name} {gb(value)} GB" for name, value in plan.phases.items()) + f" (peak: {plan.peak_phase})")
     lines.append(f"  {'total (peak + margin)':<24}{plan.total_bytes:>18,}{gb(plan.total_bytes):>10}")
     gap = plan.total_bytes - d.usable_bytes
-    lines.append(f"  fits: yes, {gb(-gap)} GB to spare beyond the 10% margin" if plan.fits else
-                 f"  fits: no, {gb(gap)} GB over the {gb(d.usable_bytes)} GB usable")
+    lines += [f"  note: {note}" for note in plan_notes(plan)]
+    if plan.fits:
+        lines.append(f"  fits: yes, {gb(-gap)} GB to spare beyond the 10% margin")
+    elif gap > 0:
+        lines.append(f"  fits: no, {gb(gap)} GB over the {gb(d.usable_bytes)} GB usable")
+    else:
+        lines.append(f"  fits: no, the communication buffers need {gb(plan.outside_pool_bytes)} GB outside the "
+                     f"pool, where {gb(d.hbm_bytes - d.usable_bytes)} GB are left")
     if never_run_on_npu(s):
         lines.append("  " + NEVER_RUN_NOTE.format(parts=", ".join(never_run_on_npu(s))))
     return "\n".join(lines)

@@ -10,9 +10,15 @@ tensors are alive in which phase):
   use, which autodiff keeps for the backward pass (freed before the update);
 - gradients: one micro-batch a step: the gradients themselves, in the trainable
   parameters' dtype, from the backward to the update. Accumulating: the fp32 accumulators,
-  alive the whole step; each new gradient is added into them as the backward produces it;
+  alive the whole step;
+- micro_batch_gradients (accumulating only): one micro-batch's whole gradient beside the
+  accumulators at the end of its backward, before it is added in. That is the worst case, and
+  it is counted because nothing in the step guarantees better: MindSpore runs a graph in a
+  topological order (exec_order "bfs" by default, mindspore/context.py), chosen without
+  regard to memory, so a gradient need not be added in as soon as the backward produces it;
 - embedding_gradient: the tied embedding's fp32 gradient in flight: the LM head's part from
-  the start of the backward. Our train step adds the lookup's part as rows at the tokens'
+  the start of the backward (three copies of it under chunked cross-entropy:
+  strategies/chunked_ce.py head_gradient_copies). Our train step adds the lookup's part as rows at the tokens'
   rows (in place into the accumulator, or into one copy at k = 1); MindFormers' sharded
   wrappers keep autodiff's dense lookup part and the sum at the backward's end;
 - optimizer states: AdamW's two fp32 moments; MindSpore's SGD keeps `accum` and `stat`
@@ -27,13 +33,16 @@ tensors are alive in which phase):
   exists, one fusion bucket at a time (the 64 MB threshold, or the largest gradient);
   MindFormers' wrappers of the sharded layouts scale the accumulators out of place
   (mindformers/wrapper/wrapper.py MFPipelineWithLossScaleCell): a full fp32 set;
-- communication buffers: HCCL keeps 2 x 200 MB per communicator;
+- communication buffers: HCCL keeps 2 x HCCL_BUFFSIZE (200 MB by default) per communicator,
+  outside MindSpore's pool: they must fit in the HBM the pool leaves (hbm - max_device_memory);
 - margin: 10% of the usable memory, kept free for the runtime and fragmentation.
-The plan's total is the largest phase (forward, backward, update) plus the margin.
+The plan's total is the largest phase (forward, backward, update) plus the margin; it fits
+when that total fits the pool and the communication buffers fit beside it.
 """
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
@@ -41,10 +50,13 @@ from ..model.architecture import LlamaShape
 from ..recipe.schema import Recipe
 from ..strategies import STRATEGIES, chunked_ce, lora, parallel, precision, recompute
 from ..strategies.accumulation import accumulates
-from .devices import GB, Device, get_device
+from .devices import GB, MB, Device, get_device
 
 MARGIN_FRACTION = 0.10
-HCCL_BUFFER = 2 * 200 * 10**6
+# Each HCCL communicator's send and receive buffers: 2 x HCCL_BUFFSIZE, default 200 MB
+# (HCCL_COMM_DEFAULT_BUFFSIZE, CANN hccl_types.h; MindSpore's collective/utils.cc
+# GetHcclBufferSize), allocated by HCCL outside MindSpore's memory pool.
+HCCL_BUFFER = 2 * 200 * MB
 ALLREDUCE_BUCKET = 64 * 2**20  # MindSpore's default all-reduce fusion threshold (set_fusion_threshold_mb)
 PHASES = ("forward", "backward", "update")
 
@@ -101,8 +113,14 @@ class Plan:
         return self.phases[self.peak_phase] + self.components["margin"]
 
     @property
+    def outside_pool_bytes(self) -> int:
+        """What the HBM holds outside MindSpore's pool beside the runtime: HCCL's buffers."""
+        return self.components.get("communication_buffers", 0)
+
+    @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.device.usable_bytes
+        room = self.device.hbm_bytes - self.device.usable_bytes
+        return self.total_bytes <= self.device.usable_bytes and self.outside_pool_bytes <= room
 
 
 def split_params(shape: LlamaShape) -> dict:
@@ -121,7 +139,10 @@ def model_states(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
     trainable = lora.trainable_params(shape, s, layers, on_device)
     weights, copies = precision.weight_bytes(s, on_device, trainable, frozen=s.lora)
     grad_bytes = precision.gradient_bytes(s, frozen=s.lora, accumulates=accumulates(s))
+    # What the backward produces, in the trainable parameters' dtype, before it is accumulated.
+    produced = trainable * precision.gradient_bytes(s, frozen=s.lora, accumulates=False)
     return {"weights": weights, "weight_compute_copies": copies, "gradients": trainable * grad_bytes,
+            "micro_batch_gradients": produced if accumulates(s) else 0,
             "optimizer_states": trainable * 8 // parallel.optimizer_split(s)}
 
 
@@ -178,15 +199,17 @@ def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
     """Bytes alive at the peak of each phase of one micro-step (docs/memory.md)."""
     c = components
     accumulating = accumulates(s)
-    always = c["weights"] + c["optimizer_states"] + c["communication_buffers"] + (c["gradients"] if accumulating else 0)
+    # The communication buffers are outside the pool (Plan.fits checks them there).
+    always = c["weights"] + c["optimizer_states"] + (c["gradients"] if accumulating else 0)
     forward = always + c["weight_compute_copies"] + c["activations"] + c["logits_loss"]
     # Start of the backward: every activation, the logits' gradient and the head's weight
-    # gradient. Its end, beside the other gradients (k = 1) or the accumulators: our step's
-    # head part (k > 1, before it is added in) or the rows' out-of-place sum (k = 1); the
-    # sharded wrappers' two dense parts and their sum.
-    start = forward + c["embedding_gradient"]
-    dense_parts = (3 if accumulating else 2) if parallel.is_sharded(s) else 1
-    end = always + c["weight_compute_copies"] + (0 if accumulating else c["gradients"]) \
+    # gradient (chunked CE: the copies its backward holds). Its end: the micro-batch's
+    # gradients (k = 1), or, accumulating, the accumulators and a whole micro-batch's
+    # gradients not yet added in (the worst case, module docstring); beside them the rows'
+    # out-of-place sum, or the sharded wrappers' two dense parts of the embedding gradient.
+    start = forward + chunked_ce.head_gradient_copies(s) * c["embedding_gradient"]
+    dense_parts = 2 if parallel.is_sharded(s) else 1
+    end = always + c["weight_compute_copies"] + (c["micro_batch_gradients"] if accumulating else c["gradients"]) \
         + dense_parts * c["embedding_gradient"]
     update = always + (0 if accumulating else c["gradients"]) + c["update_copies"]
     return {"forward": forward, "backward": max(start, end), "update": update}
@@ -209,8 +232,10 @@ def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Pla
     plan.components["activations"] = activations(shape, s)
     plan.components["logits_loss"] = logits_loss(shape, s)
     plan.components.update(step_transients(shape, s))
-    plan.components["communication_buffers"] = parallel.communicators(s) * HCCL_BUFFER
-    plan.components["margin"] = int(device.usable_bytes * MARGIN_FRACTION)
+    # HCCL is Ascend's; the CPU backend's collectives keep no such buffers.
+    hccl = 0 if device.name == "cpu" else HCCL_BUFFER
+    plan.components["communication_buffers"] = parallel.communicators(s) * hccl
+    plan.components["margin"] = math.ceil(device.usable_bytes * MARGIN_FRACTION)
     plan.phases = phase_peaks(plan.components, s)
     return plan
 
@@ -285,10 +310,11 @@ def estimate_inference(shape: LlamaShape, params: int, device: Device, precision
                  optimizer="none", flash_attention=False)
     plan = Plan(params, device, s)
     plan.components.update({
-        "weights": weights, "weight_compute_copies": 0, "gradients": 0, "optimizer_states": 0,
+        "weights": weights, "weight_compute_copies": 0, "gradients": 0, "micro_batch_gradients": 0,
+        "optimizer_states": 0,
         "kv_cache": 2 * layers * tokens * kv * c, "activations": one_layer,
         "logits_loss": tokens * shape.vocab_size * 4, "communication_buffers": 0,
-        "margin": int(device.usable_bytes * MARGIN_FRACTION)})
+        "margin": math.ceil(device.usable_bytes * MARGIN_FRACTION)})
     return plan
 
 

@@ -56,6 +56,19 @@ def hidden_gradient(s, tokens: int, hidden_size: int) -> int:
     return tokens * hidden_size * 4 if s.chunked_ce else 0
 
 
+def head_gradient_copies(s) -> int:
+    """fp32 copies of the LM head's weight gradient alive at once in the backward. Chunked:
+    ChunkedCrossEntropy.bprop (model/chunked_loss.py) computes `d_weight = d_weight +
+    matmul(...).astype(fp32)`, out of place, so at each chunk's add the previous sum, the
+    chunk's fp32 product and the new sum are alive: three (the product's half-precision
+    original is freed by its cast, before the add). Unchunked, autodiff's one. Under LoRA the
+    head is frozen and the planner counts no head gradient: the compile prunes the unused
+    d_weight chain (a CPU IR dump of a LoRA step's validate graph holds no fp32 tensor of the
+    embedding's shape but the weight's Load; the full fine-tune's holds the chunks' MatMul and
+    Add: checked by hand, not by a test)."""
+    return 3 if s.chunked_ce else 1
+
+
 def extra_flops(shape, params: int, s) -> int:
     """Each chunk's head matmul, recomputed in the backward."""
     return 2 * shape.vocab_size * shape.hidden_size if s.chunked_ce else 0
