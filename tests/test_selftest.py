@@ -61,6 +61,17 @@ def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
     assert check.figure > check.tolerance
 
 
+def test_resume_exact_fails_when_the_loss_scale_state_is_not_restored(ms):
+    """A resume that restores weights and optimizer but not the dynamic loss scale's state
+    (its scale and clean-step count, which the 2 steps after the resume change) fails."""
+    from llama_npu.selftest import run as selftest
+
+    check = selftest.check_resume_exact(selftest.Context("cpu", "cpu"), fault="loss_scale")
+    assert check.status == "fail" and check.figure >= 1
+    assert "loss scale {'scale': 1024.0, 'clean_steps': 0} where the run without a resume had {'scale': 1024.0, " \
+           "'clean_steps': 1}" in check.reason
+
+
 def test_launch_selftest_runs_the_multi_card_checks_on_two_workers(tmp_path):
     """scripts/launch.sh --selftest 2: two msrun workers step a data-parallel model 3 times
     (once with one micro-batch a rank, twice with 2 accumulated); the ranks' weights hash the
@@ -167,3 +178,4 @@ def test_jit_level_follows_mindspore_2_9_rule(target, soc, cell, glob, env, want
 
     got = jit_level_and_backend(target, soc, cell, glob, env)
     assert (got["jit_level"], got["backend"]) == want
+

@@ -27,7 +27,7 @@ from ..model.tokens import IGNORE_ID, PAD_ID
 from ..weights.convert import ms_to_hf
 from ..weights.tensor_files import read_safetensors, rename
 from .jit import jit_level_and_backend
-from .parts import MAX, SEQ, Check, Context, Spec, build, random_batch, train_step, trained_once, weights
+from .parts import MAX, SEQ, TRAINED_ONCE, Check, Context, Spec, build, random_batch, train_step, trained_once, weights
 
 FP16 = ("strategies.precision.amp_level=O2", "strategies.precision.dtype=float16")
 
@@ -319,14 +319,18 @@ def check_data_parallel(ctx: Context, fault=None) -> Check:
 
 def resume_spec(ctx: Context) -> Spec:
     return Spec("resume_exact", "parallel", "tensors differing bit for bit between 2 steps after a resume into a "
-                                            "fresh network and the same 2 steps taken without one",
-                0.0, MAX, recipes=((), ("train.seed=7",)))
+                                            "fresh network and the same 2 steps taken without one, plus 1 each time "
+                                            "the dynamic loss scale's state (scale, clean steps) differs from the "
+                                            "uninterrupted run's (as loaded, after the 2 steps)",
+                0.0, MAX, recipes=(TRAINED_ONCE, (*TRAINED_ONCE, "train.seed=7")))
 
 
 def check_resume_exact(ctx: Context, fault=None) -> Check:
-    """1 step (trained_once's), checkpoint, 2 more, against a fresh network and optimizer
-    loaded from the checkpoint taking the same 2 steps: bit-identical weights. `fault`: the
-    optimizer's state is not restored (AdamW's moments start from zero)."""
+    """1 step (trained_once's), checkpoint as a run does (the loss scale's state in the
+    sidecar, training/loop.py), 2 more, against a fresh network and optimizer loaded from the
+    checkpoint as a resume does (checkpoints/resume.py) taking the same 2 steps: bit-identical
+    weights and the same loss-scale state. `fault`: the optimizer's state is not restored
+    (AdamW's moments start from zero); "loss_scale": the loss scale's state is not."""
     from mindspore import Tensor  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     planned = resume_spec(ctx)
@@ -334,21 +338,29 @@ def check_resume_exact(ctx: Context, fault=None) -> Check:
     with tempfile.TemporaryDirectory(prefix="llama-npu-selftest-") as tmp:
         recipe, net, step = trained_once(ctx)
         path = save_checkpoint(Path(tmp), 1, net.trainable_params(),
-                               optimizer_state_params(step.optimizer, net.trainable_params()), {})
+                               optimizer_state_params(step.optimizer, net.trainable_params()),
+                               {"loss_scale": step.loss_scale_state()})
         for b in batches:
             step(b, lr=1e-3)
-        whole = weights(net)
+        whole, scale = weights(net), step.loss_scale_state()
         recipe, net, cell = build(ctx, *planned.recipes[1])
         resumed = train_step(recipe, net, cell)
-        load_checkpoint(path, net, resumed.optimizer)
-        if fault:
+        state = load_checkpoint(path, net, resumed.optimizer)
+        if fault != "loss_scale":
+            resumed.load_loss_scale_state(state["loss_scale"])
+        # The state as loaded, then after the same 2 steps, against the uninterrupted run's.
+        scales = [(resumed.loss_scale_state(), state["loss_scale"])]
+        if fault is True:
             for p in optimizer_state_params(resumed.optimizer, net.trainable_params()):
                 if p.name.startswith("adam_"):
                     p.set_data(Tensor(np.zeros(p.shape, np.float32)))
         for b in batches:
             resumed(b, lr=1e-3)
         differing = sum(int(not np.array_equal(w, whole[n])) for n, w in weights(net).items())
-    return planned.result(differing == 0, float(differing), f"{differing} tensors differ after resuming")
+        scales.append((resumed.loss_scale_state(), scale))
+    wrong = [f"loss scale {got} where the run without a resume had {want}" for got, want in scales if got != want]
+    return planned.result(differing + len(wrong) == 0, float(differing + len(wrong)),
+                          "; ".join([f"{differing} tensors differ after resuming", *wrong]))
 
 
 # ---- export --------------------------------------------------------------------------------
