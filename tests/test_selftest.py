@@ -179,3 +179,30 @@ def test_jit_level_follows_mindspore_2_9_rule(target, soc, cell, glob, env, want
     got = jit_level_and_backend(target, soc, cell, glob, env)
     assert (got["jit_level"], got["backend"]) == want
 
+
+@pytest.mark.parametrize("soc", ["910a", "910b", "910b4"])
+def test_memory_check_covers_accumulation_and_a_decoder_dominated_long_sequence(soc):
+    """memory_vs_plan's cases, as the card will build them: one accumulates 2 micro-batches,
+    and one runs 2,048 tokens at a size where the planner puts most of the step's memory in
+    the decoder (its share of the weights and their states, and its activations), not in
+    the embedding and the logits."""
+    from llama_npu.memory.devices import get_device
+    from llama_npu.memory.planner import estimate, strategy_from_recipe
+    from llama_npu.model.architecture import resolve_shape
+    from llama_npu.selftest.checks import memory_spec
+    from llama_npu.selftest.parts import Context
+    from llama_npu.strategies.accumulation import accumulation_steps
+
+    ctx = Context("ascend", soc)
+    recipes = [ctx.recipe(*overrides) for overrides in memory_spec(ctx).recipes]
+    assert sorted(accumulation_steps(r) for r in recipes) == [1, 1, 1, 2]
+    long = [r for r in recipes if r.data.max_seq_len == 2048]
+    assert len(long) == 1
+    s = resolve_shape(long[0].model)
+    kv = s.hidden_size // s.num_heads * s.num_kv_heads
+    decoder = s.num_layers * (2 * s.hidden_size * (s.hidden_size + kv) + 3 * s.hidden_size * s.intermediate_size)
+    params = decoder + s.vocab_size * s.hidden_size
+    plan = estimate(s, params, get_device(soc), strategy_from_recipe(long[0], soc))
+    c = plan.components
+    states = sum(c[k] for k in ("weights", "weight_compute_copies", "gradients", "optimizer_states"))
+    assert states * decoder / params + c["activations"] > (plan.total_bytes - c["margin"]) / 2

@@ -124,9 +124,9 @@ def train_step(recipe, net, cell, k: int = 1, optimizer=None):
     return TrainStep(cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip, k)
 
 
-def random_batch(rows: int, seed: int):
+def random_batch(rows: int, seed: int, seq: int = SEQ):
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, 128000, (rows, SEQ + 1)).astype(np.int32)
+    ids = rng.integers(0, 128000, (rows, seq + 1)).astype(np.int32)
     labels = ids.copy()
     labels[:, :2] = -100
     return ids, labels
