@@ -127,6 +127,10 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
         assert checks["precision_bf16_vs_fp32"]["status"] == ("skip" if soc == "910a" else "planned")
     if soc == "910b4":
         assert speed["tolerance"] is None and "no known fp16 peak" in speed["compares"]
+    # The mask checks run at the compute dtype the SoC's shipped recipes train at.
+    dtype = {"cpu": "fp32", "910a": "float16"}.get(soc, "bfloat16")
+    assert f"at {dtype}" in checks["mask_packed"]["compares"]
+    assert f"at {dtype}, " in checks["mask_packed_sharded_loss"]["compares"]
 
 
 @pytest.mark.parametrize("args", [("--dry-run", "--soc", "910c"), ("--dry-run",), ("--soc", "910b")])
@@ -206,3 +210,17 @@ def test_memory_check_covers_accumulation_and_a_decoder_dominated_long_sequence(
     c = plan.components
     states = sum(c[k] for k in ("weights", "weight_compute_copies", "gradients", "optimizer_states"))
     assert states * decoder / params + c["activations"] > (plan.total_bytes - c["margin"]) / 2
+
+
+def test_mask_check_at_the_910a_compute_dtype_passes_and_fails_when_broken(ms, monkeypatch):
+    """mask_packed at fp16 (the 910A's compute dtype; the CPU backend runs fp16 too): packed
+    rows give each sample its own loss, and without their mask they do not, at the half
+    precision tolerance."""
+    from llama_npu.selftest import checks
+    from llama_npu.selftest.parts import Context
+
+    monkeypatch.setattr(checks, "compute_dtype", lambda ctx: (("strategies.precision.amp_level=O2",
+                                                               "strategies.precision.dtype=float16"), 1e-3))
+    good, broken = (checks.check_mask_packed(Context("cpu", "cpu"), fault=fault) for fault in (None, True))
+    assert good.status == "pass" and good.compares.endswith("at float16")
+    assert broken.status == "fail" and broken.figure > broken.tolerance == 1e-3
