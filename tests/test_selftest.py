@@ -4,6 +4,7 @@ import json
 import pytest
 
 from conftest import run_cli
+from llama_npu.memory.devices import DEVICE_TARGETS
 
 
 @pytest.fixture(scope="session")
@@ -28,8 +29,11 @@ def test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason(cpu_selfte
     # still skips: the shards of a compiled sharded graph need a card.
     export = next(c for c in checks if c["name"] == "export_merge_sharded")
     assert (export["status"], export["figure"]) == ("skip", 0.0) and "bit-exactly" in export["reason"]
-    assert set(report["device"]) >= {"soc", "cann", "mindspore", "mindformers", "hbm_bytes", "overflow_mode"}
+    assert set(report["device"]) >= {"soc", "cann", "mindspore", "mindformers", "hbm_bytes", "overflow_mode",
+                                     "jit_level", "backend"}
     assert report["device"]["overflow_mode"] == "is-finite reduction"
+    assert (report["device"]["jit_level"], report["device"]["backend"]) == ("O0", "ms_backend")  # what the CPU runs
+    assert all(c["bound"] == "max" for c in checks if c["tolerance"] is not None)
     lines = proc.stdout.splitlines()
     assert len(lines) == len(checks) + 1  # the table is the checks' lines and the summary, nothing else
     for c, line in zip(checks, lines):  # one printed line a check: name, status, figure against tolerance or reason
@@ -57,6 +61,17 @@ def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
     assert check.figure > check.tolerance
 
 
+def test_resume_exact_fails_when_the_loss_scale_state_is_not_restored(ms):
+    """A resume that restores weights and optimizer but not the dynamic loss scale's state
+    (its scale and clean-step count, which the 2 steps after the resume change) fails."""
+    from llama_npu.selftest import run as selftest
+
+    check = selftest.check_resume_exact(selftest.Context("cpu", "cpu"), fault="loss_scale")
+    assert check.status == "fail" and check.figure >= 1
+    assert "loss scale {'scale': 1024.0, 'clean_steps': 0} where the run without a resume had {'scale': 1024.0, " \
+           "'clean_steps': 1}" in check.reason
+
+
 def test_launch_selftest_runs_the_multi_card_checks_on_two_workers(tmp_path):
     """scripts/launch.sh --selftest 2: two msrun workers step a data-parallel model 3 times
     (once with one micro-batch a rank, twice with 2 accumulated); the ranks' weights hash the
@@ -82,3 +97,130 @@ def test_launch_selftest_runs_the_multi_card_checks_on_two_workers(tmp_path):
     losses = [float(v) for v in sharded["reason"].split("(losses ")[1].split(")")[0].split(", ")]
     assert losses[0] > losses[1] > losses[2]  # the reference learns the batch it sees again
     assert "needs Ascend" in sharded["reason"] and "sharded_model_pipeline_optimizer" in proc.stdout
+
+
+@pytest.mark.parametrize("soc", list(DEVICE_TARGETS))
+def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc):
+    """`selftest --dry-run --soc S` (with --device ascend, on a host without an NPU) builds and
+    validates every check's recipes for S and lists them, running nothing: no check is in
+    error (a bf16 run with a static loss scale, which recipe validation refuses, was one on
+    every 910B), each says what it compares, and what the card will be asked is visible."""
+    out = tmp_path / "dry.json"
+    proc = run_cli("selftest", "--device", "ascend", "--dry-run", "--soc", soc, "--json", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    checks = {c["name"].split(" (")[0]: c for c in report["checks"]}
+    assert not [c for c in checks.values() if c["status"] == "error"]
+    assert len(checks) == 15 and all(c["compares"] for c in checks.values())
+    assert all(c["status"] == "planned" or c["reason"] for c in checks.values())
+    assert f"on {soc}: " in proc.stdout.splitlines()[-1] and "0 in error (nothing was run)" in proc.stdout
+    assert len(proc.stdout.splitlines()) == 16
+    device = report["device"]
+    # MindSpore 2.9.0's default: O2 on the GE backend on a 910A, kernel by kernel elsewhere (selftest/jit.py).
+    assert (device["jit_level"], device["backend"]) == (("O2", "GE") if soc == "910a" else ("O0", "ms_backend"))
+    registers, speed = checks["overflow_saturation_registers"], checks["speed_1b_mfu"]
+    assert registers["status"] == ("skip" if soc == "cpu" else "planned")
+    if soc in ("910a", "910b"):  # what the card is asked: every check with a tolerance, the speed one a floor
+        assert all(c["tolerance"] is not None for c in checks.values())
+        floor = 0.15 if soc == "910a" else 0.2
+        assert (speed["status"], speed["bound"], speed["tolerance"]) == ("planned", "min", floor)
+        assert checks["precision_bf16_vs_fp32"]["status"] == ("skip" if soc == "910a" else "planned")
+    if soc == "910b4":
+        assert speed["tolerance"] is None and "no known fp16 peak" in speed["compares"]
+    # The mask checks run at the compute dtype the SoC's shipped recipes train at.
+    dtype = {"cpu": "fp32", "910a": "float16"}.get(soc, "bfloat16")
+    assert f"at {dtype}" in checks["mask_packed"]["compares"]
+    assert f"at {dtype}, " in checks["mask_packed_sharded_loss"]["compares"]
+
+
+@pytest.mark.parametrize("args", [("--dry-run", "--soc", "910c"), ("--dry-run",), ("--soc", "910b")])
+def test_selftest_soc_outside_the_catalogue_or_without_dry_run_is_one_line_and_exit_2(args):
+    proc = run_cli("selftest", *args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0 and "--soc" in proc.stderr
+    if "--dry-run" in args:
+        assert "cpu, 910a, 910b, 910b4" in proc.stderr
+
+
+@pytest.mark.parametrize("soc, tokens_per_s, status", [("910b", 12_000, "pass"), ("910b", 9_000, "fail"),
+                                                       ("910a", 6_000, "pass"), ("910a", 4_000, "fail"),
+                                                       ("910b4", 9_000, "skip")])
+def test_speed_check_fails_below_its_mfu_floor_and_skips_without_a_known_peak(soc, tokens_per_s, status):
+    """The speed check judges the timed 1B step (given here as its measured figures): below 20%
+    MFU of a 910B's fp16 peak (15% on a 910A) it fails; on a 910B4, whose peak is unknown, it
+    is a skip that still gives tokens/s."""
+    from llama_npu.selftest.parts import Context
+    from llama_npu.selftest.speed import check_speed
+
+    ctx = Context("ascend", soc, speed=True)
+    params, tokens = 1_235_814_400, 8192
+    ctx.speed_run = {"recipe": "r.yaml", "rows": 4, "tokens": tokens, "params": params, "one": tokens / tokens_per_s}
+    check = check_speed(ctx)
+    assert check.status == status and f"{tokens_per_s:,} tokens/s" in check.reason
+    if status != "skip":
+        mfu = 6 * params * tokens_per_s / (354e12 if soc == "910b" else 256e12)
+        assert check.figure == pytest.approx(mfu) and check.bound == "min"
+        assert f"MFU {mfu:.1%}" in check.reason and "floor" in check.reason
+        assert ("at least" in check.line()) and check.status in check.line()
+    else:
+        assert "no known fp16 peak for the 910b4" in check.reason
+
+
+@pytest.mark.parametrize("target, soc, cell, glob, env, want", [
+    ("ascend", "910a", {}, {}, {}, ("O2", "GE")),
+    ("ascend", "910b", {}, {}, {}, ("O0", "ms_backend")),
+    ("cpu", "cpu", {}, {}, {}, ("O0", "ms_backend")),
+    ("ascend", "910a", {}, {"jit_level": "O0"}, {}, ("O0", "ms_backend")),
+    ("ascend", "910a", {"jit_level": "O1", "backend": "ms_backend"}, {"jit_level": "O2"}, {}, ("O1", "ms_backend")),
+    ("ascend", "910b", {}, {"jit_level": "O0"}, {"RANK_TABLE_FILE": "r.json"}, ("O2", "GE")),
+    ("ascend", "910b", {}, {}, {"RANK_TABLE_FILE": "r.json", "MS_ROLE": "MS_WORKER"}, ("O0", "ms_backend")),
+])
+def test_jit_level_follows_mindspore_2_9_rule(target, soc, cell, glob, env, want):
+    """A cell's own config, else the global one, else O2 on a 910A and O0 elsewhere; a
+    rank-table launch without msrun is O2 whatever was set (ms_context.cc, GetJitLevel)."""
+    from llama_npu.selftest.jit import jit_level_and_backend
+
+    got = jit_level_and_backend(target, soc, cell, glob, env)
+    assert (got["jit_level"], got["backend"]) == want
+
+
+@pytest.mark.parametrize("soc", ["910a", "910b", "910b4"])
+def test_memory_check_covers_accumulation_and_a_decoder_dominated_long_sequence(soc):
+    """memory_vs_plan's cases, as the card will build them: one accumulates 2 micro-batches,
+    and one runs 2,048 tokens at a size where the planner puts most of the step's memory in
+    the decoder (its share of the weights and their states, and its activations), not in
+    the embedding and the logits."""
+    from llama_npu.memory.devices import get_device
+    from llama_npu.memory.planner import estimate, strategy_from_recipe
+    from llama_npu.model.architecture import resolve_shape
+    from llama_npu.selftest.checks import memory_spec
+    from llama_npu.selftest.parts import Context
+    from llama_npu.strategies.accumulation import accumulation_steps
+
+    ctx = Context("ascend", soc)
+    recipes = [ctx.recipe(*overrides) for overrides in memory_spec(ctx).recipes]
+    assert sorted(accumulation_steps(r) for r in recipes) == [1, 1, 1, 2]
+    long = [r for r in recipes if r.data.max_seq_len == 2048]
+    assert len(long) == 1
+    s = resolve_shape(long[0].model)
+    kv = s.hidden_size // s.num_heads * s.num_kv_heads
+    decoder = s.num_layers * (2 * s.hidden_size * (s.hidden_size + kv) + 3 * s.hidden_size * s.intermediate_size)
+    params = decoder + s.vocab_size * s.hidden_size
+    plan = estimate(s, params, get_device(soc), strategy_from_recipe(long[0], soc))
+    c = plan.components
+    states = sum(c[k] for k in ("weights", "weight_compute_copies", "gradients", "optimizer_states"))
+    assert states * decoder / params + c["activations"] > (plan.total_bytes - c["margin"]) / 2
+
+
+def test_mask_check_at_the_910a_compute_dtype_passes_and_fails_when_broken(ms, monkeypatch):
+    """mask_packed at fp16 (the 910A's compute dtype; the CPU backend runs fp16 too): packed
+    rows give each sample its own loss, and without their mask they do not, at the half
+    precision tolerance."""
+    from llama_npu.selftest import checks
+    from llama_npu.selftest.parts import Context
+
+    monkeypatch.setattr(checks, "compute_dtype", lambda ctx: (("strategies.precision.amp_level=O2",
+                                                               "strategies.precision.dtype=float16"), 1e-3))
+    good, broken = (checks.check_mask_packed(Context("cpu", "cpu"), fault=fault) for fault in (None, True))
+    assert good.status == "pass" and good.compares.endswith("at float16")
+    assert broken.status == "fail" and broken.figure > broken.tolerance == 1e-3

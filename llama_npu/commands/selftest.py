@@ -13,12 +13,22 @@ def add_parser(subparsers) -> None:
     selftest.add_argument("--json", metavar="FILE", help="also write the device and every check as JSON "
                                                          "(attach it to a bug report)")
     selftest.add_argument("--speed", action="store_true", help="also time a 1B step (tokens/s, MFU)")
+    selftest.add_argument("--dry-run", action="store_true", help="build and validate every check's recipes for "
+                                                                 "--soc and list what each would compare and its "
+                                                                 "tolerance, running nothing (no card needed)")
+    selftest.add_argument("--soc", metavar="S", help="with --dry-run: the SoC to plan for (cpu, 910a, 910b, 910b4)")
     selftest.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..selftest.run import run_selftest  # imported here: it loads numpy, which --help does not need
+    # imported here: they load numpy, which --help does not need
+    from ..selftest.dry_run import dry_run
+    from ..selftest.run import SelftestError, run_selftest
 
+    if args.dry_run:
+        return dry_run(args.soc, args.json)
+    if args.soc:
+        raise SelftestError("selftest --soc: only with --dry-run (a run reads the SoC from its device)")
     if is_scheduler():  # msrun runs the command as its scheduler too (scripts/launch.sh --selftest)
         run_scheduler()
         return 0

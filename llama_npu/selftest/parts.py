@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 SEQ = 32
 PASS, FAIL, SKIP = "pass", "fail", "skip"
+MAX, MIN = "max", "min"
 
 
 @dataclass
@@ -28,16 +29,47 @@ class Check:
     figure: Optional[float] = None
     tolerance: Optional[float] = None
     reason: str = ""
+    bound: str = MAX  # MAX: the figure may not exceed the tolerance (a ceiling); MIN: not fall below it (a floor)
+    compares: str = ""
 
     def line(self) -> str:
-        measured = "" if self.figure is None else f"  {self.figure:.3g} (tolerance {self.tolerance:.3g})"
+        measured = "" if self.figure is None else f"  {self.figure:.3g}"
+        if self.figure is not None and self.tolerance is not None:
+            measured += f" ({'at least' if self.bound == MIN else 'at most'} {self.tolerance:.3g})"
         return f"{self.name:<34}{self.status:<6}{measured}{'  ' + self.reason if self.reason else ''}"
 
 
-def judged(name: str, category: str, figure: float, tolerance: float, what: str) -> Check:
-    """Pass when the figure (a difference from the reference) is within the tolerance."""
-    ok = math.isfinite(figure) and figure <= tolerance
-    return Check(name, category, PASS if ok else FAIL, figure, tolerance, "" if ok else what)
+def within(figure: float, tolerance: float, bound: str = MAX) -> bool:
+    return math.isfinite(figure) and (figure >= tolerance if bound == MIN else figure <= tolerance)
+
+
+@dataclass
+class Spec:
+    """What a check compares on this context, against which tolerance and bound, and the
+    recipes it builds (each a tuple of --set overrides for Context.recipe, or a recipe file);
+    `skip` says why this context cannot run it. `selftest --dry-run` builds these without
+    running anything; the check itself builds its recipes from the same Spec."""
+    name: str
+    category: str
+    compares: str
+    tolerance: Optional[float] = None
+    bound: str = MAX
+    recipes: tuple = ()
+    files: tuple = ()
+    skip: str = ""
+
+    def skipped(self, reason: str = "", figure: Optional[float] = None) -> Check:
+        return Check(self.name, self.category, SKIP, figure, self.tolerance, reason or self.skip, self.bound,
+                     self.compares)
+
+    def result(self, ok: bool, figure: Optional[float], what: str) -> Check:
+        """PASS or FAIL as `ok` says, with `what` as the reason of a failure."""
+        return Check(self.name, self.category, PASS if ok else FAIL, figure, self.tolerance, "" if ok else what,
+                     self.bound, self.compares)
+
+    def judged(self, figure: float, what: str) -> Check:
+        """Pass when the figure is within the tolerance on the Spec's side of it."""
+        return self.result(within(figure, self.tolerance, self.bound), figure, what)
 
 
 @dataclass
@@ -62,9 +94,13 @@ class Context:
         return self.target == "ascend" and self.soc != "910a"
 
     def recipe(self, *overrides):
+        """The smoke recipe at selftest's size for this device, with `overrides`; validated for
+        the context's workers (under msrun, the launched ones; in a dry run, the ones the
+        check would run on)."""
         device = [] if self.target == "cpu" else ["device.target=ascend", f"device.name={self.soc}"]
         return load_recipe(SMOKE, [f"data.max_seq_len={SEQ}", "data.eval_files=[]", "train.global_batch_size=0",
-                                   "train.micro_batch_size=2", "train.warmup_steps=0", *device, *overrides])
+                                   "train.micro_batch_size=2", "train.warmup_steps=0", *device, *overrides],
+                           workers=self.workers)
 
 
 def build(ctx: Context, *overrides):
@@ -88,9 +124,9 @@ def train_step(recipe, net, cell, k: int = 1, optimizer=None):
     return TrainStep(cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip, k)
 
 
-def random_batch(rows: int, seed: int):
+def random_batch(rows: int, seed: int, seq: int = SEQ):
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, 128000, (rows, SEQ + 1)).astype(np.int32)
+    ids = rng.integers(0, 128000, (rows, seq + 1)).astype(np.int32)
     labels = ids.copy()
     labels[:, :2] = -100
     return ids, labels
@@ -100,12 +136,19 @@ def weights(net) -> dict:
     return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
 
 
+# trained_once's recipe: fp16 with a dynamic loss scale whose window (2) is reached within
+# resume_exact's steps, so the scale and its clean-step count change across the resume.
+TRAINED_ONCE = ("strategies.precision.amp_level=O2", "strategies.precision.dtype=float16",
+                "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=1024",
+                "strategies.precision.loss_scale_window=2")
+
+
 def trained_once(ctx: Context) -> tuple:
     """(recipe, net, its TrainStep) after one step on a fixed batch, built once a run: the
     resume and export checks start from it (two compiles fewer). Each takes the weights as
     it finds them; resume_exact steps them on."""
     if ctx.trained is None:
-        recipe, net, cell = build(ctx)
+        recipe, net, cell = build(ctx, *TRAINED_ONCE)
         step = train_step(recipe, net, cell)
         step([random_batch(2, 51)], lr=1e-2)
         ctx.trained = (recipe, net, step)

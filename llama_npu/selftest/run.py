@@ -16,13 +16,15 @@ from typing import Callable, List, Optional
 from ..common.frameworks import mute_mindformers_info, quiet_frameworks
 from ..common.launcher import launched_rank, launched_workers
 from ..memory.devices import DEVICES
+from . import checks, registers, sharded, speed
 from .checks import (check_data_parallel, check_export_exact, check_mask_flash_vs_plain, check_mask_packed,
                      check_mask_packed_sharded_loss, check_memory_vs_plan, check_overflow_skips_update,
-                     check_precision_bf16, check_precision_fp16, check_resume_exact, check_saturation_registers,
-                     check_speed, check_speed_accumulation)
+                     check_precision_bf16, check_precision_fp16, check_resume_exact)
+from .jit import jit_level_and_backend
 from .parts import FAIL, PASS, SKIP, Check, Context
+from .registers import check_saturation_registers
 from .sharded import barrier, check_export_sharded, check_sharded_layouts
-
+from .speed import check_speed, check_speed_accumulation
 
 SINGLE: List[Callable] = [check_overflow_skips_update, check_saturation_registers, check_precision_fp16,
                           check_precision_bf16, check_mask_packed, check_mask_packed_sharded_loss,
@@ -31,6 +33,18 @@ SINGLE: List[Callable] = [check_overflow_skips_update, check_saturation_register
                           check_export_exact, check_export_sharded, check_data_parallel, check_sharded_layouts]
 
 MULTI: List[Callable] = [check_data_parallel, check_sharded_layouts, check_export_sharded]
+
+# Each check -> its Spec for a context: what it compares, its tolerance and bound, the
+# recipes it builds (selftest --dry-run builds and validates them without running anything).
+SPECS = {check_overflow_skips_update: checks.overflow_spec, check_saturation_registers: registers.spec,
+         check_precision_fp16: lambda ctx: checks.precision_spec(ctx, "float16"),
+         check_precision_bf16: lambda ctx: checks.precision_spec(ctx, "bfloat16"),
+         check_mask_packed: checks.mask_spec, check_mask_packed_sharded_loss: checks.sharded_loss_spec,
+         check_mask_flash_vs_plain: checks.flash_spec, check_memory_vs_plan: checks.memory_spec,
+         check_speed: speed.speed_spec, check_speed_accumulation: speed.accumulation_spec,
+         check_resume_exact: checks.resume_spec, check_export_exact: checks.export_spec,
+         check_export_sharded: sharded.export_sharded_spec, check_data_parallel: checks.data_parallel_spec,
+         check_sharded_layouts: sharded.layouts_spec}
 
 
 class SelftestError(ValueError):
@@ -84,7 +98,10 @@ def set_up(device: str, speed: bool) -> Context:
     ctx.device = {"target": target, "soc": soc, "cann": cann_version() if target == "ascend" else "not used",
                   "mindspore": _version("mindspore"), "mindformers": _version("mindformers"),
                   "hbm_bytes": profile.hbm_bytes if profile and target == "ascend" else None,
-                  "flash_attention": ctx.flash_attention, "bf16": ctx.bf16, "workers": workers}
+                  "flash_attention": ctx.flash_attention, "bf16": ctx.bf16, "workers": workers,
+                  # The global config and the SoC's default; overflow_skips_update adds the train
+                  # step cell's own config (selftest/jit.py).
+                  **jit_level_and_backend(target, soc, global_config=ms.context.get_jit_config())}
     return ctx
 
 

@@ -31,7 +31,7 @@ from ..strategies.parallel import World, init_parallel, strategy_file
 from ..training.run import open_run_dir
 from ..weights.convert import ms_to_hf
 from ..weights.tensor_files import read_safetensors, rename
-from .parts import FAIL, PASS, SKIP, Check, Context, build, random_batch, train_step, trained_once, weights
+from .parts import MAX, SKIP, Check, Context, Spec, build, random_batch, train_step, trained_once, weights
 
 # Every layout steps the same N-row global batch (N workers): data x micro-batch (x the
 # pipeline's micro-batches) = N. AdamW: MindSpore's parallel optimizer refuses SGD
@@ -116,6 +116,18 @@ def what_ran_on_cpu(built: list, workers: int, reference: list) -> str:
             f"which needs Ascend: scripts/launch.sh --selftest N on a card")
 
 
+def layouts_spec(ctx: Context) -> Spec:
+    """The unsharded reference's recipe, then each layout's (validated on a card's device name:
+    the CPU cannot compile them)."""
+    device = [] if ctx.target == "ascend" else ["device.target=ascend", "device.name=910b"]
+    skip = "" if ctx.workers >= 2 and ctx.workers % 2 == 0 else ("needs msrun on an even number of workers: "
+                                                                 "scripts/launch.sh --selftest N on Ascend")
+    return Spec("sharded_model_pipeline_optimizer", "parallel",
+                f"losses and gradient norms (pipeline2: losses) of 3 steps of {', '.join(LAYOUTS)}, each against the "
+                f"unsharded step on the same batch, largest relative difference", TOLERANCE, MAX,
+                recipes=(TRAIN, *((*TRAIN, *overrides, *device) for overrides in LAYOUTS.values())), skip=skip)
+
+
 def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     """model=2, pipeline=2 (2 micro-batches) and optimizer_shard=true, each built by
     setup and stepped 3 times on one fixed batch from the reference's initial
@@ -123,10 +135,9 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     reports spans every stage is not established) within TOLERANCE of the unsharded
     TrainStep on the same batch, computed first on every rank. On a card: about a minute a
     layout, mostly compiling (4 graphs in all)."""
-    name = "sharded_model_pipeline_optimizer"
-    if ctx.workers < 2 or ctx.workers % 2:
-        return Check(name, "parallel", SKIP, reason="needs msrun on an even number of workers: "
-                                                    "scripts/launch.sh --selftest N on Ascend")
+    planned = layouts_spec(ctx)
+    if planned.skip:
+        return planned.skipped()
     # imported here: they load MindSpore, after run_selftest's quiet_frameworks
     import mindspore as ms
 
@@ -134,17 +145,16 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     from ..training.session import setup
 
     batch = random_batch(ctx.workers, 61)
-    recipe, net, cell = build(ctx, *TRAIN)
+    recipe, net, cell = build(ctx, *planned.recipes[0])
     initial = weights(net)
     step = train_step(recipe, net, cell)
     reference = [step([batch], lr=lr_at(i, recipe.train)) for i in (1, 2, 3)]
     work = fresh_work_dir(ctx)  # nobody writes into the directory before rank 0 has cleared it
-    device = [] if ctx.target == "ascend" else ["device.target=ascend", "device.name=910b"]  # validation wants a card
     source = ListSamples([Sample(list(range(1, 35)), list(range(1, 35)))])  # unused: the check feeds its own batch
     worst, problems, built, figures = 0.0, [], [], []
     try:
-        for layout, overrides in LAYOUTS.items():
-            sharded = ctx.recipe(*TRAIN, *overrides, *device)
+        for layout, overrides in zip(LAYOUTS, planned.recipes[1:]):
+            sharded = ctx.recipe(*overrides)
             run_dir = work / layout
             (run_dir / "strategy").mkdir(parents=True, exist_ok=True)
             if ctx.rank == 0:  # the run's recipe.yaml, which merge-checkpoints reads
@@ -169,10 +179,12 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     finally:
         ms.reset_auto_parallel_context()
     if problems:
-        return Check(name, "parallel", FAIL, worst if ctx.target == "ascend" else None, TOLERANCE, "; ".join(problems))
+        return planned.result(False, worst if ctx.target == "ascend" else None, "; ".join(problems))
     if ctx.target != "ascend":
-        return Check(name, "parallel", SKIP, reason=what_ran_on_cpu(built, ctx.workers, reference))
-    return Check(name, "parallel", PASS, worst, TOLERANCE, f"largest relative difference: {', '.join(figures)}")
+        return planned.skipped(what_ran_on_cpu(built, ctx.workers, reference))
+    check = planned.result(True, worst, "")
+    check.reason = f"largest relative difference: {', '.join(figures)}"
+    return check
 
 
 # ---- export --------------------------------------------------------------------------------
@@ -241,6 +253,13 @@ def exported_difference(run_dir: Path, out: Path, reference: dict) -> tuple:
     return differing + abs(len(reference) - len(exported)), len(exported)
 
 
+def export_sharded_spec(ctx: Context) -> Spec:
+    return Spec("export_merge_sharded", "export", "tensors differing bit for bit between the model2 run's shards "
+                                                  "merged, exported and read back, and its weights gathered by "
+                                                  "MindSpore (elsewhere: 2 simulated model=2 shards against the "
+                                                  "trained weights)", 0.0, MAX, recipes=((),))
+
+
 def simulated_export(ctx: Context, fault) -> Check:
     """What a host runs of the sharded export: 2 ranks' shards of one trained step, cut as
     model=2 cuts them and written by Checkpointer.save with that layout's strategy file,
@@ -248,7 +267,7 @@ def simulated_export(ctx: Context, fault) -> Check:
     # imported here: MindSpore loads after run_selftest's quiet_frameworks
     from ..training.optimizer import build_optimizer
 
-    name = "export_merge_sharded"
+    planned = export_sharded_spec(ctx)
     recipe, net, _ = trained_once(ctx)
     trained = weights(net)
     with tempfile.TemporaryDirectory(prefix="llama-npu-selftest-") as tmp:
@@ -261,9 +280,9 @@ def simulated_export(ctx: Context, fault) -> Check:
                 1, mine, build_optimizer(mine, recipe.train), {"samples_consumed": 2})
         differing, exported = exported_difference(run_dir, Path(tmp), trained)
     if differing:
-        return Check(name, "export", FAIL, float(differing), 0.0,
-                     f"{differing} of {exported} tensors merged from 2 ranks' shards differ from the trained weights")
-    return Check(name, "export", SKIP, float(differing), 0.0, (
+        return planned.result(False, float(differing), f"{differing} of {exported} tensors merged from 2 ranks' "
+                                                       f"shards differ from the trained weights")
+    return planned.skipped(figure=float(differing), reason=(
         f"ran: 2 ranks' model=2 shards written by Checkpointer.save, merge-checkpoints and ms-to-hf give all "
         f"{exported} trained tensors bit-exactly; the shards and strategy files of a compiled sharded graph need "
         f"scripts/launch.sh --selftest N on Ascend"))
@@ -274,11 +293,11 @@ def check_export_sharded(ctx: Context, fault=None) -> Check:
     (each rank its own shards), merged by rank 0, exported and read back, against its weights
     as MindSpore's integrated save gathers them (mindspore/train/serialization.py,
     _get_merged_param_data: an AllGather a sharded weight). Elsewhere: simulated_export."""
-    name = "export_merge_sharded"
+    planned = export_sharded_spec(ctx)
     if ctx.target != "ascend":
         if ctx.workers > 1:
-            return Check(name, "export", SKIP, reason="on the CPU `llama-npu selftest` merges simulated shards; the "
-                                                      "files of a compiled sharded graph need Ascend")
+            return planned.skipped("on the CPU `llama-npu selftest` merges simulated shards; the files of a "
+                                   "compiled sharded graph need Ascend")
         return simulated_export(ctx, fault)
     session = ctx.sharded_runs.get("model2")
     if ctx.workers < 2 or session is None:
@@ -318,8 +337,7 @@ def check_export_sharded(ctx: Context, fault=None) -> Check:
             outcome[0], reason = -1, f"{type(exc).__name__}: {exc}"[:300]
     differing, exported, elsewhere = (int(v) for v in all_reduce_sum(outcome))
     if elsewhere:
-        return Check(name, "export", SKIP, reason="the ranks' checkpoints are not on one filesystem; run "
-                                                  "scripts/launch.sh --selftest N on one node")
-    ok = differing == 0 and exported > 0
-    return Check(name, "export", PASS if ok else FAIL, float(differing), 0.0,
-                 "" if ok else reason or f"{differing} of {exported} exported tensors differ from the gathered weights")
+        return planned.skipped("the ranks' checkpoints are not on one filesystem; run scripts/launch.sh --selftest "
+                               "N on one node")
+    return planned.result(differing == 0 and exported > 0, float(differing),
+                          reason or f"{differing} of {exported} exported tensors differ from the gathered weights")
