@@ -446,3 +446,53 @@ def test_register_path_clears_before_the_forward_and_after_the_read_only(ms, mon
     assert len(first) == 1 and ancestors(nodes, first[0]) == set()  # before everything, the forward included
     assert [c for c in clears if read in ancestors(nodes, c)] == [c for c in clears if c not in first]
     assert len(clears) == 2
+
+
+@pytest.mark.parametrize("explicit, target, graph, soc, env, level", [
+    ("", "Ascend", True, "ascend910", {}, "O2"),  # the 910A's default: GE graph sink
+    ("", "Ascend", True, "ascend910b", {}, "O0"),
+    ("", "CPU", True, "", {}, "O0"),
+    ("O1", "Ascend", True, "ascend910", {}, "O1"),  # set_context(jit_config=...) wins
+    ("", "Ascend", False, "ascend910", {}, "O0"),  # PyNative
+    ("O0", "Ascend", True, "ascend910b", {"RANK_TABLE_FILE": "r.json"}, "O2"),  # rank table: O2 on every SoC
+    ("", "Ascend", True, "ascend910b", {"RANK_TABLE_FILE": "r.json", "MS_ROLE": "MS_WORKER"}, "O0"),  # msrun
+])
+def test_the_jit_level_follows_mindspores_rule(explicit, target, graph, soc, env, level):
+    from llama_npu.training.jit_level import backend_of, effective_jit_level
+
+    assert effective_jit_level(explicit, target, graph, soc, env) == level
+    assert backend_of(level) == ("GE" if level == "O2" else "ms_backend")
+
+
+def test_the_out_of_place_step_equals_the_in_place_one(ms):
+    """The step GE compiles (no InplaceMul / InplaceCopy in its graph) moves the weights as
+    the in-place step does, bit for bit, over a few clipped steps."""
+    runs = {}
+    for in_place in (True, False):
+        net, cell = build(ms)
+        step = train_step(ms, net, cell, "train.optimizer.name=sgd", "train.grad_clip=1.0")
+        step = type(step)(cell, step.optimizer, step.scaler, 1.0, 1, in_place=in_place)
+        norms = [step([batch(2, 1, seed=s)], lr=1.0).grad_norm for s in range(3)]
+        runs[in_place] = weights(net), norms
+    assert runs[True][1] == runs[False][1] and min(runs[True][1]) > 1.0  # clipping active
+    for name, w in runs[True][0].items():
+        np.testing.assert_array_equal(runs[False][0][name], w, err_msg=name)
+
+
+@pytest.mark.parametrize("in_place, kernels", [(True, {"InplaceMul"}), (False, set())])
+def test_the_out_of_place_graph_has_no_in_place_kernel(ms, tmp_path, in_place, kernels):
+    from mindspore import Tensor, nn
+
+    from llama_npu.training.step import FinalMicroStep
+
+    net = nn.Dense(4, 1)
+    loss = nn.WithLossCell(net, nn.L1Loss(reduction="sum"))
+    step = FinalMicroStep(loss, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0, ms.float32), 1.0, True, in_place)
+    ms.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
+    try:
+        step(Tensor(0.1), Tensor(2.0), Tensor(0.0), Tensor(np.ones((2, 4), np.float32)),
+             Tensor(np.ones((2, 1), np.float32)))
+    finally:
+        ms.set_context(save_graphs=0)
+    (ir,) = tmp_path.glob("*_validate_*.ir")
+    assert {op for op, _ in ir_nodes(ir).values() if op.startswith("Inplace")} == kernels
