@@ -402,17 +402,9 @@ def ancestors(nodes, node) -> set:
     return seen
 
 
-@pytest.mark.parametrize("cell", ["final", "accumulating"])
-def test_register_path_clears_before_the_forward_and_after_the_read_only(ms, monkeypatch, tmp_path, cell):
-    """On the register path (the 910A's, forced here) each micro-step graph clears the float
-    status before the forward reads the batch, reads it after the gradients and clears right
-    after the read, with no clear in between: a saturation anywhere in the forward (a layer
-    not recomputed, the loss) reaches the read. The CPU has no kernel for the register ops,
-    so the graph is checked as MindSpore's front end compiled it, before kernel selection."""
-    import mindspore.nn.wrap.loss_scale as loss_scale
-    from mindspore import Tensor, nn
-
-    from llama_npu.training.step import AccumulatingMicroStep, FinalMicroStep
+def summed_loss():
+    """A cell x -> the sum of a Dense(4, 1) layer's outputs."""
+    from mindspore import nn
 
     class SummedLoss(nn.Cell):
         def __init__(self):
@@ -422,15 +414,43 @@ def test_register_path_clears_before_the_forward_and_after_the_read_only(ms, mon
         def construct(self, x):
             return self.dense(x).sum()
 
-    net = SummedLoss()
-    monkeypatch.setattr(loss_scale, "MSContext", FakeSoC("ascend910"))
+    return SummedLoss()
+
+
+def register_step(ms, cell, net):
+    """(the step `cell` names, built for the 910A's register path, its inputs before x)."""
+    from mindformers.wrapper.wrapper import MFTrainOneStepCell
+    from mindspore import Tensor, nn
+
+    from llama_npu.training.sharded_step import clearing_before_forward
+    from llama_npu.training.step import AccumulatingMicroStep, FinalMicroStep
+
+    if cell == "sharded":
+        return clearing_before_forward(MFTrainOneStepCell)(net, nn.SGD(net.trainable_params(), 0.1),
+                                                           scale_sense=Tensor(1.0, ms.float32)), ()
     final = FinalMicroStep(net, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0, ms.float32), 0.0, True, True)
-    step = final if cell == "final" else AccumulatingMicroStep(net, final.optimizer, final.carry, True)
+    if cell == "final":
+        return final, (Tensor(0.1), Tensor(4.0), Tensor(0.0))
+    return AccumulatingMicroStep(net, final.optimizer, final.carry, True), (Tensor(4.0),)
+
+
+@pytest.mark.parametrize("cell", ["final", "accumulating", "sharded"])
+def test_register_path_clears_before_the_forward_and_after_the_read_only(ms, monkeypatch, tmp_path, cell):
+    """On the register path (the 910A's, forced here) each step graph (the micro-steps, and
+    MindFormers' k = 1 wrapper of the sharded layouts) clears the float status before the
+    forward reads the batch, reads it after the gradients and clears right after the read,
+    with no clear in between: a saturation anywhere in the forward (a layer not recomputed,
+    the loss) reaches the read. The CPU has no kernel for the register ops, so the graph is
+    checked as MindSpore's front end compiled it, before kernel selection."""
+    import mindspore.nn.wrap.loss_scale as loss_scale
+    from mindspore import Tensor
+
+    monkeypatch.setattr(loss_scale, "MSContext", FakeSoC("ascend910"))
+    step, head = register_step(ms, cell, summed_loss())
     monkeypatch.undo()
-    head = (Tensor(0.1), Tensor(4.0), Tensor(0.0)) if cell == "final" else (Tensor(4.0),)
     ms.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
     try:
-        with pytest.raises(RuntimeError, match=r"Unsupported op \[NPUClearFloatStatusV2\] on CPU"):
+        with pytest.raises(RuntimeError, match=r"Unsupported op \[NPU(Clear|Get)FloatStatusV2\] on CPU"):
             step(*head, Tensor(np.ones((2, 4), np.float32)))
     finally:
         ms.set_context(save_graphs=0)
@@ -438,11 +458,11 @@ def test_register_path_clears_before_the_forward_and_after_the_read_only(ms, mon
     nodes = ir_nodes(ir)
     clears = [n for n, (op, _) in nodes.items() if op == "NPUClearFloatStatusV2"]
     (read,) = [n for n, (op, _) in nodes.items() if op == "NPUGetFloatStatusV2"]
-    forward = [n for n, (op, inputs) in nodes.items() if op == "MatMul" and any(  # readers of x, the forward first
-        i.endswith("_batch0") or nodes.get(i, ("", []))[0] == "Depend" and nodes[i][1][0].endswith("_batch0")
-        for i in inputs)][0]
+    x = ("_batch0", "_inputs0")  # the step's input x, as the IR names it
+    forward = [n for n, (op, inputs) in nodes.items() if op == "MatMul" and any(  # readers of x
+        i.endswith(x) or nodes.get(i, ("", []))[0] == "Depend" and nodes[i][1][0].endswith(x) for i in inputs)]
     first = [c for c in clears if c in ancestors(nodes, read)]
-    assert first == [c for c in clears if c in ancestors(nodes, forward)]
+    assert forward and all(first == [c for c in clears if c in ancestors(nodes, f)] for f in forward)
     assert len(first) == 1 and ancestors(nodes, first[0]) == set()  # before everything, the forward included
     assert [c for c in clears if read in ancestors(nodes, c)] == [c for c in clears if c not in first]
     assert len(clears) == 2
