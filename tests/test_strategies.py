@@ -189,6 +189,21 @@ class FakeSoC:
         return self.soc
 
 
+def summed_loss():
+    """A cell x -> the sum of a Dense(4, 1) layer's outputs."""
+    from mindspore import nn
+
+    class SummedLoss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(4, 1)
+
+        def construct(self, x):
+            return self.dense(x).sum()
+
+    return SummedLoss()
+
+
 @pytest.mark.parametrize("soc, saturation_env, kernel", [
     ("ascend910", None, "NPUClearFloatStatusV2"),  # 910A: saturation mode only
     ("ascend910b", None, "AllFinite"),  # 910B default: INFNAN mode
@@ -203,15 +218,7 @@ def test_overflow_detection_follows_the_soc_the_base_class_reads(ms, monkeypatch
 
     from llama_npu.training.step import FinalMicroStep
 
-    class SummedLoss(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.dense = nn.Dense(4, 1)
-
-        def construct(self, x):
-            return self.dense(x).sum()
-
-    net = SummedLoss()
+    net = summed_loss()
     if soc:
         monkeypatch.setattr(loss_scale, "MSContext", FakeSoC(soc))
     if saturation_env:
@@ -400,21 +407,6 @@ def ancestors(nodes, node) -> set:
             seen.add(n)
             todo.extend(nodes.get(n, ("", []))[1])
     return seen
-
-
-def summed_loss():
-    """A cell x -> the sum of a Dense(4, 1) layer's outputs."""
-    from mindspore import nn
-
-    class SummedLoss(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.dense = nn.Dense(4, 1)
-
-        def construct(self, x):
-            return self.dense(x).sum()
-
-    return SummedLoss()
 
 
 def register_step(ms, cell, net):
