@@ -189,6 +189,21 @@ class FakeSoC:
         return self.soc
 
 
+def summed_loss():
+    """A cell x -> the sum of a Dense(4, 1) layer's outputs."""
+    from mindspore import nn
+
+    class SummedLoss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(4, 1)
+
+        def construct(self, x):
+            return self.dense(x).sum()
+
+    return SummedLoss()
+
+
 @pytest.mark.parametrize("soc, saturation_env, kernel", [
     ("ascend910", None, "NPUClearFloatStatusV2"),  # 910A: saturation mode only
     ("ascend910b", None, "AllFinite"),  # 910B default: INFNAN mode
@@ -203,20 +218,12 @@ def test_overflow_detection_follows_the_soc_the_base_class_reads(ms, monkeypatch
 
     from llama_npu.training.step import FinalMicroStep
 
-    class SummedLoss(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.dense = nn.Dense(4, 1)
-
-        def construct(self, x):
-            return self.dense(x).sum()
-
-    net = SummedLoss()
+    net = summed_loss()
     if soc:
         monkeypatch.setattr(loss_scale, "MSContext", FakeSoC(soc))
     if saturation_env:
         monkeypatch.setenv("MS_ASCEND_CHECK_OVERFLOW_MODE", saturation_env)
-    step = FinalMicroStep(net, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0, ms.float32), 0.0, False)
+    step = FinalMicroStep(net, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0, ms.float32), 0.0, False, True)
     monkeypatch.undo()
     run = lambda: step(Tensor(0.1), Tensor(4.0), Tensor(0.0), Tensor(np.ones((2, 4), np.float32)))  # noqa: E731
     if kernel:
@@ -329,3 +336,175 @@ def test_the_update_allocates_no_second_set_of_gradients(ms, tmp_path):
     made = fp32_producers_of_shape(final, net.model.tok_embeddings.embedding_weight.shape)
     made.pop("Load", None)  # reads of the weight and of its accumulator
     assert made == {"MatMul": 1, "SGD": 1}
+
+
+O3_SGD = ("strategies.precision.amp_level=O3", "strategies.precision.dtype=float16", "train.optimizer.name=sgd")
+CLIP = 5e-4
+
+
+def one_step(ms, step, net, start, scale, tokens, ids, labels, lr=100.0):
+    """The weight updates (fp32 numpy) of one FinalMicroStep call from the weights `start`."""
+    from mindspore import Tensor
+
+    for p in net.trainable_params():
+        p.set_data(Tensor(start[p.name], p.dtype))
+    step.scale_sense.set_data(Tensor(scale, ms.float32))
+    out = step(Tensor(lr, ms.float32), Tensor(float(tokens)), Tensor(0.0), Tensor(ids), Tensor(labels)).asnumpy()
+    assert out[3] == 0 and out[4] == scale  # no overflow, at the scale asked
+    return {p.name: p.asnumpy().astype(np.float32) - start[p.name] for p in net.trainable_params()}, out[2]
+
+
+def test_o3_fp16_unscale_and_clip_keep_the_update_at_every_loss_scale(ms):
+    """O3 keeps fp16 gradients at k = 1; 1 / scale (times the clip coefficient) is 0 or a
+    coarse subnormal in fp16 from a scale of 2^20 or so: the update was lost. Each O3 step
+    (fp16 weights, SGD) moves the weights as the same step on the same fp16-valued weights
+    in fp32 does. The step's token count is 256 (4096) times the batch's: gradients that
+    small, as late in a fine-tune, are what lets a dynamic scale climb to 2^24 and beyond
+    without overflowing (2^25 x gradient stays below 65504)."""
+    from mindspore import nn
+
+    from llama_npu.training.step import FinalMicroStep
+
+    ids, labels = batch(2, 1, seed=5)  # 64 target tokens
+    steps = {}
+    for precision in ("fp16", "fp32"):
+        net, cell = build(ms, *O3_SGD) if precision == "fp16" else build(ms)
+        steps[precision] = net, FinalMicroStep(cell, nn.SGD(net.trainable_params(), 1.0), ms.Tensor(1.0),
+                                               CLIP, False, True)
+    start = {p.name: p.asnumpy().astype(np.float32) for p in steps["fp16"][0].trainable_params()}
+    wrong = []
+    for scale, share in [(2 ** 14, 256), (2 ** 20, 256), (2 ** 24, 256), (2 ** 25, 4096)]:
+        got, _ = one_step(ms, steps["fp16"][1], steps["fp16"][0], start, scale, 64 * share, ids, labels)
+        want, norm = one_step(ms, steps["fp32"][1], steps["fp32"][0], start, 1.0, 64 * share, ids, labels)
+        assert (norm > CLIP) == (share == 256), norm  # clipping active but at 2^25
+        moved = max(want, key=lambda name: np.abs(want[name]).max())
+        largest = np.abs(want[moved]).max()
+        assert largest > 20 * 2 ** -10 * np.abs(start[moved]).max()  # tens of fp16 steps of that weight
+        # one fp16 rounding of the weight, and 2% of the largest update for fp16's forward and backward
+        wrong += [(scale, name) for name, d in want.items()
+                  if np.any(np.abs(got[name] - d) > 2 ** -10 * np.abs(start[name]) + 0.02 * largest)]
+    assert not wrong, f"wrong at scales {sorted({scale for scale, _ in wrong})}: {wrong}"
+
+
+def ir_nodes(ir_file) -> dict:
+    """{node: (op, [input nodes])} of the nodes of a MindSpore IR dump's first graph (the
+    others, branches, number their nodes afresh)."""
+    import re
+
+    nodes = {}
+    for line in ir_file.read_text().split("\nsubgraph @")[1].splitlines():
+        found = re.match(r"\s*(%\d+)\(\S*\) = (?:PrimFunc_)?(\w+)\((.*)", line)
+        if found:
+            nodes[found.group(1)] = found.group(2), re.findall(r"%\w+", found.group(3))
+    return nodes
+
+
+def ancestors(nodes, node) -> set:
+    seen, todo = set(), list(nodes[node][1])
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(nodes.get(n, ("", []))[1])
+    return seen
+
+
+def register_step(ms, cell, net):
+    """(the step `cell` names, built for the 910A's register path, its inputs before x)."""
+    from mindformers.wrapper.wrapper import MFTrainOneStepCell
+    from mindspore import Tensor, nn
+
+    from llama_npu.training.sharded_step import clearing_before_forward
+    from llama_npu.training.step import AccumulatingMicroStep, FinalMicroStep
+
+    if cell == "sharded":
+        return clearing_before_forward(MFTrainOneStepCell)(net, nn.SGD(net.trainable_params(), 0.1),
+                                                           scale_sense=Tensor(1.0, ms.float32)), ()
+    final = FinalMicroStep(net, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0, ms.float32), 0.0, True, True)
+    if cell == "final":
+        return final, (Tensor(0.1), Tensor(4.0), Tensor(0.0))
+    return AccumulatingMicroStep(net, final.optimizer, final.carry, True), (Tensor(4.0),)
+
+
+@pytest.mark.parametrize("cell", ["final", "accumulating", "sharded"])
+def test_register_path_clears_before_the_forward_and_after_the_read_only(ms, monkeypatch, tmp_path, cell):
+    """On the register path (the 910A's, forced here) each step graph (the micro-steps, and
+    MindFormers' k = 1 wrapper of the sharded layouts) clears the float status before the
+    forward reads the batch, reads it after the gradients and clears right after the read,
+    with no clear in between: a saturation anywhere in the forward (a layer not recomputed,
+    the loss) reaches the read. The CPU has no kernel for the register ops, so the graph is
+    checked as MindSpore's front end compiled it, before kernel selection."""
+    import mindspore.nn.wrap.loss_scale as loss_scale
+    from mindspore import Tensor
+
+    monkeypatch.setattr(loss_scale, "MSContext", FakeSoC("ascend910"))
+    step, head = register_step(ms, cell, summed_loss())
+    monkeypatch.undo()
+    ms.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match=r"Unsupported op \[NPU(Clear|Get)FloatStatusV2\] on CPU"):
+            step(*head, Tensor(np.ones((2, 4), np.float32)))
+    finally:
+        ms.set_context(save_graphs=0)
+    (ir,) = tmp_path.glob("*_validate_*.ir")
+    nodes = ir_nodes(ir)
+    clears = [n for n, (op, _) in nodes.items() if op == "NPUClearFloatStatusV2"]
+    (read,) = [n for n, (op, _) in nodes.items() if op == "NPUGetFloatStatusV2"]
+    x = ("_batch0", "_inputs0")  # the step's input x, as the IR names it
+    forward = [n for n, (op, inputs) in nodes.items() if op == "MatMul" and any(  # readers of x
+        i.endswith(x) or nodes.get(i, ("", []))[0] == "Depend" and nodes[i][1][0].endswith(x) for i in inputs)]
+    first = [c for c in clears if c in ancestors(nodes, read)]
+    assert forward and all(first == [c for c in clears if c in ancestors(nodes, f)] for f in forward)
+    assert len(first) == 1 and ancestors(nodes, first[0]) == set()  # before everything, the forward included
+    assert [c for c in clears if read in ancestors(nodes, c)] == [c for c in clears if c not in first]
+    assert len(clears) == 2
+
+
+@pytest.mark.parametrize("explicit, target, graph, soc, env, level", [
+    ("", "Ascend", True, "ascend910", {}, "O2"),  # the 910A's default: GE graph sink
+    ("", "Ascend", True, "ascend910b", {}, "O0"),
+    ("", "CPU", True, "", {}, "O0"),
+    ("O1", "Ascend", True, "ascend910", {}, "O1"),  # set_context(jit_config=...) wins
+    ("", "Ascend", False, "ascend910", {}, "O0"),  # PyNative
+    ("O0", "Ascend", True, "ascend910b", {"RANK_TABLE_FILE": "r.json"}, "O2"),  # rank table: O2 on every SoC
+    ("", "Ascend", True, "ascend910b", {"RANK_TABLE_FILE": "r.json", "MS_ROLE": "MS_WORKER"}, "O0"),  # msrun
+])
+def test_the_jit_level_follows_mindspores_rule(explicit, target, graph, soc, env, level):
+    from llama_npu.training.jit_level import backend_of, effective_jit_level
+
+    assert effective_jit_level(explicit, target, graph, soc, env) == level
+    assert backend_of(level) == ("GE" if level == "O2" else "ms_backend")
+
+
+def test_the_out_of_place_step_equals_the_in_place_one(ms):
+    """The step GE compiles (no InplaceMul / InplaceCopy in its graph) moves the weights as
+    the in-place step does, bit for bit, over a few clipped steps."""
+    runs = {}
+    for in_place in (True, False):
+        net, cell = build(ms)
+        step = train_step(ms, net, cell, "train.optimizer.name=sgd", "train.grad_clip=1.0")
+        step = type(step)(cell, step.optimizer, step.scaler, 1.0, 1, in_place=in_place)
+        norms = [step([batch(2, 1, seed=s)], lr=1.0).grad_norm for s in range(3)]
+        runs[in_place] = weights(net), norms
+    assert runs[True][1] == runs[False][1] and min(runs[True][1]) > 1.0  # clipping active
+    for name, w in runs[True][0].items():
+        np.testing.assert_array_equal(runs[False][0][name], w, err_msg=name)
+
+
+@pytest.mark.parametrize("in_place, kernels", [(True, {"InplaceMul"}), (False, set())])
+def test_the_out_of_place_graph_has_no_in_place_kernel(ms, tmp_path, in_place, kernels):
+    from mindspore import Tensor, nn
+
+    from llama_npu.training.step import FinalMicroStep
+
+    net = nn.Dense(4, 1)
+    loss = nn.WithLossCell(net, nn.L1Loss(reduction="sum"))
+    step = FinalMicroStep(loss, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0, ms.float32), 1.0, True, in_place)
+    ms.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
+    try:
+        step(Tensor(0.1), Tensor(2.0), Tensor(0.0), Tensor(np.ones((2, 4), np.float32)),
+             Tensor(np.ones((2, 1), np.float32)))
+    finally:
+        ms.set_context(save_graphs=0)
+    (ir,) = tmp_path.glob("*_validate_*.ir")
+    assert {op for op, _ in ir_nodes(ir).values() if op.startswith("Inplace")} == kernels

@@ -32,17 +32,20 @@ import math
 import numpy as np
 
 import mindspore as ms
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 from mindspore.communication.comm_func import all_reduce
 from mindspore.nn.wrap.cell_wrapper import _VirtualDatasetCell
 from mindspore.ops import ReduceOp
 from mindspore.ops import operations as P
+from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2
 
 from ..model.loss import layers_with_additive_mask
 from ..model.tokens import IGNORE_ID
 from ..recipe.schema import Recipe
 from ..strategies.parallel import ParallelSection, World
-from .step import StepResult
+from .step import REGISTERS, StepResult, overflow_check
+
+_clear_float_status = NPUClearFloatStatusV2()
 
 
 class TrainLoss(nn.Cell):
@@ -174,8 +177,36 @@ def build_train_network(llama, optimizer, recipe: Recipe, scale_sense, k: int) -
     if micro_batch_num > 1:
         wrapper = MFPipelineWithLossScaleCell(network, optimizer, micro_batch_num=micro_batch_num, **common)
     else:
-        wrapper = MFTrainOneStepCell(network, optimizer, **common)
+        wrapper = clearing_before_forward(MFTrainOneStepCell)(network, optimizer, **common)
     return wrapper
+
+
+def clearing_before_forward(one_step_cell: type) -> type:
+    """MindFormers' k = 1 wrapper (mindformers/wrapper/wrapper.py MFTrainOneStepCell) with the
+    float-status order of step.MicroStep (clear_registers_before says why). Its construct
+    calls start_overflow_check after the forward and the backward, with nothing ordering that
+    clear before the backward (wrapper.py line 322), so it could erase a backward overflow, and
+    a saturation in the forward was cleared with it. Here start_overflow_check clears nothing,
+    as MindSpore 2.9.0's own TrainOneStepWithLossScaleCell.construct (mindspore/nn/wrap/
+    loss_scale.py) calls none, and MFPipelineWithLossScaleCell, used for k > 1 and pipelines,
+    neither: the clear is at the start, before the forward reads the batch, and
+    get_overflow_status reads then clears after the gradients' all-reduce."""
+
+    class ClearingBeforeForward(one_step_cell):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.registers = overflow_check(self) == REGISTERS
+
+        def start_overflow_check(self, pre_cond, compute_input):
+            return Tensor([0] * 8, ms.int32), compute_input
+
+        def construct(self, *inputs):
+            if self.registers:
+                cleared = _clear_float_status(Tensor([0] * 8, ms.int32))
+                inputs = (ops.depend(inputs[0], cleared),) + inputs[1:]
+            return super().construct(*inputs)
+
+    return ClearingBeforeForward
 
 
 class ShardedStep:

@@ -19,7 +19,10 @@ mindformers/wrapper/wrapper.py (MFTrainOneStepCell: clip by global norm, then
   accumulators when k > 1) in place, the all-reduce's output is copied back into the
   accumulators tensor by tensor, and the optimizer takes them as they are where the
   weights' dtype is theirs (docs/memory.md, the update phase; tests/test_strategies.py
-  counts the step's parameter-sized tensors in its compiled graph).
+  counts the step's parameter-sized tensors in its compiled graph). The factor is fp32 and
+  O3's fp16 gradients are multiplied in fp32 (one tensor at a time) and cast back. Where the
+  graph compiles for GE (jit level O2, the 910A's default), which has no InplaceMul or
+  InplaceCopy adapter, the same products are Mul and Assign (jit_level.py).
 - The host reads one small vector per optimizer step (loss, tokens, norm, overflow, scale,
   stop request), never per micro-batch.
 
@@ -31,7 +34,9 @@ mode: an overflow becomes the largest finite value, so only the registers see it
 AllFinite exist and the base class would take the register branch, the check is whether
 the gradients' sum of squares (which the global norm needs anyway) is finite. Under data
 parallel the flag is combined across ranks as the base class does (on CPU the gradients are
-already all-reduced, so every rank computes the same flag).
+already all-reduced, so every rank computes the same flag). On the register path each
+micro-step graph clears the registers before its forward and reads then clears them after
+its gradients (MicroStep.clear_registers_before says why).
 
 Sharded layouts (model / pipeline / optimizer sharding, semi-auto parallel) do not use this
 cell: they use MindFormers' wrapper chain (strategies/parallel.py).
@@ -45,13 +50,17 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.ops.auto_generate.gen_ops_prim import InplaceCopy, InplaceMul
+from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2
 
 from ..model.tokens import IGNORE_ID
+from .jit_level import in_place_kernels
 
 REGISTERS, INFNAN, ISFINITE = "float-status registers", "INFNAN (AllFinite / IsFinite)", "is-finite reduction"
 _add_into = ops.MultitypeFuncGraph("add_into")
 _scale_in_place = ops.MultitypeFuncGraph("scale_in_place")
+_scale = ops.MultitypeFuncGraph("scale")
 _copy_into = ops.MultitypeFuncGraph("copy_into")
+_assign_into = ops.MultitypeFuncGraph("assign_into")
 _for_optimizer = ops.MultitypeFuncGraph("for_optimizer")
 _square_sum = ops.MultitypeFuncGraph("square_sum")
 _self_dot = ops.MultitypeFuncGraph("self_dot")
@@ -59,6 +68,7 @@ _self_dot = ops.MultitypeFuncGraph("self_dot")
 # in GRAPH_MODE too): mindspore/ops/auto_generate/gen_ops_prim.py InplaceMul, InplaceCopy.
 _inplace_mul = InplaceMul()
 _inplace_copy = InplaceCopy()
+_clear_float_status = NPUClearFloatStatusV2()
 
 
 @_add_into.register("Tensor", "Tensor")
@@ -67,9 +77,30 @@ def _add_into_tensor(accumulator, grad):
     return ops.depend(accumulator, ops.assign_add(accumulator, grad.astype(accumulator.dtype)))
 
 
+def _scaled_half(factor, grad):
+    """A half gradient times the fp32 factor, multiplied in fp32 and cast back, as MindFormers
+    does (mindformers/core/clip_grad.py _apply_global_norm, lines 50-56: cast to the clip
+    coefficient's fp32, multiply, cast back; mindformers/wrapper/wrapper.py tensor_grad_scale,
+    lines 114-116: the unscale in fp32). In the gradient's fp16 the factor, 1 / scale times the
+    clip coefficient, is subnormal from a scale of 2^14 and 0 from 2^25 (2^24 when clipping),
+    and the CPU InplaceMul rounds even an fp32 factor to fp16: the update was lost."""
+    return (grad.astype(ms.float32) * factor).astype(grad.dtype)
+
+
 @_scale_in_place.register("Tensor", "Tensor")
 def _scale_in_place_tensor(factor, grad):
-    return _inplace_mul(grad, factor.astype(grad.dtype))
+    """grad x factor (fp32) in the gradient's own buffer where it is fp32."""
+    if ops.dtype(grad) == ms.float32:
+        return _inplace_mul(grad, factor)
+    return _scaled_half(factor, grad)
+
+
+@_scale.register("Tensor", "Tensor")
+def _scale_tensor(factor, grad):
+    """grad x factor (fp32) as a new tensor: GE (the 910A's O2) has no InplaceMul adapter."""
+    if ops.dtype(grad) == ms.float32:
+        return grad * factor
+    return _scaled_half(factor, grad)
 
 
 @_copy_into.register("Tensor", "Tensor")
@@ -77,6 +108,12 @@ def _copy_into_tensor(accumulator, reduced):
     """The all-reduced gradient back into its accumulator: each reduced copy lives only until
     it is copied, not beside the whole set of accumulators until the update."""
     return _inplace_copy(accumulator, reduced)
+
+
+@_assign_into.register("Tensor", "Tensor")
+def _assign_into_tensor(accumulator, reduced):
+    """As _copy_into with Assign, which GE has an adapter for and InplaceCopy has not."""
+    return ops.depend(accumulator, ops.assign(accumulator, reduced))
 
 
 @_for_optimizer.register("Tensor", "Tensor")
@@ -125,9 +162,12 @@ class MicroStep(nn.TrainOneStepWithLossScaleCell):
     size, most of what a micro-step costs beyond its tokens (benchmarks/grad_accum_overhead.py).
     """
 
-    def __init__(self, network, optimizer, scale_sense):
+    def __init__(self, network, optimizer, scale_sense, in_place: bool):
         super().__init__(network, optimizer, scale_sense)
         self.overflow_check = overflow_check(self)
+        # GE (O2, the 910A's default) has no adapter for the in-place kernels (jit_level.py).
+        self.scale_grads = _scale_in_place if in_place else _scale
+        self.copy_into = _copy_into if in_place else _assign_into
         # A loss cell other than CausalLMLoss (tests' small cells) has no Llama embedding.
         self.embedding = getattr(getattr(network, "backbone", None), "tok_embeddings", None)
         table = getattr(self.embedding, "embedding_weight", None)
@@ -140,16 +180,34 @@ class MicroStep(nn.TrainOneStepWithLossScaleCell):
         """(summed loss, gradients of loss x scale / token_count, register status, the
         embedding's gradient rows (B, T, H) or None when the embedding is frozen)."""
         sens = self.scale_sense / ops.maximum(token_count, 1.0)
+        status, batch = self.clear_registers_before(batch)
         if self.embedding_index < 0:
             loss = self.network(*batch)
-            status, sens = self.start_overflow_check(loss, sens)
             return loss, self.grad(self.network, self.weights)(*batch, sens.astype(loss.dtype)), status, None
         embeds = self.embedding(batch[0][:, :-1])
         loss = self.given_embeddings(embeds, *batch)
-        status, sens = self.start_overflow_check(loss, sens)
         inputs, grads = self.grad_and_embeddings(self.given_embeddings, self.weights)(embeds, *batch,
                                                                                       sens.astype(loss.dtype))
         return loss, grads, status, inputs[0]
+
+    def clear_registers_before(self, batch):
+        """(status for get_overflow_status, the batch): on the register path the float-status
+        registers are cleared before anything reads the batch, so before the forward.
+
+        The 910A saturates an fp16 overflow to a finite value, so only the registers see one in
+        the forward (or in the loss, where isfinite cannot). MindSpore 1.x's loss-scale cell
+        cleared after the forward (start_overflow_check, still in mindspore/nn/wrap/loss_scale.py
+        with that docstring), which loses a forward layer that is not recomputed. MindSpore
+        2.9.0's own TrainOneStepWithLossScaleCell.construct no longer calls it: it reads the
+        registers after the gradients and clears right after the read
+        (_get_ascend_overflow_status_on_saturation_mode), as get_overflow_status does here at the
+        end of the step. The clear at the start adds what MindSpore lacks: what ran between two
+        steps (the update, an evaluation) is not charged to the next step."""
+        status = Tensor([0] * 8, ms.int32)
+        if self.overflow_check != REGISTERS:
+            return status, batch
+        cleared = _clear_float_status(status)
+        return status, (ops.depend(batch[0], cleared),) + tuple(batch[1:])
 
     def add_embedding_rows(self, grads, input_ids, rows, accumulators):
         """`grads` with the embedding rows added at the rows of the tokens the model saw
@@ -181,8 +239,8 @@ def overflow_check(cell: nn.TrainOneStepWithLossScaleCell) -> str:
 class AccumulatingMicroStep(MicroStep):
     """Micro-batches 1..k-1 of a step: no collective, no update."""
 
-    def __init__(self, network, optimizer, buffers: "Buffers"):
-        super().__init__(network, optimizer, Tensor(1.0, ms.float32))
+    def __init__(self, network, optimizer, buffers: "Buffers", in_place: bool):
+        super().__init__(network, optimizer, Tensor(1.0, ms.float32), in_place)
         self.scale_sense = buffers.scale_sense  # the final step's (device-updated) scale
         self.carry = buffers
         # The flag is combined across ranks once, by the final micro-step.
@@ -218,8 +276,8 @@ class Buffers(nn.Cell):
 class FinalMicroStep(MicroStep):
     """The last (at k = 1 the only) micro-batch of a step, and the update."""
 
-    def __init__(self, network, optimizer, scale_sense, grad_clip: float, accumulate: bool):
-        super().__init__(network, optimizer, scale_sense)
+    def __init__(self, network, optimizer, scale_sense, grad_clip: float, accumulate: bool, in_place: bool):
+        super().__init__(network, optimizer, scale_sense, in_place)
         self.grad_clip = float(grad_clip)
         self.accumulate = accumulate
         self.carry = Buffers(self.weights, self.scale_sense, accumulate)
@@ -242,8 +300,8 @@ class FinalMicroStep(MicroStep):
             # Each rank's gradients are its own token mean; weighting by the rank's share of the
             # step's target tokens and summing gives the mean over every target token.
             share = token_count / ops.maximum(flags[1], 1.0)
-            reduced = self.grad_reducer(self.hyper_map(ops.partial(_scale_in_place, share), grads))
-            grads = self.hyper_map(_copy_into, self.carry.gradients, reduced) if self.accumulate else reduced
+            reduced = self.grad_reducer(self.hyper_map(ops.partial(self.scale_grads, share), grads))
+            grads = self.hyper_map(self.copy_into, self.carry.gradients, reduced) if self.accumulate else reduced
         if self.overflow_check == ISFINITE:
             square_sum = ops.addn(self.hyper_map(_self_dot, grads))
             # One reduction serves the norm and the check: the sum of squares is finite only
@@ -260,7 +318,7 @@ class FinalMicroStep(MicroStep):
             factor = factor * ops.select(norm > self.grad_clip, self.grad_clip / (norm + 1e-6), ops.ones_like(norm))
         # Unscaled and clipped in place, then handed over in the weights' dtype: the update
         # allocates no second set of gradients (docs/memory.md, the update phase).
-        grads = self.hyper_map(ops.partial(_scale_in_place, factor), grads)
+        grads = self.hyper_map(ops.partial(self.scale_grads, factor), grads)
         grads = self.hyper_map(_for_optimizer, grads, self.weights)
         overflow = self.process_loss_scale(overflow)
         if not overflow:
@@ -291,9 +349,13 @@ class TrainStep:
     """One optimizer step over a list of micro-batches: len(micro_batches) must be the
     `accumulation_steps` the step was built for."""
 
-    def __init__(self, loss_cell, optimizer, scaler, grad_clip: float, accumulation_steps: int = 1):
-        self.final = FinalMicroStep(loss_cell, optimizer, scaler.sense(), grad_clip, accumulation_steps > 1)
-        self.accumulating = (AccumulatingMicroStep(loss_cell, optimizer, self.final.carry)
+    def __init__(self, loss_cell, optimizer, scaler, grad_clip: float, accumulation_steps: int = 1,
+                 in_place: bool | None = None):
+        """`in_place`: unscale, clip and copy with in-place kernels; by default where the jit
+        level MindSpore will compile with allows them (jit_level.in_place_kernels)."""
+        in_place = in_place_kernels() if in_place is None else in_place
+        self.final = FinalMicroStep(loss_cell, optimizer, scaler.sense(), grad_clip, accumulation_steps > 1, in_place)
+        self.accumulating = (AccumulatingMicroStep(loss_cell, optimizer, self.final.carry, in_place)
                              if accumulation_steps > 1 else None)
         self.optimizer = optimizer
         self.scaler = scaler
