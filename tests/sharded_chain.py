@@ -39,10 +39,13 @@ LAYOUTS = {
 
 
 def chain(cell) -> list:
-    """Class names from the outermost wrapper down to MindFormers' Llama."""
+    """Class names from the outermost wrapper down to MindFormers' Llama; a class of ours that
+    subclasses MindFormers' (training/sharded_step.py clearing_before_forward) as OURS(THEIRS)."""
     names = []
     while cell is not None:
-        names.append(type(cell).__name__)
+        kind, base = type(cell), type(cell).__mro__[1]
+        names.append(f"{kind.__name__}({base.__name__})" if base.__module__.startswith("mindformers")
+                     and kind.__module__.startswith("llama_npu") else kind.__name__)
         cell = next((getattr(cell, a) for a in ("network", "_backbone", "llama") if hasattr(cell, a)), None)
     return names
 

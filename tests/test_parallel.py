@@ -222,12 +222,14 @@ def sharded_chains(tmp_path_factory):
 
 
 @pytest.mark.parametrize("layout, chain, micro_batches, clip, manager, scale, data", [
-    ("model2", ["MFTrainOneStepCell", "_VirtualDatasetCell", "TrainLoss", "LlamaForCausalLM"], 1, 0.5, None, 1024, 1),
+    ("model2", ["ClearingBeforeForward(MFTrainOneStepCell)", "_VirtualDatasetCell", "TrainLoss", "LlamaForCausalLM"],
+     1, 0.5, None, 1024, 1),
     ("model2_accumulate4", ["MFPipelineWithLossScaleCell", "_VirtualDatasetCell", "GradAccumulationCellWithTwoOutput",
                             "TrainLoss", "LlamaForCausalLM"], 4, 1.0, "DynamicLossScaleUpdateCell", 4096, 1),
     ("pipeline2", ["MFPipelineWithLossScaleCell", "_VirtualDatasetCell", "PipelineCellWithTwoOutput", "TrainLoss",
                    "LlamaForCausalLM"], 4, 1.0, "DynamicLossScaleUpdateCell", 256, 1),
-    ("optimizer_shard", ["MFTrainOneStepCell", "_VirtualDatasetCell", "TrainLoss", "LlamaForCausalLM"], 1, 2.0, None, 1, 2),
+    ("optimizer_shard", ["ClearingBeforeForward(MFTrainOneStepCell)", "_VirtualDatasetCell", "TrainLoss",
+                         "LlamaForCausalLM"], 1, 2.0, None, 1, 2),
 ])
 def test_sharded_layouts_train_through_mindformers_wrapper_chain(sharded_chains, layout, chain, micro_batches, clip,
                                                                   manager, scale, data):
