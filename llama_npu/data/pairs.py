@@ -12,13 +12,12 @@ a pair when it has `chosen` and `rejected`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import List, Sequence, Tuple
 
 from ..common.console import progress_bar
 from .chat_template import Message, assemble_chat, role_headers
-from .readers import (PAIR_KEYS, SHAREGPT_ROLES, RecordError, SkipReport, _object, _raw_records, _string,
-                      alpaca_prompt, is_pair, read_dataset, sharegpt_turns)
+from .readers import (PAIR_KEYS, SHAREGPT_ROLES, RecordError, SkipReport, _object, _string, alpaca_prompt,
+                      read_dataset, sharegpt_turns)
 from .samples import TOKENIZE_BATCH, Sample, fit_length, pad_batch
 
 # Named by every error about a pair's content, as the way to train on the other pairs.
@@ -92,13 +91,6 @@ PAIR_PARSERS = {"alpaca": parse_alpaca_pair, "sharegpt": parse_sharegpt_pair}
 def read_pairs(paths, fmt: str, on_bad_record: str = "error") -> Tuple[List[PairRecord], SkipReport]:
     """All good pairs of `paths`; a bad record stops the read (error) or is counted (skip)."""
     return read_dataset(paths, fmt, on_bad_record, PAIR_PARSERS)
-
-
-def holds_pairs(path) -> bool:
-    """Whether the first record of a JSON or JSONL file is a preference pair (eval --data)."""
-    for _, raw in _raw_records(Path(path)):
-        return is_pair(raw)
-    return False
 
 
 @dataclass

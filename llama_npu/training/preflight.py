@@ -35,7 +35,7 @@ from ..weights.errors import ConvertError
 # diverged run is recovered (training/nonfinite.py NonFiniteStreak says so), and memory
 # strategies do not change the maths.
 RESULT_KEYS = ("model.", "data.", "train.micro_batch_size", "train.global_batch_size", "train.seed",
-               "strategies.lora.", "strategies.parallel.")
+               "strategies.lora.", "strategies.parallel.", "train.objective", "dpo.")
 NOT_RESULT_KEYS = ("data.eval_files",)  # what is evaluated, not what is trained
 
 
