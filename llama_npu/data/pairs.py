@@ -78,11 +78,7 @@ def parse_alpaca_pair(raw: object, where: str) -> PairRecord:
 
 def parse_sharegpt_pair(raw: object, where: str) -> PairRecord:
     record = _pair_object(raw, where, "'conversations' or 'messages'")
-    prompt = sharegpt_turns(record, where)
-    if prompt[-1][0] != "user":
-        raise RecordError(f"{where}: the prompt history ends with a {prompt[-1][0]} turn; expected it to end with "
-                          f"the user, whom 'chosen' and 'rejected' answer", "history not ending with the user")
-    return _pair(record, where, prompt)
+    return _pair(record, where, sharegpt_turns(record, where, "user", ", whom 'chosen' and 'rejected' answer"))
 
 
 PAIR_PARSERS = {"alpaca": parse_alpaca_pair, "sharegpt": parse_sharegpt_pair}

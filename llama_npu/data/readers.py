@@ -145,8 +145,9 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
                   "system": "system"}
 
 
-def sharegpt_turns(record: dict, where: str) -> List[Message]:
-    """The turns of a ShareGPT record's `conversations` or `messages`, each checked."""
+def sharegpt_turns(record: dict, where: str, last: str = "assistant", why: str = "") -> List[Message]:
+    """The turns of a ShareGPT record's `conversations` or `messages`, each checked, the
+    last one `last`'s (a pair's history ends with the user's; `why` says so)."""
     if "conversations" in record:
         turns, role_key, text_key = record["conversations"], "from", "value"
     elif "messages" in record:
@@ -171,16 +172,16 @@ def sharegpt_turns(record: dict, where: str) -> List[Message]:
         if role == "system" and i != 0:
             raise RecordError(f"{where} turn {i + 1}: a system turn must come first", "misplaced system turn")
         messages.append((role, content))
+    if messages[-1][0] != last:
+        article = "an" if messages[-1][0] == "assistant" else "a"
+        raise RecordError(f"{where}: the conversation ends with {article} {messages[-1][0]} turn; expected it to "
+                          f"end with the {last}{why}", f"no final {last} turn")
     return messages
 
 
 def parse_sharegpt(record: object, where: str) -> Record:
     record = _object(record, where, "'conversations' or 'messages'")
-    messages = sharegpt_turns(record, where)
-    if messages[-1][0] != "assistant":
-        raise RecordError(f"{where}: the conversation ends with a {messages[-1][0]} turn; expected it to "
-                          f"end with the assistant", "no final assistant turn")
-    return Record(where, messages=messages)
+    return Record(where, messages=sharegpt_turns(record, where))
 
 
 def parse_text(record: object, where: str) -> Record:
