@@ -96,7 +96,6 @@ class PairReport:
     truncated: int = 0  # kept with the longer reply cut at the length (dpo.on_long_pair: truncate)
     dropped: int = 0  # left out for a reply too long (dpo.on_long_pair: drop)
     no_room: List[Tuple[str, int]] = field(default_factory=list)  # (file:line, prompt tokens): no reply fits
-    lengths: List[int] = field(default_factory=list)  # the longer row of each pair, before truncation
 
     def describe(self, max_len: int) -> str:
         return (f"{self.kept} of {self.read} preference pairs kept ({self.truncated} truncated, {self.dropped} "
@@ -126,9 +125,7 @@ def _fit_pair(headers, record: PairRecord, contents: list, max_len: int, on_long
     if prompt_len >= max_len:  # labels[prompt_len] is the reply's first target
         report.no_room.append((record.where, prompt_len))
         return None
-    longest = max(len(chosen_ids), len(rejected_ids))
-    report.lengths.append(longest)
-    if longest > max_len:
+    if max(len(chosen_ids), len(rejected_ids)) > max_len:
         if on_long_pair == "drop":
             report.dropped += 1
             return None
