@@ -73,7 +73,7 @@ def test_a_pair_read_as_sft_data_names_the_objective(tmp_path):
     data = write_jsonl(tmp_path / "pairs.jsonl", [GOOD])
     [error] = list(iter_records([data], "alpaca"))
     assert str(error) == (f"{data}:1: the record is a preference pair ('chosen' and 'rejected'), read as SFT data: "
-                          f"set train.objective: dpo to train on pairs")
+                          f"pairs train with train.objective: dpo, from data.train_files")
 
 
 def test_validate_names_every_bad_pair_once_with_its_line(tmp_path, rendered_length):

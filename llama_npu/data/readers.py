@@ -207,7 +207,8 @@ def _wrong_format(raw: object, fmt: str, error: RecordError, parsers: dict) -> R
     if parsers is PARSERS and is_pair(raw):
         where = str(error).split(": ", 1)[0]
         return RecordError(f"{where}: the record is a preference pair ('chosen' and 'rejected'), read as SFT data: "
-                           f"set train.objective: dpo to train on pairs", "preference pair read as SFT")
+                           f"pairs train with train.objective: dpo, from data.train_files",
+                           "preference pair read as SFT")
     if not isinstance(raw, dict) or any(key in raw for key in FORMAT_KEYS[fmt]):
         return error
     for other, keys in FORMAT_KEYS.items():
