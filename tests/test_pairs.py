@@ -180,7 +180,7 @@ def test_a_run_reads_its_pairs_counting_what_it_left_out(tmp_path, tokenizer, ca
     assert [p.chosen.input_ids for p in pair_samples(recipe, tokenizer, [str(data)])] == [
         p.chosen.input_ids for p in tokenize_pairs(tokenizer, read_pairs([data], "alpaca", "skip")[0][:1], 33)[0]]
     assert (f"skipped 1 of 4 records of {data}: 1 x chosen equal to rejected (first at {data}:2)\n"
-            f"[llama-npu] {data}: 1 of 3 preference pairs kept (0 truncated, 1 dropped: a reply past 33 tokens; "
+            f"[llama-npu] {data}: 1 of 3 preference pairs kept (0 truncated, 1 dropped: a row past 33 tokens; "
             f"1 dropped: no room for a reply)") in capsys.readouterr().out
     recipe.data.on_bad_record = "error"  # validate has named it; a run without that check still stops on it
     long_prompt = write_jsonl(tmp_path / "long.jsonl", [GOOD, {"instruction": "请详细解释" * 40, "chosen": "好的。",

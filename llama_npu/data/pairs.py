@@ -99,7 +99,7 @@ class PairReport:
 
     def describe(self, max_len: int) -> str:
         return (f"{self.kept} of {self.read} preference pairs kept ({self.truncated} truncated, {self.dropped} "
-                f"dropped: a reply past {max_len} tokens; {len(self.no_room)} dropped: no room for a reply)")
+                f"dropped: a row past {max_len} tokens; {len(self.no_room)} dropped: no room for a reply)")
 
 
 def no_room_error(where: str, prompt_tokens: int, max_seq_len: int) -> RecordError:
