@@ -81,7 +81,8 @@ output_args=(--output-dir "$run_dir" "${resume[@]}")
 if [ "${NODE_RANK:-0}" != 0 ]; then
     output_args+=(--rank 1)
 fi
-"$ROOT/.venv/bin/llama-npu" validate "$RECIPE" --workers "$WORKERS" "${output_args[@]}" \
+# --strict-device: here the run starts, so a missing NPU is an error, not a check left for later
+"$ROOT/.venv/bin/llama-npu" validate "$RECIPE" --workers "$WORKERS" --strict-device "${output_args[@]}" \
     "${sets[@]}" "${flags[@]}" >/dev/null || exit 2
 
 LOG_DIR="${LOG_DIR:-runs/msrun_logs/$(basename "${RECIPE%.*}")}"

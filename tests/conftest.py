@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import os
 import random
@@ -161,28 +162,20 @@ def dp2_launch(tmp_path_factory):
 # ---------------------------------------------------------------- tiny Hugging Face model, its conversions and runs
 # (shared by test_convert.py and test_exams.py)
 
+def _tiny_hf_script():
+    """scripts/make_tiny_hf_model.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("make_tiny_hf_model", REPO / "scripts" / "make_tiny_hf_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def hf_dir(tmp_path_factory):
-    """A tiny random Llama 3.2 (llama3 RoPE scaling, GQA 4/2, tied embeddings) saved by transformers."""
-    import torch  # the test extra's reference implementation (imported here: quick tests need no torch)
-    import transformers
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
-        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 8192}, tie_word_embeddings=True,
-        bos_token_id=128000, eos_token_id=128009)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # make the norms non-trivial so a misplaced norm weight shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+    """A tiny random Llama 3.2 (llama3 RoPE scaling, GQA 4/2, tied embeddings) saved by transformers,
+    made by the script the docs tell users to run."""
     path = tmp_path_factory.mktemp("hf") / "tiny-llama3.2"
-    model.save_pretrained(path, safe_serialization=True)
-    from llama_npu.data.tokenizer import default_tokenizer_path
-
-    (path / "tokenizer.json").write_bytes(default_tokenizer_path().read_bytes())  # as a real download has
+    model = _tiny_hf_script().make_tiny_hf_model(path)
     return path, model
 
 

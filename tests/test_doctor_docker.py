@@ -1,4 +1,5 @@
 """`llama-npu doctor` on this machine and on a broken one; the Dockerfile's instructions."""
+import glob
 import re
 
 import pytest
@@ -8,7 +9,7 @@ from conftest import REPO, run_cli
 
 @pytest.mark.quick
 def test_doctor_reports_versions_and_which_recipes_run_here():
-    proc = run_cli("doctor")
+    proc = run_cli("doctor", env={"LC_ALL": "C.UTF-8"})
     assert proc.returncode == 0
     assert "mindspore 2.9.0, mindformers 1.9.0" in proc.stdout and "CPU backend    works" in proc.stdout
     assert re.search(r"cpu_smoke.yaml\s+runs here", proc.stdout)
@@ -16,6 +17,26 @@ def test_doctor_reports_versions_and_which_recipes_run_here():
                      proc.stdout)
     assert "MindFormers 1.9 lists Atlas 800T A2, Atlas 800I A2 and Atlas 900 A3 SuperPoD" in proc.stdout
     assert proc.stdout.splitlines()[-1].startswith("next           llama-npu selftest --json selftest.json")
+    # what it checks on a 910A and a 910B, and both pages of the docs for a reader of either language
+    assert "on a 910A/910B doctor checks: /dev/davinci* count, the CANN version MindSpore 2.9 accepts" in proc.stdout
+    assert "  910A: 32 GB HBM a card" in proc.stdout and "  910B: 64 GB HBM" in proc.stdout
+    assert "device files   0 /dev/davinciN" in proc.stdout or glob.glob("/dev/davinci[0-9]*")
+    assert proc.stdout.splitlines()[-1].endswith("(docs/ascend.md; 中文: docs/ascend.zh-CN.md)")
+
+
+def test_doctor_answers_in_chinese_and_checks_the_cann_version_mindspore_accepts(tmp_path):
+    """LANG=zh_CN: the checks and the pointer in Chinese, to the Chinese page; a CANN whose
+    compiler/version.info says 7.0 is not one MindSpore 2.9.0 accepts (its run_check's list)."""
+    (tmp_path / "compiler").mkdir()
+    (tmp_path / "compiler" / "version.info").write_text("Version=7.0.0.alpha003\n")
+    (tmp_path / "no-recipes").mkdir()
+    proc = run_cli("doctor", "--recipes", tmp_path / "no-recipes", env={
+        "LC_ALL": "", "LC_MESSAGES": "", "LANG": "zh_CN.UTF-8", "ASCEND_HOME_PATH": str(tmp_path)})
+    assert proc.returncode == 0
+    assert f"CANN           7.0.0.alpha003（MindSpore 2.9.0 需要 8.2, 8.3, 8.5, 9.0 之一；读自 {tmp_path}" in proc.stdout
+    assert "不匹配：请安装 MindSpore 2.9.0 支持的 CANN" in proc.stdout
+    assert "在 910A/910B 上 doctor 检查" in proc.stdout
+    assert proc.stdout.splitlines()[-1].endswith("（docs/ascend.zh-CN.md）")
 
 
 def test_doctor_fails_when_mindspore_cannot_compute(tmp_path):

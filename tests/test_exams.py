@@ -28,7 +28,10 @@ RUNS = {
     "hf-mmlu-5": ("hf", "mmlu", 5, []),
     "hf-cmmlu-0": ("hf", "cmmlu", 0, []),
     "lora-cmmlu-5": ("lora", "cmmlu", 5, []),
-    "lora-mmlu-0": ("lora", "mmlu", 0, ["--subjects", "astronomy"]),
+    # --compare of a base with a chat fine-tune (one format: chat), and a forced second format
+    "hf-vs-lora-mmlu-0": ("hf", "mmlu", 0, ["--compare", "<lora>", "--subjects", "astronomy"]),
+    "converted-vs-hf-chat-ceval-0": ("converted", "ceval", 0, ["--compare", "<hf>", "--compare-chat",
+                                                               "--subjects", "high_school_physics"]),
 }
 
 
@@ -49,7 +52,9 @@ def exam_runs(hf_dir, conversions, request, tmp_path_factory):
         if name not in results:
             kind, task, shots, extra = RUNS[name]
             checkpoint, reference = checkpoint_and_reference(kind)
-            extra = [str(conversions["float32"]) if a == "<converted>" else a for a in extra]
+            given = {"<converted>": lambda: conversions["float32"], "<hf>": lambda: hf_dir[0],
+                     "<lora>": lambda: request.getfixturevalue("lora_export")[0]}
+            extra = [str(given[a]()) if a in given else a for a in extra]
             proc = run_cli("eval", "--task", task, "--checkpoint", checkpoint, "--data", SAMPLES[task], "--shots",
                            shots, "--batch-size", 8, "--output", out / f"{name}.jsonl", "--json", *extra, check=True)
             lines = (out / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
@@ -84,7 +89,7 @@ def test_every_choice_scores_as_transformers_does(exam_runs, name):
         ours = np.array([record["logprobs"][letter] for letter in letters])
         assert np.abs(ours - theirs).max() < 1e-3, (record["subject"], record["id"])
         assert record["prediction"] == letters[int(np.argmax(theirs))]
-        if kind != "lora":  # one token a choice (chat prompts: below)
+        if not summary["chat"]:  # one token a choice (chat prompts: below)
             assert all(isinstance(c, int) for c in record["choice_ids"])
     assert summary["overall"]["n"] == len(records)
     right = [r["prediction"] == r["answer"] for r in records]
@@ -92,7 +97,8 @@ def test_every_choice_scores_as_transformers_does(exam_runs, name):
     for subject, row in summary["subjects"].items():
         mine = [r["prediction"] == r["answer"] for r in records if r["subject"] == subject]
         assert row["n"] == len(mine) and row["acc"] == pytest.approx(np.mean(mine))
-    assert summary["chat"] is (kind == "lora")  # on by default for a run trained on chat data only
+    # on by default for a run trained on chat data only, and for both sides of a --compare with one
+    assert summary["chat"] is (kind == "lora" or "<lora>" in RUNS[name][3])
     assert {r["shots"] for r in records} <= set(range(shots + 1))
 
 
@@ -155,7 +161,8 @@ def test_compare_with_itself_gives_zero_deltas(exam_runs):
     assert set(summary["categories"]) == {"STEM", "Social Science", "Humanities", "Other", "Hard"}
     assert summary["categories"]["Hard"]["n"] == 3  # high_school_physics is in C-Eval's hard subset
     for record in records:
-        assert record["compare"] == {"logprobs": record["logprobs"], "prediction": record["prediction"]}
+        assert record["compare"] == {k: record[k] for k in ("prompt_ids", "choice_ids", "logprobs", "prediction",
+                                                            "acc", "acc_norm", "shots")}
 
 
 def test_the_table_shows_each_subject_category_and_overall(exam_runs):
@@ -171,8 +178,62 @@ def test_the_table_shows_each_subject_category_and_overall(exam_runs):
                           "STEM", "Social", "Humanities", "Other", "Hard", "overall"]
     assert rows["overall"] == ["12", f"{summary['overall']['acc']:.4f}", f"{summary['overall']['acc_norm']:.4f}"]
     compared = format_summary(exam_runs("converted-ceval-0-self")[0]).splitlines()
-    assert compared[1].startswith("A ") and compared[2].startswith("B ") and "Δacc" in compared[3]
+    assert compared[1].startswith("A ") and compared[2].startswith("B ") and "Δacc" in compared[4]
     assert compared[-1].split()[-4:-3] == ["+0.0000"] and compared[-1].split()[-1] == "+0.0000"
+
+
+def recompute_from_output(records, side, model) -> float:
+    """The accuracy of one side of an --output file, recomputed from its prompt and choice ids
+    alone with transformers, after checking every record's log-likelihoods and predictions."""
+    right = []
+    for record in records:
+        scored = record if side == "A" else record["compare"]
+        theirs = reference_logprobs(model, scored)
+        assert np.abs(np.array([scored["logprobs"][x] for x in "ABCD"]) - theirs).max() < 1e-3
+        assert scored["prediction"] == "ABCD"[int(np.argmax(theirs))]
+        right.append("ABCD"[int(np.argmax(theirs))] == record["answer"])
+        assert scored["acc"] == float(right[-1])
+    return float(np.mean(right))
+
+
+def test_compare_scores_a_base_and_a_chat_fine_tune_in_one_format(exam_runs, lora_export):
+    """A Hugging Face base against a LoRA run trained on chat data: both in the chat format
+    (the same prompt ids), the summary saying so and why; every score of both sides
+    recomputes from the --output file (prompt ids, choice ids) with transformers."""
+    from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.evaluation.exams.report import format_summary
+
+    summary, records, base = exam_runs("hf-vs-lora-mmlu-0")
+    assert summary["chat"] is True and summary["compare"]["chat"] is True
+    assert summary["chat_reason"] == f"B {lora_export[0]} is a run trained on alpaca data"
+    assert summary["delta"]["changed"] == ["checkpoint"]
+    assert format_summary(summary).splitlines()[3] == ("one prompt format for both, the Llama 3 chat format: "
+                                                       "Δ = B - A compares the checkpoints only")
+    tok = load_tokenizer("llama3.2")
+    for record in records:
+        assert record["compare"]["prompt_ids"] == record["prompt_ids"]
+        assert record["question"].endswith("Answer:") and record["question"] in tok.decode(record["prompt_ids"])
+    fine_tune = transformers.LlamaForCausalLM.from_pretrained(lora_export[1]).eval()
+    assert recompute_from_output(records, "A", base) == pytest.approx(summary["overall"]["acc"])
+    assert recompute_from_output(records, "B", fine_tune) == pytest.approx(summary["compare"]["overall"]["acc"])
+
+
+def test_a_forced_second_format_is_said_to_change_two_things(exam_runs):
+    """--compare-chat scores B (the same weights as A here) in the chat format, A in the plain
+    prompt: the summary and the delta say that the checkpoint and the prompt format both
+    changed; B's scores still recompute from the file."""
+    from llama_npu.evaluation.exams.report import format_summary
+
+    summary, records, model = exam_runs("converted-vs-hf-chat-ceval-0")
+    assert (summary["chat"], summary["compare"]["chat"]) == (False, True)
+    assert summary["compare"]["chat_reason"] == "--compare-chat"
+    assert summary["delta"]["changed"] == ["checkpoint", "prompt format"]
+    lines = format_summary(summary).splitlines()
+    assert lines[3].startswith("Δ = B - A changes two things: the checkpoint and the prompt format (A plain prompt, "
+                               "B Llama 3 chat format)")
+    assert lines[-1].split() == ["Δ:", "checkpoint", "and", "prompt", "format", "changed", "together"]
+    assert all(r["compare"]["prompt_ids"] != r["prompt_ids"] for r in records)
+    assert recompute_from_output(records, "B", model) == pytest.approx(summary["compare"]["overall"]["acc"])
 
 
 # ---------------------------------------------------------------- bad input

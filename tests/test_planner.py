@@ -117,10 +117,54 @@ def test_3b_full_finetune_does_not_fit_one_910a_and_fit_finds_a_runnable_plan(tm
 
 
 @pytest.mark.quick
-def test_fit_prefers_sharding_to_lora_when_devices_allow():
+def test_fit_prefers_a_layout_run_on_an_npu_to_one_never_run_there():
+    """3B full fine-tuning on 8 x 910B fits only with optimizer sharding, never run on an NPU;
+    LoRA over plain data parallelism fits too, and is preferred. With --no-lora the sharded
+    layout is the only one, and is recommended."""
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--json")
     best = json.loads(proc.stdout)["recommended"]
-    assert best["fits"] and best["strategy"]["lora"] is False and best["devices"] == 8
+    assert best["fits"] and best["strategy"]["lora"] is True and best["never_run_on_npu"] == []
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
+                   "--json")
+    best = json.loads(proc.stdout)["recommended"]
+    assert best["strategy"]["lora"] is False and best["never_run_on_npu"] == ["optimizer sharding"]
+
+
+FULL_910A = str(REPO / "recipes" / "llama3_2_1b_zh_full_910a.yaml")  # global batch 16, micro-batch 1, one 910A
+
+
+@pytest.mark.quick
+def test_devices_that_break_the_layout_reach_the_fit_search():
+    """--devices 8 with micro-batch 4 (4 x 8 does not divide the global batch 16): --fit
+    changes the micro-batch only, and says why; on 32 devices no micro-batch divides 16, so
+    the global batch changes too, named with its reason."""
+    proc = run_cli("plan", FULL_910A, "--set", "train.micro_batch_size=4", "--devices", "8", "--fit")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == ("as given: on 8 devices, train.global_batch_size=16 is not divisible by "
+                        "train.micro_batch_size=4 x data parallel 8 = 32")
+    assert lines[-1] == ("changed from the recipe: micro_batch 4 -> 2 (micro-batch 4 x data 8 = 32 does not divide "
+                         "the global batch 16), data 1 -> 8")
+    text = run_cli("plan", FULL_910A, "--set", "train.micro_batch_size=4", "--devices", "32", "--fit").stdout
+    assert "micro-batch 1 x 1 accumulated x data 32 = global 32" in text
+    assert "global_batch 16 -> 32 (no tested layout on 32 devices fits with the global batch 16" in text
+
+
+@pytest.mark.quick
+def test_fit_keeps_a_plan_that_fits_unless_asked_to_maximize():
+    """A plan that fits comes back unchanged, and the output says so; --maximize searches
+    for the largest micro-batch, the longest sequence or the fastest plan, each fitting."""
+    given = json.loads(run_cli("plan", FULL_910A, "--fit", "--json", check=True).stdout)  # its own plan, as given
+    assert given["fits"] and given["unchanged"] is True and given["recommended"]["strategy"] == given["strategy"]
+    text = run_cli("plan", FULL_910A, "--fit", check=True).stdout.splitlines()
+    assert text[-1].startswith("the plan as given fits: kept unchanged (--fit --maximize micro-batch|seq-len|speed")
+    for goal, key in (("micro-batch", "micro_batch"), ("seq-len", "seq_len")):
+        proc = run_cli("plan", FULL_910A, "--fit", "--maximize", goal, "--json", check=True)
+        best = json.loads(proc.stdout)["recommended"]
+        assert best["fits"] and best["strategy"][key] > given["strategy"][key], goal
+        assert json.loads(proc.stdout)["unchanged"] is False
+    proc = run_cli("plan", FULL_910A, "--maximize", "speed")
+    assert proc.returncode == 2 and "--maximize: only with --fit" in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -194,7 +238,7 @@ def test_a_plan_that_does_not_fit_exits_1_in_text_and_json():
 
 def test_fit_prints_one_table_and_marks_a_layout_never_run_on_an_npu(tmp_path):
     out = tmp_path / "sharded.yaml"
-    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit",
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
                    "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", check=True)
     assert proc.stdout.count("  component ") == 1 and proc.stdout.startswith("as given: ")
     assert "never run on an NPU: optimizer sharding" in proc.stdout
@@ -206,11 +250,11 @@ def test_fit_prints_one_table_and_marks_a_layout_never_run_on_an_npu(tmp_path):
     assert recipe.strategies.parallel.optimizer_shard and recipe.data.train_files == ["data/zh_instruct_train.jsonl"]
     # an existing file is kept without --overwrite, replaced with it
     out.write_text("mine\n")
-    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit",
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
                    "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl")
     assert proc.returncode == 2 and "pass --overwrite" in proc.stderr and out.read_text() == "mine\n"
-    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--write-recipe",
-                   out, "--data", "data/zh_instruct_train.jsonl", "--overwrite", "--json", check=True)
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
+                   "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", "--overwrite", "--json", check=True)
     result = json.loads(proc.stdout)
     assert result["written_recipe"] == str(out) and result["recommended"]["never_run_on_npu"] == ["optimizer sharding"]
     assert load_recipe(out).strategies.parallel.data == 8
@@ -252,8 +296,8 @@ def test_the_written_recipe_reads_the_data_in_its_format_with_the_plans_batch(tm
     data.write_text(json.dumps(records, ensure_ascii=False, indent=2) if suffix == ".json" else
                     "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     out = tmp_path / "fit.yaml"
-    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--json",
-                   "--write-recipe", out, "--data", data, "--eval-data", data, check=True)
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
+                   "--json", "--write-recipe", out, "--data", data, "--eval-data", data, check=True)
     planned = json.loads(proc.stdout)["recommended"]["strategy"]
     recipe = load_recipe(out, workers=8)
     assert (recipe.data.format, recipe.data.train_files, recipe.data.eval_files) == (fmt, [str(data)], [str(data)])

@@ -1,5 +1,6 @@
 """Long runs that must not lose work: real signals, real non-finite steps, real disk errors
 and damaged files, on the tiny model through the real command line."""
+import glob
 import json
 import re
 import resource
@@ -242,7 +243,7 @@ def test_validate_lists_every_startup_problem_and_train_refuses_before_writing(t
     args = [SMOKE, "--output-dir", out, "--set", "device.target=ascend", "--set", "device.name=910b",
             "--set", f"data.train_files=[{no_record}]", "--set", f"data.eval_files=[{tmp_path / 'gone.jsonl'}]",
             "--set", f"model.checkpoint={weights}"]
-    proc = run_cli("validate", *args)
+    proc = run_cli("validate", *args, "--strict-device")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 5 and all(line.startswith("llama-npu: error: ") for line in lines)
@@ -262,6 +263,28 @@ def test_validate_lists_every_startup_problem_and_train_refuses_before_writing(t
     assert "(and 4 more: llama-npu validate with the same arguments lists them all)" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.skipif(bool(glob.glob("/dev/davinci[0-9]*")), reason="this host has an Ascend NPU")
+def test_validate_without_the_device_checks_the_rest_at_the_recipes_layout():
+    """On a host without the recipe's NPU (a login node), validate checks everything else at
+    the layout the recipe will be launched with (8 workers), exits 0 and says in one line that
+    the device check is left for a host with the device; --strict-device makes it exit 2."""
+    recipe = REPO / "recipes" / "llama3_2_3b_zh_full_8x910b.yaml"
+    proc = run_cli("validate", recipe)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"{recipe}: valid; 8 worker(s)")
+    assert lines[1].startswith("llama-npu: device check left for a host with the device: this host has no Ascend "
+                               "NPU (no /dev/davinci*) for device.name=910b; everything else was checked for 8 worker")
+    strict = run_cli("validate", recipe, "--strict-device")
+    assert strict.returncode == 2 and strict.stderr.count("\n") == 1
+    assert strict.stderr.startswith("llama-npu: error: device.target=ascend (device.name=910b): this host has no "
+                                    "Ascend NPU")
+    broken = run_cli("validate", recipe, "--set", "data.eval_files=[gone.jsonl]")
+    assert broken.returncode == 2
+    assert broken.stderr.strip().splitlines()[0] == "llama-npu: error: gone.jsonl: file not found"
+    assert "device check left for a host with the device" in broken.stderr and "workers, but" not in broken.stderr
 
 
 def test_prepared_data_made_for_another_length_is_refused_before_tokenizing(tmp_path):

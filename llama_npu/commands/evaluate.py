@@ -15,7 +15,7 @@ from ..evaluation.exams.request import exam_request
 from ..evaluation.perplexity import evaluate_checkpoint
 from .arguments import WEIGHTS_HELP, add_device_argument
 
-EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat")
+EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat", "compare_chat")
 
 
 def add_parser(subparsers) -> None:
@@ -40,13 +40,18 @@ def add_parser(subparsers) -> None:
     exam.add_argument("--split", help="split scored (default: lm-eval's: val for C-Eval, test for CMMLU and MMLU)")
     exam.add_argument("--subjects", nargs="+", metavar="SUBJECT", help="score only these subjects (file names "
                                                                      "without _<split>.csv)")
-    exam.add_argument("--output", metavar="FILE.jsonl", help="one record per question: subject, id, prompt_ids, "
-                                                            "choice_ids, logprobs, prediction, answer")
+    exam.add_argument("--output", metavar="FILE.jsonl", help="one record per question: subject, id, question, "
+                                                            "prompt_ids, choice_ids, logprobs, prediction, answer "
+                                                            "(with --compare, the same for the second checkpoint)")
     exam.add_argument("--compare", metavar="CHECKPOINT",
                       help="score the same questions with a second checkpoint and print both with the deltas")
     exam.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                       help="put the prompts in the Llama 3 chat format the harness trains with (default: on for a "
-                           "run directory trained on chat data, off otherwise)")
+                           "run directory trained on chat data, off otherwise; with --compare, on for both sides if "
+                           "either is such a run, so that the delta measures the checkpoints only)")
+    exam.add_argument("--compare-chat", action=argparse.BooleanOptionalAction, default=None,
+                      help="score --compare's checkpoint in another format than the first (default: the same); the "
+                           "deltas then mix two changes, and the summary says so")
     ev.set_defaults(func=run)
 
 

@@ -3,6 +3,7 @@ estimates and writes it)."""
 from __future__ import annotations
 
 from ..memory.devices import DEVICE_TARGETS
+from ..memory.fit_choice import MAXIMIZE
 from ..memory.plan_report import run_plan
 
 
@@ -32,7 +33,12 @@ def add_parser(subparsers) -> None:
                       help="plan fine-tuning, or serving one forward pass with a KV cache")
     plan.add_argument("--precision", choices=("fp32", "fp16", "bf16", "int8"),
                       help="with --task inference: the weights' precision (default fp16; bf16 needs a 910B)")
-    plan.add_argument("--fit", action="store_true", help="search for the fastest plan that fits")
+    plan.add_argument("--fit", action="store_true",
+                      help="a plan that fits: kept as given; else (or when --devices breaks the layout) the plan "
+                           "that fits with the fewest changes, on a layout run on an NPU where one fits")
+    plan.add_argument("--maximize", choices=MAXIMIZE,
+                      help="with --fit: search even when the plan fits, for the largest micro-batch, the longest "
+                           "sequence or the highest estimated speed")
     plan.add_argument("--no-lora", action="store_true", help="with --fit: never switch to LoRA")
     plan.add_argument("--write-recipe", metavar="OUT.yaml", help="with --fit: write the recommended recipe")
     plan.add_argument("--data", nargs="+", metavar="FILE",

@@ -15,17 +15,24 @@ def add_parser(subparsers) -> None:
                                                    "`llama-npu train`)")
     check.add_argument("--rank", type=int, default=0, help="check as this rank does: only rank 0 judges the "
                                                            "output directory (scripts/launch.sh on nodes after 0)")
+    check.add_argument("--strict-device", action="store_true",
+                       help="fail (exit 2) when this host lacks the recipe's device; by default everything else is "
+                            "checked, at the recipe's layout, and the device check is left for a host with it")
     check.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..training.request import request_problems  # imported here: it loads numpy, which --help does not need
+    from ..training.absent_device import validate_problems  # imported here: it loads numpy, which --help does not need
 
-    problems, recipe, run_dir, rehearsal = request_problems(args)
+    problems, recipe, run_dir, rehearsal, left = validate_problems(args)
     for problem in problems:
         print(f"llama-npu: error: {problem}", file=sys.stderr)
     if problems:
+        if left:
+            print(f"llama-npu: {left}", file=sys.stderr)
         return BAD_INPUT
     print(f"{args.recipe or run_dir / 'recipe.yaml'}: valid{' as a rehearsal' if rehearsal else ''}; "
           f"{describe_layout(recipe)}")
+    if left:
+        print(f"llama-npu: {left}")
     return 0

@@ -8,9 +8,9 @@ the plan (with --fit: some plan) fits, 1 when none does, so scripts can branch o
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import yaml
 
@@ -24,7 +24,8 @@ from ..recipe.schema import Recipe
 from ..strategies import parallel
 from .devices import DEVICE_TARGETS, GB, get_device, parse_bytes
 from .parameter_count import cached_parameter_count
-from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb, scales_out_of_place, strategy_from_recipe
+from .fit_choice import change_list, never_run_on_npu, recommend
+from .planner import Plan, Strategy, estimate, estimate_inference, gb, scales_out_of_place, strategy_from_recipe
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
 NEVER_RUN_NOTE = ("never run on an NPU: {parts} (semi_auto_parallel: no NPU in CI and the CPU backend "
@@ -59,13 +60,6 @@ def default_recipe(preset: str, device_name: str, devices: int, overrides: List[
                            "parallel": {"data": devices}},
             "device": {"target": DEVICE_TARGETS[device_name], "name": device_name}}
     return recipe_from_dict(tree, overrides)
-
-
-def never_run_on_npu(s: Strategy) -> List[str]:
-    """The parts of a layout llama-npu has never run on an NPU: everything operator-sharded."""
-    parts = [f"model {s.model}"] if s.model > 1 else []
-    parts += [f"pipeline {s.pipeline}"] if s.pipeline > 1 else []
-    return parts + (["optimizer sharding"] if s.optimizer_shard else [])
 
 
 def plan_notes(plan: Plan) -> List[str]:
@@ -153,7 +147,7 @@ def check_arguments(args) -> None:
         raise RecipeError(f"--micro-batch: expected a value > 0, got {args.micro_batch}")
     inference_only = [("--precision", args.precision)]
     training_only = [("--fit", args.fit)]
-    fit_only = [("--no-lora", args.no_lora), ("--write-recipe", args.write_recipe)]
+    fit_only = [("--no-lora", args.no_lora), ("--write-recipe", args.write_recipe), ("--maximize", args.maximize)]
     write_only = [("--data", args.data), ("--eval-data", args.eval_data), ("--overwrite", args.overwrite)]
     for flags, needed, what in ((inference_only, args.task == "inference", "--task inference"),
                                 (training_only, args.task == "train", "--task train"),
@@ -182,13 +176,27 @@ def data_format(paths: List[str]) -> str:
     return next(iter(formats.values()))
 
 
-def plan_recipe(args) -> Recipe:
-    """The recipe to plan: the file or --model's default, with --set, then --device,
-    --device-memory and --data written into it (so the written recipe carries them)."""
+def load_at_devices(args) -> tuple[Recipe, str]:
+    """(the recipe at --devices, ""); with --fit, a recipe whose layout --devices breaks (a
+    global batch that micro-batch x data does not divide) loads as written, and (recipe, why
+    --devices broke it) lets the search repair it."""
+    try:
+        return load_recipe(args.recipe, args.set, workers=args.devices), ""  # parallel.data=auto resolves to it
+    except RecipeError as exc:
+        if not (args.fit and args.devices):
+            raise
+        return load_recipe(args.recipe, args.set), str(exc)
+
+
+def plan_recipe(args) -> tuple[Recipe, str]:
+    """(the recipe to plan, why --devices broke its layout or ""): the file or --model's
+    default, with --set, then --device, --device-memory and --data written into it (so the
+    written recipe carries them)."""
+    broken = ""
     if args.model:
         recipe = default_recipe(args.model, args.device, args.devices or 1, args.set)
     else:
-        recipe = load_recipe(args.recipe, args.set, workers=args.devices)  # parallel.data=auto resolves to it
+        recipe, broken = load_at_devices(args)
     tree, changed = recipe.to_dict(), False
     if args.device and args.device != recipe.device.name:
         # another device: the recipe's max_device_memory was chosen for its own
@@ -215,7 +223,7 @@ def plan_recipe(args) -> Recipe:
     if args.write_recipe and recipe.data.prepared and args.seq_len and args.seq_len != recipe.data.max_seq_len:
         raise RecipeError(f"--seq-len {args.seq_len}: data.prepared={recipe.data.prepared} holds rows for "
                           f"max_seq_len {recipe.data.max_seq_len}; give --data FILE... or prepare it again")
-    return recipe
+    return recipe, broken
 
 
 def planned_strategy(recipe: Recipe, args, device_name: str) -> Strategy:
@@ -230,8 +238,7 @@ def planned_strategy(recipe: Recipe, args, device_name: str) -> Strategy:
 
 
 def changes(base: Strategy, best: Strategy) -> str:
-    changed = [f"{f.name} {getattr(base, f.name)} -> {getattr(best, f.name)}" for f in fields(Strategy)
-               if getattr(base, f.name) != getattr(best, f.name)]
+    changed = change_list(base, best)
     if not changed:
         return "the recipe's settings are the recommended ones"
     return f"changed from the recipe: {', '.join(changed)}"
@@ -248,10 +255,26 @@ def write_recipe(recipe: Recipe, best: Plan, out: Path) -> None:
     replace_file(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))  # --overwrite never leaves half a file
 
 
+UNCHANGED = ("the plan as given fits: kept unchanged (--fit --maximize micro-batch|seq-len|speed searches for a "
+             "better one)")
+
+
+def as_given(plan: Optional[Plan], base: Strategy, devices: int, broken: str) -> str:
+    """The recipe as given, in one line."""
+    if broken:
+        return f"as given: on {devices} devices, {broken}"
+    if plan:
+        d = plan.device
+        return (f"as given: {gb(plan.total_bytes)} GB per device of {gb(d.usable_bytes)} GB usable, "
+                f"{'fits' if plan.fits else 'does not fit'}")
+    return (f"as given: layout data {base.data} x model {base.model} x pipeline {base.pipeline} = "
+            f"{base.devices} device{'s' if base.devices > 1 else ''}, not {devices}")
+
+
 def run_plan(args) -> tuple[str, int]:
     """(output, exit code) for the parsed `plan` arguments: 0 fits, 1 does not."""
     check_arguments(args)
-    recipe = plan_recipe(args)
+    recipe, broken = plan_recipe(args)
     preset = recipe.model.preset
     device = get_device(recipe.device.name, recipe.device.max_device_memory)
     shape = resolve_shape(recipe.model)
@@ -275,21 +298,19 @@ def run_plan(args) -> tuple[str, int]:
 
     result = plan_json(plan, preset) if plan else {"model": preset, "params": params, "device": device.name,
                                                    "devices": devices, "device_bytes": device.usable_bytes}
-    best, closest = fit(shape, params, device, base, devices, allow_lora=not args.no_lora)
-    result["recommended"] = plan_json(best, preset) if best else None
-    # the recipe as given in one line: the table is the recommended plan's (or the closest one's)
-    if plan:
-        text = [f"as given: {gb(plan.total_bytes)} GB per device of {gb(device.usable_bytes)} GB usable, "
-                f"{'fits' if plan.fits else 'does not fit'}"]
+    if plan and plan.fits and not args.maximize:
+        best = closest = plan  # a plan that fits is kept as given: only --maximize asks for changes
     else:
-        text = [f"as given: layout data {base.data} x model {base.model} x pipeline {base.pipeline} = "
-                f"{base.devices} device{'s' if base.devices > 1 else ''}, not {devices}"]
+        best, closest = recommend(shape, params, device, base, devices, not args.no_lora, args.maximize)
+    result.update(recommended=plan_json(best, preset) if best else None, unchanged=best is plan)
+    # the recipe as given in one line: the table is the recommended plan's (or the closest one's)
+    text = [as_given(plan, base, devices, broken)]
     if best is None:
         text.append(f"nothing fits on {devices} x {device.name}; the closest plan needs "
                     f"{gb(closest.total_bytes - device.usable_bytes)} GB more per device:\n"
                     + format_plan(closest, preset, "closest: "))
         return (json.dumps(result) if args.json else "\n".join(text)), 1
-    text += [format_plan(best, preset, "recommended: "), changes(base, best.strategy)]
+    text += [format_plan(best, preset, "recommended: "), UNCHANGED if best is plan else changes(base, best.strategy)]
     if args.write_recipe:
         write_recipe(recipe, best, Path(args.write_recipe))
         text.append(f"wrote {args.write_recipe}")

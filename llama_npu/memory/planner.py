@@ -265,9 +265,11 @@ def tokens_per_second(shape: LlamaShape, params: int, s: Strategy) -> float:
 
 
 def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int,
-        allow_lora: bool = True) -> tuple[Optional[Plan], Plan]:
+        allow_lora: bool = True, rank=None) -> tuple[Optional[Plan], Plan]:
     """(best plan that fits or None, closest plan overall) over micro-batch, accumulation
-    (the global batch kept), recompute, chunked cross-entropy, precision, LoRA and layouts."""
+    (the global batch kept), recompute, chunked cross-entropy, precision, LoRA and layouts;
+    `rank(plan)`: the key the best plan maximises (default: _rank, the fastest)."""
+    rank = rank or (lambda plan: _rank(shape, params, plan, base))
     half = "bfloat16" if device.bf16 else "float16"
     precisions = [("O2", half)] if device.name != "cpu" else [("O0", "float16"), ("O2", "float16")]
     best, closest = None, None
@@ -290,7 +292,7 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
         plan = estimate(shape, params, device, s)
         if closest is None or plan.total_bytes < closest.total_bytes:
             closest = plan
-        if plan.fits and (best is None or _rank(shape, params, plan, base) > _rank(shape, params, best, base)):
+        if plan.fits and (best is None or rank(plan) > rank(best)):
             best = plan
     return best, closest
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..recipe.load import load_recipe
 from ..recipe.problems import RecipeError
+from .ascend_host import TEXT, ascend_host_lines, reader_language
 
 # From MindFormers 1.9.0's package description ("Version Mapping"): the hardware it supports.
 MINDFORMERS_HARDWARE = "Atlas 800T A2, Atlas 800I A2 and Atlas 900 A3 SuperPoD (Atlas A2/A3)"
@@ -65,6 +66,8 @@ def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
                  f"910A (Atlas training series) runs are outside that list: they train without flash "
                  f"attention and the fused RmsNorm")
 
+    language = reader_language()
+    lines += ascend_host_lines(language)
     lines.append("recipes")
     check_data = None
     if not cpu_error:  # the data check loads numpy, which is what a broken environment may lack
@@ -89,6 +92,5 @@ def diagnose(recipes_dir: Path) -> tuple[list[str], int]:
             more = f" (and {len(problems) - 1} more: llama-npu validate lists them)" if len(problems) > 1 else ""
             verdict = f"cannot start: {problems[0]}{more}"
         lines.append(f"  {path.name:<40} {verdict}")
-    lines.append("next           llama-npu selftest --json selftest.json proves each Ascend-only path on this "
-                 "device in minutes; attach its JSON to a bug report (docs/ascend.md)")
+    lines.append(TEXT[language]["next"])
     return lines, (1 if cpu_error and not has_npu else 0)

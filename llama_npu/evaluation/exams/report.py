@@ -9,12 +9,25 @@ from .layouts import LAYOUTS
 
 
 def _prompt_line(result: dict, label: str) -> str:
-    chat = "Llama 3 chat format" if result["chat"] else "plain prompt"
+    chat = _format_name(result["chat"])
     line = f"{label}{result['checkpoint']}: {chat} ({result['chat_reason']})"
     if result["fewer_shots"] or result["truncated"]:
         line += (f"; {result['fewer_shots']} questions with fewer shots to fit --max-seq-len, "
                  f"{result['truncated']} cut even at 0 shots")
     return line
+
+
+def _format_name(chat: bool) -> str:
+    return "Llama 3 chat format" if chat else "plain prompt"
+
+
+def _compare_line(result: dict, other: dict) -> str:
+    """With --compare: the one format both sides were scored in, or that each Δ mixes two changes."""
+    if result["chat"] == other["chat"]:
+        return (f"one prompt format for both, the {_format_name(result['chat'])}: "
+                "Δ = B - A compares the checkpoints only")
+    return (f"Δ = B - A changes two things: the checkpoint and the prompt format (A {_format_name(result['chat'])}, "
+            f"B {_format_name(other['chat'])}); without --compare-chat both are scored in one format")
 
 
 def format_summary(result: dict) -> str:
@@ -23,7 +36,7 @@ def format_summary(result: dict) -> str:
              f"{result['overall']['n']} questions")
     lines: List[str] = [title, _prompt_line(result, "A " if other else "")]
     if other:
-        lines.append(_prompt_line(other, "B "))
+        lines += [_prompt_line(other, "B "), _compare_line(result, other)]
         header = f"{'':<40} {'n':>5} {'acc A':>7} {'acc B':>7} {'Δacc':>7} {'norm A':>7} {'norm B':>7} {'Δnorm':>7}"
     else:
         header = f"{'':<40} {'n':>5} {'acc':>7} {'acc_norm':>8}"
@@ -44,4 +57,6 @@ def format_summary(result: dict) -> str:
         lines += [row(c, "categories") for c in result["categories"]]
     lines.append("-" * len(header))
     lines.append(row("overall", "overall"))
+    if other and result["chat"] != other["chat"]:
+        lines.append(f"{'':<40} Δ: checkpoint and prompt format changed together")
     return "\n".join(lines)

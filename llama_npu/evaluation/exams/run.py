@@ -16,14 +16,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import yaml
-
 from ...common.atomic import check_writable, replace_file
 from ...data.readers import RecordError
 from ...data.tokenizer import load_tokenizer
 from ..loaded_model import build_from_checkpoint, checkpoint_tokenizer
 from .categories import CATEGORY_ORDER, categories_of
 from .layouts import LETTERS, ExamData, read_exam
+from .prompt_format import prompt_formats
 from .tasks import build_tasks
 
 
@@ -31,6 +30,7 @@ from .tasks import build_tasks
 class Scored:
     subject: str
     id: str
+    question: str  # the question as lm-eval's task renders it (doc_to_text), choices included
     prompt_ids: List[int]
     choice_ids: list  # the continuation's token id per choice (a list where it is several tokens)
     logprobs: Dict[str, float]
@@ -39,20 +39,11 @@ class Scored:
     acc: float
     acc_norm: float
     shots: int
-    compare: Optional[dict] = None  # --compare: the second checkpoint's logprobs and prediction
+    compare: Optional[dict] = None  # --compare: the second checkpoint's COMPARED fields
 
 
-def chat_default(checkpoint: Path) -> tuple[bool, str]:
-    """(--chat default, why): on for a run directory (or its step) trained on chat data."""
-    checkpoint = Path(checkpoint)
-    for run in (checkpoint, checkpoint.parent.parent):
-        if (run / "recipe.yaml").is_file():
-            fmt = ((yaml.safe_load((run / "recipe.yaml").read_text(encoding="utf-8")) or {}).get("data") or {}) \
-                .get("format", "alpaca")
-            if fmt in ("alpaca", "sharegpt"):
-                return True, f"a run trained on {fmt} data"
-            return False, f"a run trained on {fmt} data"
-    return False, "not a run directory"
+# What --output keeps of the second checkpoint's record, so that its scores recompute as the first's do.
+COMPARED = ("prompt_ids", "choice_ids", "logprobs", "prediction", "acc", "acc_norm", "shots")
 
 
 def fit_context(lm, task, doc, shots: int, chat: bool) -> tuple[str, int, bool]:
@@ -87,7 +78,7 @@ def score(lm, tasks: dict, data: ExamData, shots: int, chat: bool) -> tuple[List
         metrics = task.process_results(doc, mine)
         encoded = [lm.encoded[r.args] for r in requests[first:first + count]]
         logprobs = {letter: ll for letter, (ll, _) in zip(LETTERS, mine)}
-        records.append(Scored(subject, question.qid, encoded[0][0],
+        records.append(Scored(subject, question.qid, task.doc_to_text(doc), encoded[0][0],
                               [ids[0] if len(ids) == 1 else ids for _, ids in encoded], logprobs,
                               max(logprobs, key=logprobs.get), question.answer, float(metrics["acc"]),
                               float(metrics["acc_norm"]), kept))
@@ -113,13 +104,11 @@ def summarize(task: str, records: List[Scored], configs: dict) -> dict:
             "overall": mean(records)}
 
 
-def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, chat: Optional[bool],
+def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, prompt_format: tuple,
                      max_seq_len: int, batch_size: int, device: str) -> dict:
     from .lm_adapter import MindSporeLM  # imported here: lm-eval, only once the exam data is checked
 
-    default, why = chat_default(checkpoint)
-    chat_on = default if chat is None else chat
-    reason = why if chat is None else ("--chat" if chat else "--no-chat")
+    chat_on, reason = prompt_format
     net, _, tokenizer = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device)
     lm = MindSporeLM(net, load_tokenizer(tokenizer), max_seq_len, batch_size)
     started = time.perf_counter()
@@ -134,7 +123,7 @@ def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, 
 def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split: Optional[str] = None,
              subjects: Optional[List[str]] = None, output: Optional[Path] = None, compare: Optional[Path] = None,
              chat: Optional[bool] = None, max_seq_len: int = 2048, batch_size: int = 4,
-             device: str = "auto") -> dict:
+             device: str = "auto", compare_chat: Optional[bool] = None) -> dict:
     """The summary of `checkpoint` (and of `compare`, with deltas); every input is checked
     before a model is built, and --output is written only once everything is scored."""
 
@@ -144,20 +133,21 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
         raise FileExistsError(f"--output {output} exists; remove it or choose another file")
     if output is not None:
         check_writable(Path(output), "--output")
+    formats = prompt_formats(checkpoint, compare, chat, compare_chat)
     data = read_exam(task, Path(data_dir), split, subjects, shots)
     for path in [checkpoint] + ([compare] if compare is not None else []):
         checkpoint_tokenizer(Path(path))  # a checkpoint eval cannot read: one line, before any model is built
     tasks = build_tasks(data)
     result = {"task": task, "split": data.split, "shots": shots, "data": str(data_dir), "max_seq_len": max_seq_len,
-              **score_checkpoint(checkpoint, data, tasks, shots, chat, max_seq_len, batch_size, device)}
+              **score_checkpoint(checkpoint, data, tasks, shots, formats[0], max_seq_len, batch_size, device)}
     records = result.pop("records")
     if compare is not None:
-        other = score_checkpoint(compare, data, tasks, shots, chat, max_seq_len, batch_size, device)
+        other = score_checkpoint(compare, data, tasks, shots, formats[1], max_seq_len, batch_size, device)
         other_records = other.pop("records")
         result["compare"] = other
         result["delta"] = delta(result, other)
         for mine, theirs in zip(records, other_records):
-            mine.compare = {"logprobs": theirs.logprobs, "prediction": theirs.prediction}
+            mine.compare = {k: v for k, v in asdict(theirs).items() if k in COMPARED}
     if output is not None:
         lines = "".join(json.dumps({k: v for k, v in asdict(r).items() if v is not None}, ensure_ascii=False) + "\n"
                         for r in records)
@@ -166,11 +156,13 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
 
 
 def delta(first: dict, second: dict) -> dict:
-    """second - first, for every row both have."""
+    """second - first, for every row both have, and what changed between them: the
+    checkpoint, and the prompt format too where the two were scored in different ones."""
     def rows(a, b):
         return {k: {"acc": b[k]["acc"] - a[k]["acc"], "acc_norm": b[k]["acc_norm"] - a[k]["acc_norm"]}
                 for k in a if k in b}
 
     return {"subjects": rows(first["subjects"], second["subjects"]),
             "categories": rows(first["categories"], second["categories"]),
-            "overall": rows({"overall": first["overall"]}, {"overall": second["overall"]})["overall"]}
+            "overall": rows({"overall": first["overall"]}, {"overall": second["overall"]})["overall"],
+            "changed": ["checkpoint"] + (["prompt format"] if first["chat"] != second["chat"] else [])}
