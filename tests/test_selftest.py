@@ -1,5 +1,6 @@
 """llama-npu selftest on the CPU: the command CI runs, and each CPU check broken on purpose."""
 import json
+import re
 
 import pytest
 
@@ -127,10 +128,31 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
         assert checks["precision_bf16_vs_fp32"]["status"] == ("skip" if soc == "910a" else "planned")
     if soc == "910b4":
         assert speed["tolerance"] is None and "no known fp16 peak" in speed["compares"]
+        # the 910B recipe needs a 58 GB pool: the 910B4's speed step is one that fits its 32 GB by the planner
+        assert "device.name=910b4, device.max_device_memory=29GB" in speed["compares"]
+        assert checks["speed_accumulation_overhead"]["status"] == "skip"
+    if soc != "cpu":
+        planned_gb, usable_gb = map(float, re.search(r"planned ([\d.]+) GB with the margin, of ([\d.]+) GB usable "
+                                                     f"on the {soc}", speed["compares"]).groups())
+        assert planned_gb <= usable_gb <= {"910b": 64}.get(soc, 32) - 2
     # The mask checks run at the compute dtype the SoC's shipped recipes train at.
     dtype = {"cpu": "fp32", "910a": "float16"}.get(soc, "bfloat16")
     assert f"at {dtype}" in checks["mask_packed"]["compares"]
     assert f"at {dtype}, " in checks["mask_packed_sharded_loss"]["compares"]
+
+
+def test_a_speed_step_the_planner_does_not_fit_is_refused():
+    """The 910B recipe (4 rows of 2,048) on a 910B4's 29 GB pool, which the speed check ran there
+    before: speed_plan refuses it, so the dry run lists it as an error, not as planned."""
+    from llama_npu.recipe.load import load_recipe
+    from llama_npu.selftest.speed import recipe_file, speed_plan
+    from llama_npu.selftest.parts import Context
+
+    too_big = load_recipe(recipe_file(Context("ascend", "910b4")), ["device.name=910b4",
+                                                                     "device.max_device_memory=29GB"])
+    with pytest.raises(ValueError, match=r"the speed step \(4 row\(s\) of 2,048 tokens\) does not fit the 910b4 "
+                                         r"by the planner: [\d.]+ GB planned, 29.00 GB usable"):
+        speed_plan(too_big)
 
 
 @pytest.mark.parametrize("args", [("--dry-run", "--soc", "910c"), ("--dry-run",), ("--soc", "910b")])
