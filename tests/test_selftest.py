@@ -112,15 +112,16 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
     report = json.loads(out.read_text())
     checks = {c["name"].split(" (")[0]: c for c in report["checks"]}
     assert not [c for c in checks.values() if c["status"] == "error"]
-    assert len(checks) == 15 and all(c["compares"] for c in checks.values())
+    assert len(checks) == 16 and all(c["compares"] for c in checks.values())
     assert all(c["status"] == "planned" or c["reason"] for c in checks.values())
     assert f"on {soc}: " in proc.stdout.splitlines()[-1] and "0 in error (nothing was run)" in proc.stdout
-    assert len(proc.stdout.splitlines()) == 16
+    assert len(proc.stdout.splitlines()) == 17
     device = report["device"]
     # MindSpore 2.9.0's default: O2 on the GE backend on a 910A, kernel by kernel elsewhere (selftest/jit.py).
     assert (device["jit_level"], device["backend"]) == (("O2", "GE") if soc == "910a" else ("O0", "ms_backend"))
     registers, speed = checks["overflow_saturation_registers"], checks["speed_1b_mfu"]
     assert registers["status"] == ("skip" if soc == "cpu" else "planned")
+    assert checks["overflow_forward_saturation"]["status"] == registers["status"]
     if soc in ("910a", "910b"):  # what the card is asked: every check with a tolerance, the speed one a floor
         assert all(c["tolerance"] is not None for c in checks.values())
         floor = 0.15 if soc == "910a" else 0.2
@@ -139,6 +140,26 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
     dtype = {"cpu": "fp32", "910a": "float16"}.get(soc, "bfloat16")
     assert f"at {dtype}" in checks["mask_packed"]["compares"]
     assert f"at {dtype}, " in checks["mask_packed_sharded_loss"]["compares"]
+
+
+def test_forward_only_saturation_setting_keeps_the_backward_inside_fp16(ms):
+    """overflow_forward_saturation's setting (Ascend only: a 910A saturates where the CPU gives
+    inf), run here in fp32 with the same layer scaled: layer 0's value projection, which
+    selective recompute does not redo, reaches 4 x 65504 in the forward, while the loss is as
+    the unscaled model's and every gradient, summed over the step's tokens as the backward
+    computes them at loss scale 1, stays far inside fp16. So on a card the only saturation
+    is in that forward layer, and only a clear before the forward lets the step see it."""
+    from llama_npu.selftest.forward_saturation import projection_peak, saturate_value_projection
+    from llama_npu.selftest.parts import Context, build, random_batch, train_step
+
+    recipe, net, cell = build(Context("cpu", "cpu"), "strategies.recompute.mode=selective")
+    batch = random_batch(2, 7)
+    assert projection_peak(net, batch[0]) < 1.0
+    saturate_value_projection(net, batch[0])
+    assert projection_peak(net, batch[0]) == pytest.approx(4 * 65504)
+    result = train_step(recipe, net, cell)([batch], lr=1e-2)
+    assert not result.overflow and 10 < result.loss < 13  # ln(128256) = 11.76: the model still predicts
+    assert result.grad_norm * result.target_tokens < 65504 / 100
 
 
 def test_a_speed_step_the_planner_does_not_fit_is_refused():
