@@ -95,6 +95,7 @@ def test_launch_selftest_runs_the_multi_card_checks_on_two_workers(tmp_path):
     assert check["figure"] <= check["tolerance"] and "data_parallel_equals_one_process" in proc.stdout
     assert (sharded["name"], sharded["status"], export["status"]) == ("sharded_model_pipeline_optimizer", "skip", "skip")
     assert "built model2 (data 1), pipeline2 (data 1), optimizer_shard (data 2) through train.setup" in sharded["reason"]
+    assert "3 steps on packed rows (losses " in sharded["reason"]  # the sharded loss's block-causal mask on a card
     losses = [float(v) for v in sharded["reason"].split("(losses ")[1].split(")")[0].split(", ")]
     assert losses[0] > losses[1] > losses[2]  # the reference learns the batch it sees again
     assert "needs Ascend" in sharded["reason"] and "sharded_model_pipeline_optimizer" in proc.stdout

@@ -3,7 +3,8 @@ semi_auto_parallel) and of their checkpoint export, under `scripts/launch.sh --s
 
 On a card each layout is built by setup (training/session.py), exactly as a run builds it,
 started from the weights of an unsharded reference computed in the same process, and
-stepped 3 times on one fixed batch; the model=2 run is then saved as a run saves, merged with merge-checkpoints,
+stepped 3 times on one fixed batch of packed rows (their segment ids through the sharded
+loss's block-causal mask); the model=2 run is then saved as a run saves, merged with merge-checkpoints,
 exported with ms-to-hf and compared bit-exactly with its weights as MindSpore gathers them.
 
 The CPU backend cannot compile a semi-auto graph (FACTS.md), so there each check does what
@@ -26,18 +27,20 @@ from ..checkpoints.merge import merge_shards
 from ..checkpoints.policy import Checkpointer
 from ..common.collective import all_reduce_sum
 from ..data.batches import ListSamples
-from ..data.samples import Sample
+from ..data.packing import pack
+from ..data.samples import Sample, pad_batch
+from ..model.tokens import IGNORE_ID, PAD_ID
 from ..strategies.parallel import World, init_parallel, strategy_file
 from ..training.run import open_run_dir
 from ..weights.convert import ms_to_hf
 from ..weights.tensor_files import read_safetensors, rename
-from .parts import MAX, SKIP, Check, Context, Spec, build, random_batch, train_step, trained_once, weights
+from .parts import MAX, SEQ, SKIP, Check, Context, Spec, build, train_step, trained_once, weights
 
 # Every layout steps the same N-row global batch (N workers): data x micro-batch (x the
 # pipeline's micro-batches) = N. AdamW: MindSpore's parallel optimizer refuses SGD
 # (mindspore/nn/optim/optimizer.py, _use_parallel_optimizer). grad_clip: MindFormers'
 # wrappers compute the global norm only when they clip.
-TRAIN = ("train.max_steps=3", "train.optimizer.lr=1e-2", "train.grad_clip=1.0", "train.eval_every=0")
+TRAIN = ("train.max_steps=3", "train.optimizer.lr=1e-2", "train.grad_clip=1.0", "train.eval_every=0", "data.pack=true")
 LAYOUTS = {
     "model2": ("strategies.parallel.model=2", "train.micro_batch_size=2"),
     "pipeline2": ("strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=2", "train.micro_batch_size=1"),
@@ -90,6 +93,17 @@ def fresh_work_dir(ctx: Context) -> Path:
     return work
 
 
+def packed_batch(rows: int, seed: int) -> tuple:
+    """(ids, labels, segment ids) of `rows` packed rows of SEQ + 1 tokens, each two samples
+    (each sample's first token not a target) that fill it exactly."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for n in [SEQ + 1 - (SEQ + 1) // 2] * rows + [(SEQ + 1) // 2] * rows:
+        ids = rng.integers(0, 128000, n).tolist()
+        samples.append(Sample(ids, [IGNORE_ID] + ids[1:], None))
+    return pad_batch(pack(samples, SEQ + 1), SEQ + 1, PAD_ID)
+
+
 def layout_difference(session, layout: str, batch, reference: list) -> tuple[float, str]:
     """(the largest relative difference of the layout's 3 steps from the unsharded
     reference's losses and gradient norms -- the pipeline's: losses only --, what is wrong
@@ -111,7 +125,8 @@ def layout_difference(session, layout: str, batch, reference: list) -> tuple[flo
 
 def what_ran_on_cpu(built: list, workers: int, reference: list) -> str:
     return (f"ran: built {', '.join(built)} through train.setup on {workers} ranks (MindFormers' wrapper chain, "
-            f"semi_auto_parallel, the reference's weights loaded) and took the unsharded reference's 3 steps (losses "
+            f"semi_auto_parallel, the reference's weights loaded) and took the unsharded reference's 3 steps on "
+            f"packed rows (losses "
             f"{', '.join('%.4f' % r.loss for r in reference)}); the sharded steps compile a semi_auto_parallel graph, "
             f"which needs Ascend: scripts/launch.sh --selftest N on a card")
 
@@ -123,8 +138,9 @@ def layouts_spec(ctx: Context) -> Spec:
     skip = "" if ctx.workers >= 2 and ctx.workers % 2 == 0 else ("needs msrun on an even number of workers: "
                                                                  "scripts/launch.sh --selftest N on Ascend")
     return Spec("sharded_model_pipeline_optimizer", "parallel",
-                f"losses and gradient norms (pipeline2: losses) of 3 steps of {', '.join(LAYOUTS)}, each against the "
-                f"unsharded step on the same batch, largest relative difference", TOLERANCE, MAX,
+                f"losses and gradient norms (pipeline2: losses) of 3 steps of {', '.join(LAYOUTS)} on packed rows "
+                f"(2 samples a row, with their segment ids), each against the unsharded step on the same batch, "
+                f"largest relative difference", TOLERANCE, MAX,
                 recipes=(TRAIN, *((*TRAIN, *overrides, *device) for overrides in LAYOUTS.values())), skip=skip)
 
 
@@ -133,8 +149,10 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     setup and stepped 3 times on one fixed batch from the reference's initial
     weights: losses and gradient norms (the pipeline: losses only; that the norm a stage
     reports spans every stage is not established) within TOLERANCE of the unsharded
-    TrainStep on the same batch, computed first on every rank. On a card: about a minute a
-    layout, mostly compiling (4 graphs in all)."""
+    TrainStep on the same batch, computed first on every rank. The batch is packed rows with
+    their segment ids, so the sharded loss's block-causal mask (sharded_step.TrainLoss) runs
+    on the card's attention path. On a card: about a minute a layout, mostly compiling (4
+    graphs in all)."""
     planned = layouts_spec(ctx)
     if planned.skip:
         return planned.skipped()
@@ -144,7 +162,7 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     from ..training.optimizer import lr_at
     from ..training.session import setup
 
-    batch = random_batch(ctx.workers, 61)
+    batch = packed_batch(ctx.workers, 61)
     recipe, net, cell = build(ctx, *planned.recipes[0])
     initial = weights(net)
     step = train_step(recipe, net, cell)
