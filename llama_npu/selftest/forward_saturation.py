@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .parts import MAX, Context, Spec, build, random_batch, train_step, weights
+from .parts import MAX, Context, Spec, random_batch, weights
+from .registers import step_on_registers
 
 NAME = "overflow_forward_saturation"
 FP16_MAX = 65504.0
@@ -67,16 +68,10 @@ def saturate_value_projection(net, ids) -> float:
 
 def check_forward_saturation(ctx: Context, fault=None):
     """`fault`: the projection left as built, so nothing saturates and the weights move."""
-    from ..training.step import REGISTERS, overflow_check  # imported here: it loads MindSpore
-
     planned = spec(ctx)
-    if planned.skip:
-        return planned.skipped()
-    recipe, net, cell = build(ctx, *planned.recipes[0])
-    step = train_step(recipe, net, cell)
-    if overflow_check(step.final) != REGISTERS:
-        return planned.skipped(f"the step's overflow check on this {ctx.soc} is {overflow_check(step.final)}, "
-                               f"not the registers: a saturation is an inf there, which it checks in the gradients")
+    net, step, skipped = step_on_registers(ctx, planned)
+    if skipped:
+        return skipped
     batch = random_batch(2, 7)
     factor = 1.0 if fault else saturate_value_projection(net, batch[0])
     before = weights(net)
