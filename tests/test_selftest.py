@@ -123,6 +123,10 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
     registers, speed = checks["overflow_saturation_registers"], checks["speed_1b_mfu"]
     assert registers["status"] == ("skip" if soc == "cpu" else "planned")
     assert checks["overflow_forward_saturation"]["status"] == registers["status"]
+    # On a card the sharded layouts step packed rows, and the export merges a model, a pipeline
+    # and an optimizer-shard cut.
+    assert "on packed rows" in checks["sharded_model_pipeline_optimizer"]["compares"]
+    assert "each of the model2, pipeline2, optimizer_shard runs' shards" in checks["export_merge_sharded"]["compares"]
     if soc in ("910a", "910b"):  # what the card is asked: every check with a tolerance, the speed one a floor
         assert all(c["tolerance"] is not None for c in checks.values())
         floor = 0.15 if soc == "910a" else 0.2
