@@ -2,16 +2,21 @@
 sharded layouts with train.setup, the function a run builds itself with, and writes what it
 built to <out>/rank_<R>.json. Nothing is compiled: semi-auto parallel cannot
 compile on the CPU backend, but MindFormers' wrappers build there once communication is up
-(MFPipelineWithLossScaleCell creates a communication group in its constructor).
+(MFPipelineWithLossScaleCell creates a communication group in its constructor). Then the
+pipeline wrapper's float-status order is dumped as IR (register_order_ir).
 
     python tests/sharded_chain.py OUT_DIR
 """
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 import mindspore as ms
+from mindspore import Tensor, nn
 
 from llama_npu.common.launcher import is_scheduler
 from llama_npu.data.batches import ListSamples
@@ -21,6 +26,7 @@ from llama_npu.selftest.sharded import layout_problem
 from llama_npu.strategies.parallel import run_scheduler
 from llama_npu.training.session import setup
 from llama_npu.training.sharded_step import ShardedStep
+from test_strategies import FakeSoC, summed_loss  # the register-order test's fake 910A and Dense loss
 
 REPO = Path(__file__).resolve().parent.parent
 ASCEND_TINY = ["device.target=ascend", "device.name=910b", "model.preset=tiny", "data.max_seq_len=16",
@@ -70,11 +76,13 @@ def main(out: Path) -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     found, samples = {}, ListSamples([Sample(list(range(1, 18)), list(range(1, 18)))])
+    wrappers = {}
     for name, overrides in LAYOUTS.items():
         recipe = load_recipe(REPO / "recipes" / "cpu_smoke.yaml", [*ASCEND_TINY, *overrides])
         par = recipe.strategies.parallel
         session = setup(recipe, out / "run", samples, [], on_ascend=False)  # nothing compiles: no resume
         world, net = session.world, session.net
+        wrappers[name] = type(session.step_fn.train_network)
         found[name] = dict(describe(session.step_fn), data=par.data, sharded=world.sharded,
                            eval_chain=chain(session.eval_cell), eval_batch=session.eval_batch,
                            layer_stages=[layer.pipeline_stage for layer in net.model.layers],
@@ -83,6 +91,36 @@ def main(out: Path) -> None:
                            layout_problem=layout_problem(session, par),
                            other_layout_problem=layout_problem(session, replace(par, pipeline=3 - par.pipeline)))
     (out / f"rank_{world.rank}.json").write_text(json.dumps(found, indent=1))
+    register_order_ir(out, wrappers["pipeline2"])
+
+
+def register_order_ir(out: Path, wrapper: type) -> None:
+    """The wrapper class the pipeline layout's run built (the one of k > 1 and pipelines, based
+    on MFPipelineWithLossScaleCell), on a Dense loss, built for the 910A's float-status
+    registers, compiled up to the kernel selection the CPU fails on the register ops: its
+    front-end IR in out/ir/rank_R, whose order test_parallel checks. Built under semi-auto
+    parallel (its constructor needs it and a communication group), compiled stand-alone
+    (semi-auto cannot compile on the CPU)."""
+    import mindspore.nn.wrap.loss_scale as loss_scale
+
+    ms.reset_auto_parallel_context()  # the layouts' settings (full_batch, strategy files) off
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel")
+    net, real, loss_scale.MSContext = summed_loss(), loss_scale.MSContext, FakeSoC("ascend910")
+    try:
+        step = wrapper(
+            net, nn.SGD(net.trainable_params(), 0.1), scale_sense=Tensor(1.0, ms.float32), micro_batch_num=2,
+            use_clip_grad=False)
+    finally:
+        loss_scale.MSContext = real
+    ms.reset_auto_parallel_context()
+    ms.set_context(save_graphs=1, save_graphs_path=str(out / "ir"))
+    try:
+        step(Tensor(np.ones((2, 4), np.float32)))
+    except RuntimeError as exc:
+        if not re.search(r"Unsupported op \[NPU(Clear|Get)FloatStatusV2\] on CPU", str(exc)):
+            raise
+    finally:
+        ms.set_context(save_graphs=0)
 
 
 if __name__ == "__main__":

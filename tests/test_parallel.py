@@ -224,10 +224,12 @@ def sharded_chains(tmp_path_factory):
 @pytest.mark.parametrize("layout, chain, micro_batches, clip, manager, scale, data", [
     ("model2", ["ClearingBeforeForward(MFTrainOneStepCell)", "_VirtualDatasetCell", "TrainLoss", "LlamaForCausalLM"],
      1, 0.5, None, 1024, 1),
-    ("model2_accumulate4", ["MFPipelineWithLossScaleCell", "_VirtualDatasetCell", "GradAccumulationCellWithTwoOutput",
-                            "TrainLoss", "LlamaForCausalLM"], 4, 1.0, "DynamicLossScaleUpdateCell", 4096, 1),
-    ("pipeline2", ["MFPipelineWithLossScaleCell", "_VirtualDatasetCell", "PipelineCellWithTwoOutput", "TrainLoss",
-                   "LlamaForCausalLM"], 4, 1.0, "DynamicLossScaleUpdateCell", 256, 1),
+    ("model2_accumulate4", ["ClearingBeforeForward(MFPipelineWithLossScaleCell)", "_VirtualDatasetCell",
+                            "GradAccumulationCellWithTwoOutput", "TrainLoss", "LlamaForCausalLM"], 4, 1.0,
+     "DynamicLossScaleUpdateCell", 4096, 1),
+    ("pipeline2", ["ClearingBeforeForward(MFPipelineWithLossScaleCell)", "_VirtualDatasetCell",
+                   "PipelineCellWithTwoOutput", "TrainLoss", "LlamaForCausalLM"], 4, 1.0, "DynamicLossScaleUpdateCell",
+     256, 1),
     ("optimizer_shard", ["ClearingBeforeForward(MFTrainOneStepCell)", "_VirtualDatasetCell", "TrainLoss",
                          "LlamaForCausalLM"], 1, 2.0, None, 1, 2),
 ])
@@ -254,6 +256,20 @@ def test_sharded_layouts_train_through_mindformers_wrapper_chain(sharded_chains,
     assert chains[0]["optimizer_shard"]["eval_chain"] == ["EvalKeepingTrainStrategy", "_VirtualDatasetCell", "EvalLoss",
                                                           "LlamaForCausalLM"]
     assert chains[0]["optimizer_shard"]["eval_batch"] == 2
+
+
+def test_pipeline_wrapper_clears_before_the_forward_and_after_the_read_only(sharded_chains):
+    """The wrapper of k > 1 and pipelines on the register path (the 910A's), as the k = 1 one
+    (test_strategies): MindFormers' MFPipelineWithLossScaleCell reads the float status with no
+    clear before it, so what ran since the last step's read (its update, an evaluation) was
+    charged to the step; clearing_before_forward clears before the forward. The IR is the one
+    tests/sharded_chain.py dumped under msrun (the wrapper needs a communication group)."""
+    from test_strategies import assert_clears_before_the_forward_and_after_the_read_only
+
+    _, out = sharded_chains
+    for rank in (0, 1):
+        (ir,) = (out / "ir" / f"rank_{rank}").glob("*_validate_*.ir")
+        assert_clears_before_the_forward_and_after_the_read_only(ir)
 
 
 class CompilingStep:

@@ -61,3 +61,15 @@ def test_every_shipped_recipe_validates():
     assert recipes
     for path in recipes:
         load_recipe(path)
+
+
+@pytest.mark.parametrize("size, accepted", [("28G", False), ("512MB", False), ("28", False), ("0.0GB", False),
+                                            ("28GB", True), ("30.5GB", True)])
+def test_max_device_memory_takes_exactly_mindspores_form(size, accepted):
+    # ms.runtime.set_memory (mindspore/runtime/memory.py _MEMORY_PATTERN) takes "<number>GB" only; a card's
+    # init_runtime would refuse the others after validate passed them
+    proc = run_cli("validate", SMOKE, "--set", f"device.max_device_memory={size}")
+    assert proc.returncode == (0 if accepted else 2), proc.stderr
+    if not accepted:
+        assert proc.stderr.strip() == (f"llama-npu: error: device.max_device_memory: expected a size above zero in "
+                                       f"MindSpore's form <number>GB, such as 29GB or 30.5GB, got '{size}'")

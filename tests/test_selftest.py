@@ -1,5 +1,6 @@
 """llama-npu selftest on the CPU: the command CI runs, and each CPU check broken on purpose."""
 import json
+import re
 
 import pytest
 
@@ -94,6 +95,7 @@ def test_launch_selftest_runs_the_multi_card_checks_on_two_workers(tmp_path):
     assert check["figure"] <= check["tolerance"] and "data_parallel_equals_one_process" in proc.stdout
     assert (sharded["name"], sharded["status"], export["status"]) == ("sharded_model_pipeline_optimizer", "skip", "skip")
     assert "built model2 (data 1), pipeline2 (data 1), optimizer_shard (data 2) through train.setup" in sharded["reason"]
+    assert "3 steps on packed rows (losses " in sharded["reason"]  # the sharded loss's block-causal mask on a card
     losses = [float(v) for v in sharded["reason"].split("(losses ")[1].split(")")[0].split(", ")]
     assert losses[0] > losses[1] > losses[2]  # the reference learns the batch it sees again
     assert "needs Ascend" in sharded["reason"] and "sharded_model_pipeline_optimizer" in proc.stdout
@@ -111,15 +113,20 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
     report = json.loads(out.read_text())
     checks = {c["name"].split(" (")[0]: c for c in report["checks"]}
     assert not [c for c in checks.values() if c["status"] == "error"]
-    assert len(checks) == 15 and all(c["compares"] for c in checks.values())
+    assert len(checks) == 16 and all(c["compares"] for c in checks.values())
     assert all(c["status"] == "planned" or c["reason"] for c in checks.values())
     assert f"on {soc}: " in proc.stdout.splitlines()[-1] and "0 in error (nothing was run)" in proc.stdout
-    assert len(proc.stdout.splitlines()) == 16
+    assert len(proc.stdout.splitlines()) == 17
     device = report["device"]
     # MindSpore 2.9.0's default: O2 on the GE backend on a 910A, kernel by kernel elsewhere (selftest/jit.py).
     assert (device["jit_level"], device["backend"]) == (("O2", "GE") if soc == "910a" else ("O0", "ms_backend"))
     registers, speed = checks["overflow_saturation_registers"], checks["speed_1b_mfu"]
     assert registers["status"] == ("skip" if soc == "cpu" else "planned")
+    assert checks["overflow_forward_saturation"]["status"] == registers["status"]
+    # On a card the sharded layouts step packed rows, and the export merges a model, a pipeline
+    # and an optimizer-shard cut.
+    assert "on packed rows" in checks["sharded_model_pipeline_optimizer"]["compares"]
+    assert "each of the model2, pipeline2, optimizer_shard runs' shards" in checks["export_merge_sharded"]["compares"]
     if soc in ("910a", "910b"):  # what the card is asked: every check with a tolerance, the speed one a floor
         assert all(c["tolerance"] is not None for c in checks.values())
         floor = 0.15 if soc == "910a" else 0.2
@@ -127,10 +134,51 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
         assert checks["precision_bf16_vs_fp32"]["status"] == ("skip" if soc == "910a" else "planned")
     if soc == "910b4":
         assert speed["tolerance"] is None and "no known fp16 peak" in speed["compares"]
+        # the 910B recipe needs a 58 GB pool: the 910B4's speed step is one that fits its 32 GB by the planner
+        assert "device.name=910b4, device.max_device_memory=29GB" in speed["compares"]
+        assert checks["speed_accumulation_overhead"]["status"] == "skip"
+    if soc != "cpu":
+        planned_gb, usable_gb = map(float, re.search(r"planned ([\d.]+) GB with the margin, of ([\d.]+) GB usable "
+                                                     f"on the {soc}", speed["compares"]).groups())
+        assert planned_gb <= usable_gb <= {"910b": 64}.get(soc, 32) - 2
     # The mask checks run at the compute dtype the SoC's shipped recipes train at.
     dtype = {"cpu": "fp32", "910a": "float16"}.get(soc, "bfloat16")
     assert f"at {dtype}" in checks["mask_packed"]["compares"]
     assert f"at {dtype}, " in checks["mask_packed_sharded_loss"]["compares"]
+
+
+def test_forward_only_saturation_setting_keeps_the_backward_inside_fp16(ms):
+    """overflow_forward_saturation's setting (Ascend only: a 910A saturates where the CPU gives
+    inf), run here in fp32 with the same layer scaled: layer 0's value projection, which
+    selective recompute does not redo, reaches 4 x 65504 in the forward, while the loss is as
+    the unscaled model's and every gradient, summed over the step's tokens as the backward
+    computes them at loss scale 1, stays far inside fp16. So on a card the only saturation
+    is in that forward layer, and only a clear before the forward lets the step see it."""
+    from llama_npu.selftest.forward_saturation import projection_peak, saturate_value_projection
+    from llama_npu.selftest.parts import Context, build, random_batch, train_step
+
+    recipe, net, cell = build(Context("cpu", "cpu"), "strategies.recompute.mode=selective")
+    batch = random_batch(2, 7)
+    assert projection_peak(net, batch[0]) < 1.0
+    saturate_value_projection(net, batch[0])
+    assert projection_peak(net, batch[0]) == pytest.approx(4 * 65504)
+    result = train_step(recipe, net, cell)([batch], lr=1e-2)
+    assert not result.overflow and 10 < result.loss < 13  # ln(128256) = 11.76: the model still predicts
+    assert result.grad_norm * result.target_tokens < 65504 / 100
+
+
+def test_a_speed_step_the_planner_does_not_fit_is_refused():
+    """The 910B recipe (4 rows of 2,048) on a 910B4's 29 GB pool, which the speed check ran there
+    before: speed_plan refuses it, so the dry run lists it as an error, not as planned."""
+    from llama_npu.recipe.load import load_recipe
+    from llama_npu.selftest.speed import recipe_file, speed_plan
+    from llama_npu.selftest.parts import Context
+
+    too_big = load_recipe(recipe_file(Context("ascend", "910b4")), ["device.name=910b4",
+                                                                     "device.max_device_memory=29GB"])
+    with pytest.raises(ValueError, match=r"the speed step \(4 row\(s\) of 2,048 tokens\) does not fit the 910b4 "
+                                         r"by the planner: [\d.]+ GB planned, 29.00 GB usable"):
+        speed_plan(too_big)
 
 
 @pytest.mark.parametrize("args", [("--dry-run", "--soc", "910c"), ("--dry-run",), ("--soc", "910b")])

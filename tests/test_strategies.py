@@ -447,6 +447,12 @@ def test_register_path_clears_before_the_forward_and_after_the_read_only(ms, mon
     finally:
         ms.set_context(save_graphs=0)
     (ir,) = tmp_path.glob("*_validate_*.ir")
+    assert_clears_before_the_forward_and_after_the_read_only(ir)
+
+
+def assert_clears_before_the_forward_and_after_the_read_only(ir) -> None:
+    """In a step's IR dump (its input x read by a Dense layer's MatMul): one clear of the float
+    status before everything, the forward included, one read after it, one clear after the read."""
     nodes = ir_nodes(ir)
     clears = [n for n, (op, _) in nodes.items() if op == "NPUClearFloatStatusV2"]
     (read,) = [n for n, (op, _) in nodes.items() if op == "NPUGetFloatStatusV2"]

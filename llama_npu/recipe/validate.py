@@ -3,12 +3,14 @@ strategy's own checks (strategies/). A check that builds on a value runs once th
 passed."""
 from __future__ import annotations
 
+import re
+
 from ..data.formats import FORMATS, ON_BAD_RECORD
-from ..memory.devices import DEVICE_TARGETS, DeviceError, parse_bytes
+from ..memory.devices import DEVICE_TARGETS
 from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
 from ..strategies import STRATEGIES
 from ..training.objective_config import check_objective
-from .problems import Problems, choice, positive
+from .problems import Problems, RecipeError, choice, positive
 
 
 def validate(recipe) -> None:
@@ -98,8 +100,19 @@ def check_device(dev) -> None:
         problems.append(f"device.name={dev.name} runs on target '{DEVICE_TARGETS[dev.name]}', "
                         f"but device.target={dev.target}")
     if dev.max_device_memory:
-        try:
-            parse_bytes(dev.max_device_memory)
-        except DeviceError as exc:
-            problems.append(f"device.max_device_memory: {exc}")
+        problems.check(check_pool_size, dev.max_device_memory)
     problems.raise_any()
+
+
+# MindSpore's own pattern for the pool size (mindspore/runtime/memory.py _MEMORY_PATTERN, which
+# set_memory matches from the start, then reads float(size[:-2])): a number, then "GB", nothing else.
+_POOL_SIZE = re.compile(r"(?:[1-9][0-9]*\.?[0-9]*|0\.[0-9]*)GB", re.ASCII)
+
+
+def check_pool_size(size: str) -> None:
+    """device.max_device_memory in the one form ms.runtime.set_memory accepts (training/runtime.py
+    hands it over as written), so that a card's init_runtime cannot refuse what validate passed."""
+    if not _POOL_SIZE.fullmatch(size) or float(size[:-2]) == 0:
+        # zero: set_memory refuses "0GB"/"0.0GB" and context.set_max_device_memory every zero
+        raise RecipeError(f"device.max_device_memory: expected a size above zero in MindSpore's form <number>GB, "
+                          f"such as 29GB or 30.5GB, got {size!r}")

@@ -40,8 +40,8 @@ def planned(check: Callable, ctx: Context) -> Check:
         if not spec.skip:
             for overrides in spec.recipes:
                 settings(ctx.recipe(*overrides))
-            for path in spec.files:
-                settings(load_recipe(path))
+            for path, overrides in spec.files:
+                settings(load_recipe(path, list(overrides)))
     except Exception as exc:  # a check that cannot be built is reported, not a crash of the dry run
         return Check(name, "error", ERROR, reason=f"{type(exc).__name__}: {exc}"[:300])
     return Check(spec.name, spec.category, SKIP if spec.skip else PLANNED, None, spec.tolerance, spec.skip,

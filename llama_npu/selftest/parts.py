@@ -46,7 +46,8 @@ def within(figure: float, tolerance: float, bound: str = MAX) -> bool:
 @dataclass
 class Spec:
     """What a check compares on this context, against which tolerance and bound, and the
-    recipes it builds (each a tuple of --set overrides for Context.recipe, or a recipe file);
+    recipes it builds (each a tuple of --set overrides for Context.recipe, or a recipe file
+    with its overrides: (path, overrides));
     `skip` says why this context cannot run it. `selftest --dry-run` builds these without
     running anything; the check itself builds its recipes from the same Spec."""
     name: str

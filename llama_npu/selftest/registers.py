@@ -53,21 +53,31 @@ def probe_cell(step_cell):
     return SaturationProbe()
 
 
-def check_saturation_registers(ctx: Context, fault=None):
-    """The probe at 65504 and at 10 (`fault`: 10 both times, so nothing saturates)."""
-    from mindspore import Tensor  # imported here: MindSpore loads after run_selftest's quiet_frameworks
+def step_on_registers(ctx: Context, planned: Spec) -> tuple:
+    """(net, its train step, None) built from the Spec's first recipe, or (None, None, a skip)
+    where the Spec skips or the step's overflow check on this device is not the registers."""
+    from ..training.step import REGISTERS, overflow_check  # imported here: it loads MindSpore
 
-    from ..training.step import REGISTERS, overflow_check
-
-    planned = spec(ctx)
     if planned.skip:
-        return planned.skipped()
+        return None, None, planned.skipped()
     recipe, net, cell = build(ctx, *planned.recipes[0])
     step = train_step(recipe, net, cell)
     mode = overflow_check(step.final)
     if mode != REGISTERS:
-        return planned.skipped(f"the step's overflow check on this {ctx.soc} is {mode}, not the registers "
-                               f"(MS_ASCEND_CHECK_OVERFLOW_MODE={step.final._ascend_check_overflow_mode})")
+        return None, None, planned.skipped(f"the step's overflow check on this {ctx.soc} is {mode}, not the "
+                                           f"registers (MS_ASCEND_CHECK_OVERFLOW_MODE="
+                                           f"{step.final._ascend_check_overflow_mode})")
+    return net, step, None
+
+
+def check_saturation_registers(ctx: Context, fault=None):
+    """The probe at 65504 and at 10 (`fault`: 10 both times, so nothing saturates)."""
+    from mindspore import Tensor  # imported here: MindSpore loads after run_selftest's quiet_frameworks
+
+    planned = spec(ctx)
+    _, step, skipped = step_on_registers(ctx, planned)
+    if skipped:
+        return skipped
     probe = probe_cell(step.final)
     flagged, finite = (bool(v.asnumpy()) for v in probe(Tensor(np.full((2, 3), CONTROL if fault else SATURATING,
                                                                        np.float16))))

@@ -16,17 +16,19 @@ from typing import Callable, List, Optional
 from ..common.frameworks import mute_mindformers_info, quiet_frameworks
 from ..common.launcher import launched_rank, launched_workers
 from ..memory.devices import DEVICES
-from . import checks, registers, sharded, speed
+from . import checks, forward_saturation, registers, sharded, speed
 from .checks import (check_data_parallel, check_export_exact, check_mask_flash_vs_plain, check_mask_packed,
                      check_mask_packed_sharded_loss, check_memory_vs_plan, check_overflow_skips_update,
                      check_precision_bf16, check_precision_fp16, check_resume_exact)
+from .forward_saturation import check_forward_saturation
 from .jit import jit_level_and_backend
 from .parts import FAIL, PASS, SKIP, Check, Context
 from .registers import check_saturation_registers
 from .sharded import barrier, check_export_sharded, check_sharded_layouts
 from .speed import check_speed, check_speed_accumulation
 
-SINGLE: List[Callable] = [check_overflow_skips_update, check_saturation_registers, check_precision_fp16,
+SINGLE: List[Callable] = [check_overflow_skips_update, check_saturation_registers, check_forward_saturation,
+                          check_precision_fp16,
                           check_precision_bf16, check_mask_packed, check_mask_packed_sharded_loss,
                           check_mask_flash_vs_plain, check_memory_vs_plan, check_speed, check_speed_accumulation,
                           check_resume_exact,
@@ -37,6 +39,7 @@ MULTI: List[Callable] = [check_data_parallel, check_sharded_layouts, check_expor
 # Each check -> its Spec for a context: what it compares, its tolerance and bound, the
 # recipes it builds (selftest --dry-run builds and validates them without running anything).
 SPECS = {check_overflow_skips_update: checks.overflow_spec, check_saturation_registers: registers.spec,
+         check_forward_saturation: forward_saturation.spec,
          check_precision_fp16: lambda ctx: checks.precision_spec(ctx, "float16"),
          check_precision_bf16: lambda ctx: checks.precision_spec(ctx, "bfloat16"),
          check_mask_packed: checks.mask_spec, check_mask_packed_sharded_loss: checks.sharded_loss_spec,

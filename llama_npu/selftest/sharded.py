@@ -3,8 +3,10 @@ semi_auto_parallel) and of their checkpoint export, under `scripts/launch.sh --s
 
 On a card each layout is built by setup (training/session.py), exactly as a run builds it,
 started from the weights of an unsharded reference computed in the same process, and
-stepped 3 times on one fixed batch; the model=2 run is then saved as a run saves, merged with merge-checkpoints,
-exported with ms-to-hf and compared bit-exactly with its weights as MindSpore gathers them.
+stepped 3 times on one fixed batch of packed rows (their segment ids through the sharded
+loss's block-causal mask); the model=2, pipeline=2 and optimizer-shard runs are then each
+saved as a run saves, merged with merge-checkpoints, exported with ms-to-hf and compared
+bit-exactly with their weights as MindSpore gathers them.
 
 The CPU backend cannot compile a semi-auto graph (FACTS.md), so there each check does what
 runs without one and reports a skip that says what ran: the layouts are built through
@@ -26,18 +28,20 @@ from ..checkpoints.merge import merge_shards
 from ..checkpoints.policy import Checkpointer
 from ..common.collective import all_reduce_sum
 from ..data.batches import ListSamples
-from ..data.samples import Sample
+from ..data.packing import pack
+from ..data.samples import Sample, pad_batch
+from ..model.tokens import IGNORE_ID, PAD_ID
 from ..strategies.parallel import World, init_parallel, strategy_file
 from ..training.run import open_run_dir
 from ..weights.convert import ms_to_hf
 from ..weights.tensor_files import read_safetensors, rename
-from .parts import MAX, SKIP, Check, Context, Spec, build, random_batch, train_step, trained_once, weights
+from .parts import MAX, SEQ, SKIP, Check, Context, Spec, build, train_step, trained_once, weights
 
 # Every layout steps the same N-row global batch (N workers): data x micro-batch (x the
 # pipeline's micro-batches) = N. AdamW: MindSpore's parallel optimizer refuses SGD
 # (mindspore/nn/optim/optimizer.py, _use_parallel_optimizer). grad_clip: MindFormers'
 # wrappers compute the global norm only when they clip.
-TRAIN = ("train.max_steps=3", "train.optimizer.lr=1e-2", "train.grad_clip=1.0", "train.eval_every=0")
+TRAIN = ("train.max_steps=3", "train.optimizer.lr=1e-2", "train.grad_clip=1.0", "train.eval_every=0", "data.pack=true")
 LAYOUTS = {
     "model2": ("strategies.parallel.model=2", "train.micro_batch_size=2"),
     "pipeline2": ("strategies.parallel.pipeline=2", "strategies.parallel.micro_batches=2", "train.micro_batch_size=1"),
@@ -90,6 +94,17 @@ def fresh_work_dir(ctx: Context) -> Path:
     return work
 
 
+def packed_batch(rows: int, seed: int) -> tuple:
+    """(ids, labels, segment ids) of `rows` packed rows of SEQ + 1 tokens, each two samples
+    (each sample's first token not a target) that fill it exactly."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for n in [SEQ + 1 - (SEQ + 1) // 2] * rows + [(SEQ + 1) // 2] * rows:
+        ids = rng.integers(0, 128000, n).tolist()
+        samples.append(Sample(ids, [IGNORE_ID] + ids[1:], None))
+    return pad_batch(pack(samples, SEQ + 1), SEQ + 1, PAD_ID)
+
+
 def layout_difference(session, layout: str, batch, reference: list) -> tuple[float, str]:
     """(the largest relative difference of the layout's 3 steps from the unsharded
     reference's losses and gradient norms -- the pipeline's: losses only --, what is wrong
@@ -111,7 +126,8 @@ def layout_difference(session, layout: str, batch, reference: list) -> tuple[flo
 
 def what_ran_on_cpu(built: list, workers: int, reference: list) -> str:
     return (f"ran: built {', '.join(built)} through train.setup on {workers} ranks (MindFormers' wrapper chain, "
-            f"semi_auto_parallel, the reference's weights loaded) and took the unsharded reference's 3 steps (losses "
+            f"semi_auto_parallel, the reference's weights loaded) and took the unsharded reference's 3 steps on "
+            f"packed rows (losses "
             f"{', '.join('%.4f' % r.loss for r in reference)}); the sharded steps compile a semi_auto_parallel graph, "
             f"which needs Ascend: scripts/launch.sh --selftest N on a card")
 
@@ -123,8 +139,9 @@ def layouts_spec(ctx: Context) -> Spec:
     skip = "" if ctx.workers >= 2 and ctx.workers % 2 == 0 else ("needs msrun on an even number of workers: "
                                                                  "scripts/launch.sh --selftest N on Ascend")
     return Spec("sharded_model_pipeline_optimizer", "parallel",
-                f"losses and gradient norms (pipeline2: losses) of 3 steps of {', '.join(LAYOUTS)}, each against the "
-                f"unsharded step on the same batch, largest relative difference", TOLERANCE, MAX,
+                f"losses and gradient norms (pipeline2: losses) of 3 steps of {', '.join(LAYOUTS)} on packed rows "
+                f"(2 samples a row, with their segment ids), each against the unsharded step on the same batch, "
+                f"largest relative difference", TOLERANCE, MAX,
                 recipes=(TRAIN, *((*TRAIN, *overrides, *device) for overrides in LAYOUTS.values())), skip=skip)
 
 
@@ -133,8 +150,10 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     setup and stepped 3 times on one fixed batch from the reference's initial
     weights: losses and gradient norms (the pipeline: losses only; that the norm a stage
     reports spans every stage is not established) within TOLERANCE of the unsharded
-    TrainStep on the same batch, computed first on every rank. On a card: about a minute a
-    layout, mostly compiling (4 graphs in all)."""
+    TrainStep on the same batch, computed first on every rank. The batch is packed rows with
+    their segment ids, so the sharded loss's block-causal mask (sharded_step.TrainLoss) runs
+    on the card's attention path. On a card: about a minute a layout, mostly compiling (4
+    graphs in all)."""
     planned = layouts_spec(ctx)
     if planned.skip:
         return planned.skipped()
@@ -144,7 +163,7 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     from ..training.optimizer import lr_at
     from ..training.session import setup
 
-    batch = random_batch(ctx.workers, 61)
+    batch = packed_batch(ctx.workers, 61)
     recipe, net, cell = build(ctx, *planned.recipes[0])
     initial = weights(net)
     step = train_step(recipe, net, cell)
@@ -253,11 +272,19 @@ def exported_difference(run_dir: Path, out: Path, reference: dict) -> tuple:
     return differing + abs(len(reference) - len(exported)), len(exported)
 
 
+# The runs of check_sharded_layouts whose per-rank checkpoints the export merges on a card:
+# a model cut, a pipeline cut (each rank holds its stage's weights) and an optimizer-shard cut
+# (each rank holds a slice of every weight; the strategy file's opt_weight_shard fields
+# rebuild them: mindspore/parallel/_parallel_serialization.py).
+EXPORTED = ("model2", "pipeline2", "optimizer_shard")
+
+
 def export_sharded_spec(ctx: Context) -> Spec:
-    return Spec("export_merge_sharded", "export", "tensors differing bit for bit between the model2 run's shards "
-                                                  "merged, exported and read back, and its weights gathered by "
-                                                  "MindSpore (elsewhere: 2 simulated model=2 shards against the "
-                                                  "trained weights)", 0.0, MAX, recipes=((),))
+    return Spec("export_merge_sharded", "export", f"tensors differing bit for bit between each of the "
+                                                  f"{', '.join(EXPORTED)} runs' shards merged, exported and read "
+                                                  f"back, and its weights gathered by MindSpore (elsewhere: 2 "
+                                                  f"simulated model=2 shards against the trained weights)",
+                0.0, MAX, recipes=((),))
 
 
 def simulated_export(ctx: Context, fault) -> Check:
@@ -289,7 +316,7 @@ def simulated_export(ctx: Context, fault) -> Check:
 
 
 def check_export_sharded(ctx: Context, fault=None) -> Check:
-    """On a card under msrun: the model=2 run of check_sharded_layouts saved by train.save
+    """On a card under msrun: each EXPORTED run of check_sharded_layouts saved by train.save
     (each rank its own shards), merged by rank 0, exported and read back, against its weights
     as MindSpore's integrated save gathers them (mindspore/train/serialization.py,
     _get_merged_param_data: an AllGather a sharded weight). Elsewhere: simulated_export."""
@@ -299,12 +326,33 @@ def check_export_sharded(ctx: Context, fault=None) -> Check:
             return planned.skipped("on the CPU `llama-npu selftest` merges simulated shards; the files of a "
                                    "compiled sharded graph need Ascend")
         return simulated_export(ctx, fault)
-    session = ctx.sharded_runs.get("model2")
-    if ctx.workers < 2 or session is None:
+    runs = [layout for layout in EXPORTED if layout in ctx.sharded_runs]
+    if ctx.workers < 2 or not runs:
         inner = simulated_export(ctx, fault)
         if inner.status == SKIP and ctx.workers > 1:  # check_sharded_layouts said why there is no run
-            inner.reason = "the model=2 run of sharded_model_pipeline_optimizer did not complete; " + inner.reason
+            inner.reason = "no run of sharded_model_pipeline_optimizer completed; " + inner.reason
         return inner
+    found = {layout: exported_run(ctx, ctx.sharded_runs[layout]) for layout in runs}
+    if any(elsewhere for _, _, elsewhere, _ in found.values()):
+        return planned.skipped("the ranks' checkpoints are not on one filesystem; run scripts/launch.sh --selftest "
+                               "N on one node")
+    missing = [layout for layout in EXPORTED if layout not in found]
+    differing = sum(d for d, _, _, _ in found.values())
+    ok = not missing and differing == 0 and all(n > 0 for _, n, _, _ in found.values())
+    what = "; ".join(reason or f"{layout}: {d} of {n} exported tensors differ from the gathered weights"
+                     for layout, (d, n, _, reason) in found.items())
+    check = planned.result(ok, float(differing), what + (f"; {', '.join(missing)} did not complete "
+                                                         f"(sharded_model_pipeline_optimizer)" if missing else ""))
+    check.reason = check.reason or what
+    return check
+
+
+def exported_run(ctx: Context, session) -> tuple:
+    """(tensors differing, tensors exported, 1 if the ranks' files are not all on this
+    filesystem, what failed) for one sharded run: saved by every rank as a run saves, and
+    its weights as MindSpore's integrated save gathers them; rank 0 merges and exports the
+    shards and compares them with the union of the ranks' gathered files (a pipeline rank
+    gathers its own stage's weights only)."""
     import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
     from ..training.loop import save
@@ -312,15 +360,14 @@ def check_export_sharded(ctx: Context, fault=None) -> Check:
     rank = session.world.rank
     save(session, 3)
     names = {p.name for p in session.params}
-    gathered_file = session.run_dir / f"gathered_rank_{rank}.ckpt"
-    # model=2's layout again (later layouts replaced it), without saving a strategy file: the
+    # The run's layout again (later layouts replaced it), without saving a strategy file: the
     # gather graphs would replace the train graph's, which the merge reads (as
     # sharded_step.EvalKeepingTrainStrategy does for evaluation).
     init_parallel(session.recipe.strategies.parallel, session.run_dir)
     ms.set_auto_parallel_context(strategy_ckpt_config={"save_file": ""})
     try:
-        ms.save_checkpoint(session.step_fn.train_network, str(gathered_file), integrated_save=True,
-                           choice_func=names.__contains__)
+        ms.save_checkpoint(session.step_fn.train_network, str(session.run_dir / f"gathered_rank_{rank}.ckpt"),
+                           integrated_save=True, choice_func=names.__contains__)
     finally:
         ms.reset_auto_parallel_context()
     session.checkpointer.wait_for_every_rank()
@@ -328,16 +375,16 @@ def check_export_sharded(ctx: Context, fault=None) -> Check:
     reason = ""
     if rank == 0:
         try:
-            if len(rank_roots(session.run_dir)) != ctx.workers:
+            files = [session.run_dir / f"gathered_rank_{r}.ckpt" for r in range(ctx.workers)]
+            if len(rank_roots(session.run_dir)) != ctx.workers or not all(f.exists() for f in files):
                 outcome[2] = 1
             else:
-                gathered = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(gathered_file)).items()}
+                gathered = {}
+                for path in files:
+                    for name, value in ms.load_checkpoint(str(path)).items():
+                        gathered.setdefault(name, value.asnumpy())
                 outcome[:2] = exported_difference(session.run_dir, session.run_dir / "export", gathered)
         except Exception as exc:  # every rank must reach the all-reduce below
             outcome[0], reason = -1, f"{type(exc).__name__}: {exc}"[:300]
     differing, exported, elsewhere = (int(v) for v in all_reduce_sum(outcome))
-    if elsewhere:
-        return planned.skipped("the ranks' checkpoints are not on one filesystem; run scripts/launch.sh --selftest "
-                               "N on one node")
-    return planned.result(differing == 0 and exported > 0, float(differing),
-                          reason or f"{differing} of {exported} exported tensors differ from the gathered weights")
+    return differing, exported, elsewhere, reason

@@ -1,11 +1,15 @@
 """selftest's speed checks (`--speed`): a 1B step at the shipped recipe's settings for this
-SoC, its MFU against a floor, and its accumulation overhead."""
+SoC (the 910B4: the 910B's, made to fit its 32 GB), its MFU against a floor, and its
+accumulation overhead."""
 from __future__ import annotations
 
 import time
 
 import numpy as np
 
+from ..memory.devices import GB, get_device
+from ..memory.planner import estimate, split_params, strategy_from_recipe
+from ..model.architecture import resolve_shape
 from ..recipe.load import load_recipe
 from .parts import MAX, MIN, REPO, Check, Context, Spec, train_step
 
@@ -17,8 +21,52 @@ PEAK_FP16_FLOPS = {"910a": 256e12, "910b": 354e12}
 MFU_FLOOR = {"910a": 0.15, "910b": 0.20}
 
 
+# The 910B4 has 32 GB, not the 910B's 64: the 910B recipe (58 GB pool, 4 rows a micro-batch) does
+# not fit it. Its speed step is that recipe at the 32 GB parts' 29 GB pool with one row, one
+# micro-batch a step (no accumulators), which the planner fits (speed_plan; selftest --dry-run).
+ON_910B4 = ("device.name=910b4", "device.max_device_memory=29GB", "train.micro_batch_size=1",
+            "train.global_batch_size=0")
+
+
 def recipe_file(ctx: Context):
     return REPO / "recipes" / f"llama3_2_1b_zh_full_{'910a' if ctx.soc == '910a' else '910b'}.yaml"
+
+
+def speed_setting(ctx: Context) -> tuple:
+    """(recipe file, its --set overrides) the speed checks time on this SoC."""
+    return recipe_file(ctx), (ON_910B4 if ctx.soc == "910b4" else ())
+
+
+def speed_recipe(ctx: Context):
+    path, overrides = speed_setting(ctx)
+    return load_recipe(path, list(overrides))
+
+
+def speed_plan(recipe) -> str:
+    """The planner's peak for the speed step against its device's pool; a ValueError (a build
+    error of the check in a dry run) when it does not fit: the step would run out of memory."""
+    shape = resolve_shape(recipe.model)
+    split = split_params(shape)
+    layer = split["layer_matrices"] + split["layer_norms"]
+    params = split["embedding"] + shape.num_layers * layer + split["final_norm"]  # the model's exact count
+    device = get_device(recipe.device.name, recipe.device.max_device_memory)
+    plan = estimate(shape, params, device, strategy_from_recipe(recipe, device.name))
+    rows = f"{recipe.train.micro_batch_size} row(s) of {recipe.data.max_seq_len:,} tokens"
+    if not plan.fits:
+        raise ValueError(f"the speed step ({rows}) does not fit the {device.name} by the planner: "
+                         f"{plan.total_bytes / GB:.2f} GB planned, {device.usable_bytes / GB:.2f} GB usable")
+    return (f"{rows}; planned {plan.total_bytes / GB:.2f} GB with the margin, of {device.usable_bytes / GB:.2f} GB "
+            f"usable on the {device.name}")
+
+
+def setting_name(ctx: Context) -> str:
+    path, overrides = speed_setting(ctx)
+    return path.name + (f" with {', '.join(overrides)}" if overrides else "")
+
+
+def describe(ctx: Context) -> str:
+    """The speed step's recipe as the listing names it: file, overrides, rows, plan."""
+    return f"{setting_name(ctx)} ({speed_plan(speed_recipe(ctx))})"
 
 
 def _skip(ctx: Context, on_cpu: str = "") -> str:
@@ -32,21 +80,26 @@ def _skip(ctx: Context, on_cpu: str = "") -> str:
 def speed_spec(ctx: Context) -> Spec:
     floor = MFU_FLOOR.get(ctx.soc)
     compares = (f"MFU (6 x parameters x tokens/s over the {ctx.soc} fp16 peak) of a 1B step at "
-                f"{recipe_file(ctx).name}'s settings; tokens/s printed too" if floor is not None else
-                f"tokens/s of a 1B step at {recipe_file(ctx).name}'s settings; no MFU floor: no known fp16 peak "
-                f"for the {ctx.soc}")
-    return Spec("speed_1b_mfu", "speed", compares, floor, MIN, files=(recipe_file(ctx),), skip=_skip(ctx))
+                f"{describe(ctx)}; tokens/s printed too" if floor is not None else
+                f"tokens/s of a 1B step at {describe(ctx)}; no MFU floor: no known fp16 peak for the {ctx.soc}")
+    return Spec("speed_1b_mfu", "speed", compares, floor, MIN, files=(speed_setting(ctx),), skip=_skip(ctx))
 
 
 def accumulation_spec(ctx: Context) -> Spec:
     return Spec("speed_accumulation_overhead", "speed",
-                f"time of {recipe_file(ctx).name}'s micro-batch as accumulated micro-batches of 1 over its time "
-                f"as one", 1.05, MAX, files=(recipe_file(ctx),),
-                skip=_skip(ctx, " (on the CPU: benchmarks/grad_accum_overhead.py)"))
+                f"time of the micro-batch of {describe(ctx)} as accumulated micro-batches of 1 over its time "
+                f"as one", 1.05, MAX, files=(speed_setting(ctx),),
+                skip=_skip(ctx, " (on the CPU: benchmarks/grad_accum_overhead.py)") or _one_row(ctx))
+
+
+def _one_row(ctx: Context) -> str:
+    if speed_recipe(ctx).train.micro_batch_size > 1:
+        return ""
+    return "the speed step's micro-batches have 1 row: none to split, and a larger batch may not fit this card"
 
 
 def speed_figures(ctx: Context) -> dict:
-    """A 1B model at the shipped recipe's settings for this SoC, built once a run and timed
+    """A 1B model at this SoC's speed_setting, built once a run and timed
     over 3 steps: one micro-batch of the recipe's rows a step, then (rows >= 2) the same rows
     as that many accumulated micro-batches of 1 through a second step on the same network
     and optimizer."""
@@ -54,8 +107,7 @@ def speed_figures(ctx: Context) -> dict:
         return ctx.speed_run
     from ..strategies.network import build_network  # imported here: it loads MindSpore, after quiet_frameworks
 
-    path = recipe_file(ctx)
-    recipe = load_recipe(path)
+    recipe = speed_recipe(ctx)
     net, cell = build_network(recipe, on_ascend=True)
     rows = recipe.train.micro_batch_size
     ids = np.random.default_rng(0).integers(0, 128000, (rows, recipe.data.max_seq_len + 1)).astype(np.int32)
@@ -68,7 +120,7 @@ def speed_figures(ctx: Context) -> dict:
         return (time.perf_counter() - begin) / 3
 
     one = train_step(recipe, net, cell)
-    ctx.speed_run = {"recipe": path.name, "rows": rows, "tokens": rows * recipe.data.max_seq_len,
+    ctx.speed_run = {"recipe": setting_name(ctx), "rows": rows, "tokens": rows * recipe.data.max_seq_len,
                      "params": sum(p.size for p in net.trainable_params()), "one": seconds_a_step(one, [(ids, ids)])}
     if rows >= 2:
         accumulating = train_step(recipe, net, cell, k=rows, optimizer=one.optimizer)
@@ -77,7 +129,7 @@ def speed_figures(ctx: Context) -> dict:
 
 
 def check_speed(ctx: Context, fault=None) -> Check:
-    """Tokens/s and MFU of a 1B step at the shipped recipe's settings for this SoC; fails
+    """Tokens/s and MFU of a 1B step at this SoC's speed_setting; fails
     below MFU_FLOOR, a skip (tokens/s still given) where the SoC's peak is unknown."""
     planned = speed_spec(ctx)
     if planned.skip:
@@ -103,9 +155,6 @@ def check_speed_accumulation(ctx: Context, fault=None) -> Check:
     if planned.skip:
         return planned.skipped()
     run = speed_figures(ctx)
-    if "accumulated" not in run:
-        return planned.skipped(f"{run['recipe']} steps micro-batches of 1 row: none to split, and a larger batch "
-                               f"to compare against may not fit this card")
     ratio = run["accumulated"] / run["one"]
     return planned.judged(ratio, f"{run['rows']} micro-batches of 1 take {ratio:.3f} x one of {run['rows']} rows "
                                  f"({run['recipe']})")

@@ -12,6 +12,7 @@ _wrap_network_with_tool_cells_legacy -> create_model_wrapper, with _reset_wrappe
     -> MFTrainOneStepCell                           k = 1, no pipeline
        MFPipelineWithLossScaleCell(micro_batch_num) otherwise (base_trainer switches to it
                                                     for accumulation and for pipelines)
+       each as clearing_before_forward(...), which clears the float-status registers first
 
 Per-token normalisation: our unsharded loss cell returns a summed token loss and the
 step divides by the step's target tokens. Here MindFormers does the same division itself:
@@ -175,22 +176,28 @@ def build_train_network(llama, optimizer, recipe: Recipe, scale_sense, k: int) -
     # _reset_wrapper_for_pipeline_parallel / _reset_wrapper_for_grad_accu: the pipeline
     # wrapper for either, with micro_batch_num = the pipeline's micro-batches or k.
     if micro_batch_num > 1:
-        wrapper = MFPipelineWithLossScaleCell(network, optimizer, micro_batch_num=micro_batch_num, **common)
+        wrapper = clearing_before_forward(MFPipelineWithLossScaleCell)(network, optimizer,
+                                                                       micro_batch_num=micro_batch_num, **common)
     else:
         wrapper = clearing_before_forward(MFTrainOneStepCell)(network, optimizer, **common)
     return wrapper
 
 
 def clearing_before_forward(one_step_cell: type) -> type:
-    """MindFormers' k = 1 wrapper (mindformers/wrapper/wrapper.py MFTrainOneStepCell) with the
-    float-status order of step.MicroStep (clear_registers_before says why). Its construct
-    calls start_overflow_check after the forward and the backward, with nothing ordering that
-    clear before the backward (wrapper.py line 322), so it could erase a backward overflow, and
-    a saturation in the forward was cleared with it. Here start_overflow_check clears nothing,
-    as MindSpore 2.9.0's own TrainOneStepWithLossScaleCell.construct (mindspore/nn/wrap/
-    loss_scale.py) calls none, and MFPipelineWithLossScaleCell, used for k > 1 and pipelines,
-    neither: the clear is at the start, before the forward reads the batch, and
-    get_overflow_status reads then clears after the gradients' all-reduce."""
+    """One of MindFormers' wrappers (mindformers/wrapper/wrapper.py) with the float-status order
+    of step.MicroStep (clear_registers_before says why): the registers cleared at the start,
+    before the forward reads the batch, and read then cleared by get_overflow_status after the
+    gradients' all-reduce (mindspore/nn/wrap/loss_scale.py
+    _get_ascend_overflow_status_on_saturation_mode).
+    - MFTrainOneStepCell (k = 1) calls start_overflow_check after the forward and the backward,
+      with nothing ordering that clear before the backward (wrapper.py line 322), so it could
+      erase a backward overflow, and a saturation in the forward was cleared with it. Here
+      start_overflow_check clears nothing, as MindSpore 2.9.0's own
+      TrainOneStepWithLossScaleCell.construct calls none.
+    - MFPipelineWithLossScaleCell (k > 1, pipelines) calls no clear before its read at all
+      (its construct passes a constant status to get_overflow_status), so what ran since the
+      last step's read (that step's update, an evaluation) was charged to this step.
+    The override keeps the wrapper's construct flags (the pipeline one has has_effect)."""
 
     class ClearingBeforeForward(one_step_cell):
         def __init__(self, *args, **kwargs):
@@ -200,6 +207,7 @@ def clearing_before_forward(one_step_cell: type) -> type:
         def start_overflow_check(self, pre_cond, compute_input):
             return Tensor([0] * 8, ms.int32), compute_input
 
+        @ops.add_flags(**getattr(one_step_cell.construct, "_func_graph_flags", {}))
         def construct(self, *inputs):
             if self.registers:
                 cleared = _clear_float_status(Tensor([0] * 8, ms.int32))
