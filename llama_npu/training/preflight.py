@@ -22,6 +22,7 @@ from ..common.atomic import unwritable_reason
 from ..common.console import note
 from ..data.readers import RecordError, iter_records
 from ..data.tokenizer import TokenizerError, load_tokenizer, tokenizer_identity
+from ..recipe.base_weights import CHECKPOINT_PLACEHOLDER, check_base
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe, with_absolute_paths
 from ..recipe.stored import STORED_RECIPE, stored_recipe
@@ -146,8 +147,15 @@ def check_data(recipe: Recipe, rehearsal: bool = False) -> list:
 
 def check_rehearsed_recipe(recipe: Recipe) -> list:
     """A rehearsal stands in for the full recipe: its data and weights are checked as given."""
-    problems = check_data(recipe)
-    if recipe.model.checkpoint:
+    return check_data(recipe) + check_weights(recipe, rehearsal=True)
+
+
+def check_weights(recipe: Recipe, rehearsal: bool = False) -> list:
+    """Problems of the weights a run starts from (recipe/base_weights.py), then of the
+    model.checkpoint it names."""
+    problems = []
+    _collect(problems, check_base, recipe, rehearsal)
+    if recipe.model.checkpoint and recipe.model.checkpoint != CHECKPOINT_PLACEHOLDER:
         from ..weights.pretrained import check_pretrained  # imported here: it loads numpy, which validate does not need
 
         _collect(problems, check_pretrained, recipe)
@@ -270,11 +278,7 @@ def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], ov
     is not judged (`validate RECIPE` alone)."""
     problems = check_device(recipe)
     _collect(problems, check_workers, recipe.strategies.parallel, workers)
-    problems += check_data(recipe, rehearsal)
-    if recipe.model.checkpoint:
-        from ..weights.pretrained import check_pretrained  # imported here: it loads numpy, which validate does not need
-
-        _collect(problems, check_pretrained, recipe)
+    problems += check_data(recipe, rehearsal) + check_weights(recipe)
     if run_dir is None:
         return problems, []
     output_problems, candidates = check_output_dir(run_dir, resume, overwrite, main_rank)
