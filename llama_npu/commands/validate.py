@@ -19,13 +19,17 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..training.request import request_problems  # imported here: it loads numpy, which --help does not need
+    # imported here: they load numpy, which --help does not need
+    from ..training.data_size import check_data_size
+    from ..training.request import request_problems
 
     problems, recipe, run_dir, rehearsal = request_problems(args)
     for problem in problems:
         print(f"llama-npu: error: {problem}", file=sys.stderr)
     if problems:
         return BAD_INPUT
+    if not rehearsal:  # a rehearsal's few short steps say nothing of the recipe's schedule
+        check_data_size(recipe)
     print(f"{args.recipe or run_dir / 'recipe.yaml'}: valid{' as a rehearsal' if rehearsal else ''}; "
           f"{describe_layout(recipe)}")
     return 0

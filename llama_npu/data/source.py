@@ -11,6 +11,7 @@ from .mindrecord import MindRecordSamples
 from .packing import pack, padding_share
 from .readers import RecordError, read_dataset
 from .samples import Sample, tokenize_records
+from .tables import ReadOptions
 from .tokenizer import load_tokenizer
 
 
@@ -22,7 +23,8 @@ def run_samples(recipe) -> tuple[Union[ListSamples, MindRecordSamples], list[Sam
 
 
 def _raw_samples(recipe, tokenizer, files: Sequence[str]):
-    records, skipped = read_dataset(files, recipe.data.format, recipe.data.on_bad_record)
+    d = recipe.data
+    records, skipped = read_dataset(files, d.format, d.on_bad_record, ReadOptions.of(d.columns, d.encoding))
     if skipped.total:
         note(f"data.on_bad_record=skip: skipped {skipped.total} of {len(records) + skipped.total} records of "
              f"{', '.join(files)}: {skipped.describe()}")

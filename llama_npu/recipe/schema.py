@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..strategies import STRATEGIES
 
@@ -39,6 +39,9 @@ class DataSection:
     train_on_prompt: bool = False
     pack: bool = False  # pack raw train_files into full rows (prepared data says it itself)
     on_bad_record: str = "error"  # error: refuse the run, listing them | skip: train on the good records
+    # record key -> the column (or JSON key) holding it, e.g. {instruction: 指令, output: 输出} (data/tables.py)
+    columns: Dict[str, str] = field(default_factory=dict)
+    encoding: str = ""  # of CSV/TSV/JSON/JSONL files; "" reads UTF-8 (and UTF-16 by its BOM); e.g. gbk
 
 
 @dataclass

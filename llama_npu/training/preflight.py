@@ -20,7 +20,8 @@ from ..checkpoints.files import (CheckpointError, checkpoint_root, inspect, prob
                                  step_dirs_newest_first, unmovable)
 from ..common.atomic import unwritable_reason
 from ..common.console import note
-from ..data.readers import RecordError, iter_records
+from ..data.readers import RecordError, iter_records, with_skip_hint
+from ..data.tables import ReadOptions
 from ..data.tokenizer import TokenizerError, load_tokenizer, tokenizer_identity
 from ..recipe.base_weights import CHECKPOINT_PLACEHOLDER, check_base
 from ..recipe.problems import RecipeError
@@ -86,12 +87,12 @@ def check_device(recipe: Recipe) -> list:
 BAD_RECORDS_LISTED = 20
 
 
-def _file_bad_records(path: str, fmt: str) -> list:
+def _file_bad_records(path: str, fmt: str, options: ReadOptions) -> list:
     """Every bad record of one file, read with the reader train uses (data/readers.py); a
     file of which no record parses (most often another format) is one error instead."""
     bad, good = [], 0
     try:
-        for item in iter_records([path], fmt):
+        for item in iter_records([path], fmt, options):
             if isinstance(item, RecordError):
                 bad.append(item)
             else:
@@ -108,9 +109,9 @@ def check_records(recipe: Recipe) -> list:
     BAD_RECORDS_LISTED, then a count) unless data.on_bad_record is skip."""
     d, problems, bad = recipe.data, [], []
     for path in d.train_files + d.eval_files:
-        bad += _collect(problems, _file_bad_records, path, d.format) or []
+        bad += _collect(problems, _file_bad_records, path, d.format, ReadOptions.of(d.columns, d.encoding)) or []
     if d.on_bad_record == "error":
-        problems += [str(error) for error in bad[:BAD_RECORDS_LISTED]]
+        problems += [str(with_skip_hint(error)) for error in bad[:BAD_RECORDS_LISTED]]
         if len(bad) > BAD_RECORDS_LISTED:
             problems.append(f"data: {len(bad) - BAD_RECORDS_LISTED} more bad records ({len(bad)} in all); fix "
                             f"them, or set data.on_bad_record: skip to train on the rest")
