@@ -84,6 +84,18 @@ def test_alpaca_headers_need_no_map_and_llama_factory_names_map_too(tmp_path):
         read_records([tmp_path / "zh.csv"], options=ReadOptions.of({"instruction": "问题"}))
 
 
+def test_excels_utf8_bom_and_an_old_xls(tmp_path):
+    bom = tmp_path / "bom.csv"  # Excel's "CSV UTF-8": a BOM and CRLF
+    bom.write_bytes(b"\xef\xbb\xbfinstruction,output\r\n\xe9\x97\xae,\"\xe7\xad\x94, \xe5\xaf\xb9\"\r\n")
+    for encoding in ("", "utf-8"):
+        assert read_records([bom], options=ReadOptions.of({}, encoding))[0].messages == [("user", "问"),
+                                                                                        ("assistant", "答, 对")]
+    old = tmp_path / "old.xls"
+    old.write_bytes(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1")
+    with pytest.raises(RecordError, match="old.xls: an Excel 97-2003 workbook; save it from Excel as .xlsx or CSV UTF-8"):
+        read_records([old])
+
+
 def test_a_gbk_export_is_named_by_its_encoding_or_converted_by_the_hinted_command(tmp_path):
     data = write_table(tmp_path / "导出.csv", encoding="gbk")
     with pytest.raises(RecordError) as error:

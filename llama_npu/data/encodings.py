@@ -40,10 +40,13 @@ def decode_file(path: Path, encoding: str = "", hint: Optional[Callable[[Path, s
     raw = path.read_bytes()
     name = encoding or next((codec for bom, codec in BOMS if raw.startswith(bom)), "utf-8-sig")
     try:
-        return raw.decode(name)
+        if codecs.lookup(name).name == "utf-8":  # a BOM is no text, however UTF-8 is named
+            name = "utf-8-sig"
     except LookupError:  # prepare-data --encoding; a recipe's data.encoding is checked when it loads
         raise RecordError(f"{path}: unknown encoding {encoding!r}; expected a name such as gbk, big5, utf-16") \
             from None
+    try:
+        return raw.decode(name)
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
         label = encoding or ("UTF-16" if name == "utf-16" else "UTF-8")

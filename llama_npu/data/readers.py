@@ -204,8 +204,8 @@ def _wrong_format(raw: object, fmt: str, error: RecordError) -> RecordError:
 
 
 def detect_format(path: Path, options: ReadOptions = ReadOptions()) -> str:
-    """alpaca / sharegpt / text from the keys of a JSON or JSONL file's first record (eval
-    and plan --write-recipe take files without a --format)."""
+    """alpaca / sharegpt / text from the keys of a file's first record (eval and plan
+    --write-recipe take files without a --format)."""
     path = Path(path)
     if not path.is_file():
         raise RecordError(f"{path}: file not found")

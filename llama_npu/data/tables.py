@@ -22,7 +22,7 @@ from .encodings import decode_file
 from .errors import RecordError
 
 DELIMITERS = {".csv": ",", ".tsv": "\t"}
-TABLE_SUFFIXES = (*DELIMITERS, ".xlsx", ".parquet")
+TABLE_SUFFIXES = (*DELIMITERS, ".xlsx", ".xls", ".parquet")
 # LLaMA-Factory's dataset_info.json `columns` names (its data/README.md) for the alpaca keys,
 # so that a map written for it works here too.
 ALIASES = {"prompt": "instruction", "query": "input", "response": "output"}
@@ -123,6 +123,8 @@ def _parquet_records(path: Path) -> Tuple[List[str], Iterator[Tuple[int, dict]]]
 
 def _sheet_records(path: Path, encoding: str) -> Tuple[List[str], Iterator[Tuple[int, object]]]:
     """(the header, (row, record or RecordError) of each non-empty row after it)."""
+    if path.suffix.lower() == ".xls":  # Excel 97-2003's binary format: openpyxl reads .xlsx only
+        raise RecordError(f"{path}: an Excel 97-2003 workbook; save it from Excel as .xlsx or CSV UTF-8")
     rows = _xlsx_rows(path) if path.suffix.lower() == ".xlsx" else _text_rows(path, encoding)
     header: List[str] = []
     for header_row, cells in rows:
