@@ -84,6 +84,18 @@ def test_alpaca_headers_need_no_map_and_llama_factory_names_map_too(tmp_path):
         read_records([tmp_path / "zh.csv"], options=ReadOptions.of({"instruction": "问题"}))
 
 
+def test_sharegpt_turns_in_a_csv_cell_or_a_parquet_list_map_to_conversations(tmp_path):
+    turns = [{"from": "human", "value": "长城有多长？"}, {"from": "gpt", "value": "两万多公里。"}]
+    expected = [("user", "长城有多长？"), ("assistant", "两万多公里。")]
+    table = write_table(tmp_path / "chat.csv", header=["编号", "对话"],
+                        rows=[["1", json.dumps(turns, ensure_ascii=False)], ["2", "[{\"from\": "]])
+    pq.write_table(pa.table({"对话": [turns]}), tmp_path / "chat.parquet")
+    options = ReadOptions.of({"conversations": "对话"})
+    records, skipped = read_dataset([table, tmp_path / "chat.parquet"], "sharegpt", "skip", options)
+    assert [r.messages for r in records] == [expected, expected] and detect_format(table, options) == "sharegpt"
+    assert skipped.by_reason == {"malformed JSON": {"count": 1, "first": [f"{table}:3"]}}
+
+
 def test_excels_utf8_bom_and_an_old_xls(tmp_path):
     bom = tmp_path / "bom.csv"  # Excel's "CSV UTF-8": a BOM and CRLF
     bom.write_bytes(b"\xef\xbb\xbfinstruction,output\r\n\xe9\x97\xae,\"\xe7\xad\x94, \xe5\xaf\xb9\"\r\n")
