@@ -29,8 +29,9 @@ def test_a_shipped_lora_recipe_is_refused_without_a_checkpoint_and_valid_with_on
     assert code == 2
     assert ("llama-npu: error: model.checkpoint is not set, so LoRA would train adapters over random weights"
             in err) and "model.random_init: true" in err
-    assert validate(capsys, recipe, *ON_CPU, f"model.checkpoint={conversions['float32']}") == (0, "")
-    assert validate(capsys, recipe, *ON_CPU, "model.random_init=true") == (0, "")
+    for accepted in (f"model.checkpoint={conversions['float32']}", "model.random_init=true"):
+        code, err = validate(capsys, recipe, *ON_CPU, accepted)
+        assert code == 0 and "error:" not in err  # (it warns that the shipped sample is small for 1000 steps)
 
 
 def test_train_refuses_a_random_lora_base_before_writing_anything(tmp_path, capsys):
