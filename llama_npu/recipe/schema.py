@@ -17,8 +17,8 @@ from ..strategies import STRATEGIES
 class ModelSection:
     preset: str = "tiny"  # llama3.2-1b | llama3.2-3b | tiny
     checkpoint: str = ""  # a `llama-npu convert hf-to-ms` directory to start from (else random init)
-    # true: start from random weights on purpose; a LoRA recipe needs it or model.checkpoint
-    # (recipe/base_weights.py), adapters over a random base being no model.
+    # true: start from random weights on purpose when checkpoint is empty; a LoRA recipe needs
+    # it or model.checkpoint (recipe/base_weights.py), adapters over a random base being no model.
     random_init: bool = False
     # Optional size overrides on top of the preset (tests shrink shipped recipes with these).
     hidden_size: Optional[int] = None

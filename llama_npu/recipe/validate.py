@@ -29,9 +29,6 @@ def validate(recipe) -> None:
 def check_model(m) -> None:
     problems = Problems()
     problems.check(choice, "model.preset", m.preset, PRESETS)
-    if m.random_init and m.checkpoint:
-        problems.append(f"model.random_init: true and model.checkpoint={m.checkpoint} exclude each other; "
-                        f"drop one")
     for name in SIZE_KEYS:
         value = getattr(m, name)
         if value is not None:
