@@ -104,7 +104,8 @@ def test_excels_utf8_bom_and_an_old_xls(tmp_path):
                                                                                         ("assistant", "答, 对")]
     old = tmp_path / "old.xls"
     old.write_bytes(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1")
-    with pytest.raises(RecordError, match="old.xls: an Excel 97-2003 workbook; save it from Excel as .xlsx or CSV UTF-8"):
+    with pytest.raises(RecordError, match="old.xls: an Excel 97-2003 workbook; save it from Excel as .xlsx or CSV "
+                                          "UTF-8"):
         read_records([old])
 
 

@@ -135,7 +135,8 @@ def _sheet_records(path: Path, encoding: str) -> Tuple[List[str], Iterator[Tuple
         header.pop()
     twice = sorted({name for name in header if name and header.count(name) > 1})
     if twice:
-        raise RecordError(f"{path}:{header_row}: the header row repeats {', '.join(twice)}; each column needs its own name")
+        raise RecordError(f"{path}:{header_row}: the header row repeats {', '.join(twice)}; each column needs its "
+                          f"own name")
 
     def records():
         for row, cells in rows:
