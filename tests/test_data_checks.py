@@ -87,6 +87,10 @@ def record_lines(path, as_array: bool, indices) -> list:
     return [starts[i] for i in indices]
 
 
+# Every bad-record error ends with the way to train on the rest.
+SKIP = "data.on_bad_record=skip (prepare-data --on-bad-record skip) drops such records"
+
+
 @pytest.mark.parametrize("as_array", [False, True], ids=["jsonl", "json-array"])
 def test_validate_lists_every_bad_record_train_stops_on_the_first(tmp_path, as_array):
     data = write_records(tmp_path / ("chat.json" if as_array else "chat.jsonl"),
@@ -97,13 +101,13 @@ def test_validate_lists_every_bad_record_train_stops_on_the_first(tmp_path, as_a
     proc = run_cli("validate", *args)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"llama-npu: error: {data}:{first} turn 2: field 'value' is missing; expected a non-empty string",
+        f"llama-npu: error: {data}:{first} turn 2: field 'value' is missing; expected a non-empty string; {SKIP}",
         f"llama-npu: error: {data}:{second}: the conversation ends with a user turn; expected it to end with the "
-        f"assistant"]
+        f"assistant; {SKIP}"]
     proc = run_cli("train", *args)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
-        f"llama-npu: error: {data}:{first} turn 2: field 'value' is missing; expected a non-empty string (and 1 "
-        f"more: llama-npu validate with the same arguments lists them all)")
+        f"llama-npu: error: {data}:{first} turn 2: field 'value' is missing; expected a non-empty string; {SKIP} "
+        f"(and 1 more: llama-npu validate with the same arguments lists them all)")
     assert not (tmp_path / "run").exists()
 
 
@@ -112,10 +116,13 @@ def test_on_bad_record_skip_trains_on_the_rest(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("train", SMOKE, "--output-dir", out, *TINY_RUN, "--set", "train.max_steps=2", "--set",
                    "data.format=sharegpt", "--set", f"data.train_files=[{data}]", "--set", "data.on_bad_record=skip",
-                   check=True)
+                   "--set", "train.global_batch_size=16", check=True)
     assert (f"data.on_bad_record=skip: skipped 2 of 17 records of {data}: 1 x missing 'value' (first at "
             f"{data}:{record_lines(data, True, [10])[0]} turn 2); 1 x no final assistant turn") in proc.stdout
     assert "15 training samples" in proc.stdout and [r["step"] for r in read_metrics(out)] == [1, 2]
+    # the 15 samples left are fewer than a step of 16 takes: said, with the numbers
+    assert "[llama-npu] warning: the training data gives 15 rows, fewer than the 16 one optimizer step takes" \
+        in proc.stderr
 
 
 def test_twenty_bad_records_are_listed_then_counted_and_json_errors_print_in_full(tmp_path):
@@ -127,7 +134,8 @@ def test_twenty_bad_records_are_listed_then_counted_and_json_errors_print_in_ful
     proc = run_cli("validate", *args)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 21
-    assert lines[0] == f"llama-npu: error: {data}:2 turn 2: field 'value' is missing; expected a non-empty string"
+    assert lines[0] == (f"llama-npu: error: {data}:2 turn 2: field 'value' is missing; expected a non-empty string; "
+                        f"{SKIP}")
     assert lines[20] == ("llama-npu: error: data: 5 more bad records (25 in all); fix them, or set "
                          "data.on_bad_record: skip to train on the rest")
     proc = run_cli("validate", *args, "--set", "data.on_bad_record=skip")

@@ -314,7 +314,8 @@ def test_a_bad_record_deep_in_the_data_stops_the_run_before_anything_is_written(
     proc = run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", f"data.train_files=[{data}]")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"llama-npu: error: {data}:4: field 'output' must be a string, got int")
+        f"llama-npu: error: {data}:4: field 'output' must be a string, got int; data.on_bad_record=skip "
+        f"(prepare-data --on-bad-record skip) drops such records")
     assert not (tmp_path / "run").exists()
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from ..common.console import note
 from ..data.formats import FORMATS, ON_BAD_RECORD
+from ..data.tables import ReadOptions, parse_columns
 
 
 def add_parser(subparsers) -> None:
@@ -12,7 +13,13 @@ def add_parser(subparsers) -> None:
     prep.add_argument("--format", required=True, choices=FORMATS,
                       help="alpaca: instruction/input/output; sharegpt: conversations or messages; "
                            "text: JSONL with a text field")
-    prep.add_argument("--input", required=True, nargs="+", metavar="FILE", help="JSON or JSONL files")
+    prep.add_argument("--input", required=True, nargs="+", metavar="FILE",
+                      help="JSON, JSONL, CSV, TSV, Excel .xlsx or Parquet files")
+    prep.add_argument("--column", action="append", default=[], metavar="KEY=COLUMN",
+                      help="read KEY from the column (or JSON key) COLUMN, e.g. --column instruction=指令 (a "
+                           "recipe's data.columns); repeat for each")
+    prep.add_argument("--encoding", default="", help="of CSV, TSV, JSON and JSONL files, e.g. gbk (default: UTF-8, "
+                                                     "or UTF-16 by its BOM)")
     prep.add_argument("--output", required=True, metavar="DIR", help="directory to create")
     prep.add_argument("--tokenizer", default="llama3.2", help="llama3.2 or a path to a tokenizer.json")
     prep.add_argument("--max-seq-len", type=int, default=2048,
@@ -31,7 +38,7 @@ def run(args) -> int:
     meta = prepare_dataset(args.format, args.input, Path(args.output), tokenizer=args.tokenizer,
                            max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
                            overwrite=args.overwrite, train_on_prompt=args.train_on_prompt,
-                           progress=note)
+                           progress=note, options=ReadOptions.of(parse_columns(args.column), args.encoding))
     print(format_report(meta))
     print(f"wrote {args.output}")
     return 0

@@ -22,7 +22,9 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..training.absent_device import validate_problems  # imported here: it loads numpy, which --help does not need
+    # imported here: they load numpy, which --help does not need
+    from ..training.absent_device import validate_problems
+    from ..training.data_size import check_data_size
 
     problems, recipe, run_dir, rehearsal, left = validate_problems(args)
     for problem in problems:
@@ -31,6 +33,8 @@ def run(args) -> int:
         if left:
             print(f"llama-npu: {left}", file=sys.stderr)
         return BAD_INPUT
+    if not rehearsal:  # a rehearsal's few short steps say nothing of the recipe's schedule
+        check_data_size(recipe)
     print(f"{args.recipe or run_dir / 'recipe.yaml'}: valid{' as a rehearsal' if rehearsal else ''}; "
           f"{describe_layout(recipe)}")
     if left:

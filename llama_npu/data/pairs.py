@@ -19,6 +19,7 @@ from .chat_template import Message, assemble_chat, role_headers
 from .readers import (PAIR_KEYS, SHAREGPT_ROLES, RecordError, SkipReport, _object, _string, alpaca_prompt,
                       read_dataset, sharegpt_turns)
 from .samples import TOKENIZE_BATCH, Sample, fit_length, pad_batch
+from .tables import ReadOptions
 
 # Named by every error about a pair's content, as the way to train on the other pairs.
 SKIP_HINT = "data.on_bad_record: skip drops such pairs"
@@ -84,9 +85,10 @@ def parse_sharegpt_pair(raw: object, where: str) -> PairRecord:
 PAIR_PARSERS = {"alpaca": parse_alpaca_pair, "sharegpt": parse_sharegpt_pair}
 
 
-def read_pairs(paths, fmt: str, on_bad_record: str = "error") -> Tuple[List[PairRecord], SkipReport]:
+def read_pairs(paths, fmt: str, on_bad_record: str = "error",
+               options: ReadOptions = ReadOptions()) -> Tuple[List[PairRecord], SkipReport]:
     """All good pairs of `paths`; a bad record stops the read (error) or is counted (skip)."""
-    return read_dataset(paths, fmt, on_bad_record, PAIR_PARSERS)
+    return read_dataset(paths, fmt, on_bad_record, options, PAIR_PARSERS)
 
 
 @dataclass

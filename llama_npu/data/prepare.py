@@ -19,6 +19,7 @@ from .mindrecord import META_FILE, write_samples
 from .packing import assign_rows, pack, padding_share
 from .readers import RecordError, read_dataset
 from .samples import tokenize_records
+from .tables import ReadOptions
 from .tokenizer import load_tokenizer, tokenizer_identity
 
 
@@ -32,7 +33,8 @@ def _sha256(path: Path) -> str:
 
 def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = "llama3.2",
                     max_seq_len: int = 2048, packed: bool = False, on_bad_record: str = "error",
-                    overwrite: bool = False, train_on_prompt: bool = False, progress=None) -> dict:
+                    overwrite: bool = False, train_on_prompt: bool = False, progress=None,
+                    options: ReadOptions = ReadOptions()) -> dict:
     """Write the prepared dataset and return its meta.json content.
 
     `max_seq_len` is the sequence length the model sees, as in a recipe's data.max_seq_len;
@@ -47,7 +49,7 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     tok = load_tokenizer(tokenizer)
     length = max_seq_len + 1
 
-    records, skipped = read_dataset(inputs, fmt, on_bad_record)
+    records, skipped = read_dataset(inputs, fmt, on_bad_record, options)
     if progress:
         progress(f"tokenizing {len(records)} records")
     samples, fit = tokenize_records(tok, records, length, train_on_prompt)

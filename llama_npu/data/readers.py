@@ -5,6 +5,8 @@ its `file:line` so that every error can point at it.
 - sharegpt: `conversations` of `{from, value}` (human, gpt, system) or `messages` of
   `{role, content}` (user, assistant, system); multi-turn; JSON array or JSONL.
 - text: JSONL with `text`, for continued pre-training.
+Any of them also as CSV, TSV, Excel (.xlsx) or Parquet, one record a row (tables.py), and
+under other key or column names with data.columns.
 """
 from __future__ import annotations
 
@@ -14,14 +16,20 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from .chat_template import Message
+from .encodings import decode_file
+from .errors import RecordError
+from .tables import ReadOptions, is_table, map_columns, table_records
+
+# What a bad-record error ends with: how to train on the rest instead.
+SKIP_HINT = "data.on_bad_record=skip (prepare-data --on-bad-record skip) drops such records"
 
 
-class RecordError(ValueError):
-    """A bad input record or file. `reason` is a short key for the skip report."""
-
-    def __init__(self, message: str, reason: str = "unreadable file"):
-        super().__init__(message)
-        self.reason = reason
+def with_skip_hint(error: RecordError) -> RecordError:
+    """A bad record's error with SKIP_HINT; not a record of another format, which wants
+    --format, not dropping, nor one that names the way out already (data/pairs.py's)."""
+    if " read as " in error.reason or "data.on_bad_record" in str(error):
+        return error
+    return RecordError(f"{error}; {SKIP_HINT}", error.reason)
 
 
 @dataclass
@@ -29,16 +37,6 @@ class Record:
     where: str  # file:line
     messages: Optional[List[Message]] = None  # chat formats
     text: Optional[str] = None  # text format
-
-
-def read_text(path: Path) -> str:
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8-sig")  # a UTF-8 BOM is accepted
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise RecordError(f"{path}:{line}: not UTF-8 (byte offset {exc.start}); if it is GBK, convert it "
-                          f"first: iconv -f GBK -t UTF-8 {path} > {path.stem}.utf8{path.suffix}") from None
 
 
 def _json_error(exc: json.JSONDecodeError, one_line: bool = False) -> str:
@@ -86,10 +84,18 @@ def _array_records(path: Path, text: str) -> Iterator[Tuple[int, object]]:
         pos = skip_space(pos + 1)
 
 
-def _raw_records(path: Path) -> Iterator[Tuple[int, object]]:
+def _raw_records(path: Path, options: ReadOptions) -> Iterator[Tuple[int, object]]:
+    """(line or row, parsed record or a RecordError) for each record of a file, its keys
+    mapped by data.columns."""
+    if is_table(path):
+        return table_records(path, options)
+    return ((line, map_columns(raw, options.columns)) for line, raw in _json_records(path, options.encoding))
+
+
+def _json_records(path: Path, encoding: str) -> Iterator[Tuple[int, object]]:
     """(line number, parsed JSON or a RecordError) for each record of a JSON array or JSONL
     file; a malformed JSONL line is yielded as an error so skip mode can go on."""
-    text = read_text(path)
+    text = decode_file(path, encoding)
     if text.lstrip().startswith("["):
         yield from _array_records(path, text)
         return
@@ -103,11 +109,14 @@ def _raw_records(path: Path) -> Iterator[Tuple[int, object]]:
                                       f"one object per line", "malformed JSON")
 
 
-def _string(record: dict, key: str, where: str, required: bool, what: str = "") -> str:
+def _string(record: dict, key: str, where: str, required: bool, what: str = "", mapped: bool = True) -> str:
     """record[key] as a string; `what` names an empty required value in the skip report
-    (e.g. "empty answer"); a missing key is reported as missing, not as empty."""
+    (e.g. "empty answer"); a missing key is reported as missing, not as empty, and, for a
+    key data.columns can map (`mapped`: not a turn's), with the names the record has."""
     if required and key not in record:
-        raise RecordError(f"{where}: field '{key}' is missing; expected a non-empty string", f"missing '{key}'")
+        has = (f" (the record has {', '.join(map(repr, record)) or 'no field'}; data.columns: {{{key}: NAME}} "
+               f"reads it from another)") if mapped else ""
+        raise RecordError(f"{where}: field '{key}' is missing; expected a non-empty string{has}", f"missing '{key}'")
     value = record.get(key, "")
     if not isinstance(value, str):
         raise RecordError(f"{where}: field '{key}' must be a string, got {type(value).__name__}",
@@ -168,7 +177,7 @@ def sharegpt_turns(record: dict, where: str, last: str = "assistant", why: str =
         role = SHAREGPT_ROLES[name]
         # An empty user turn would train the model to answer nothing in particular.
         content = _string(turn, text_key, f"{where} turn {i + 1}", required=role != "system",
-                          what=f"empty {role} turn" if role == "user" else "empty answer")
+                          what=f"empty {role} turn" if role == "user" else "empty answer", mapped=False)
         if role == "system" and i != 0:
             raise RecordError(f"{where} turn {i + 1}: a system turn must come first", "misplaced system turn")
         messages.append((role, content))
@@ -222,13 +231,13 @@ def _wrong_format(raw: object, fmt: str, error: RecordError, parsers: dict) -> R
     return error
 
 
-def detect_format(path: Path) -> str:
-    """alpaca / sharegpt / text from the keys of a JSON or JSONL file's first record (eval
-    and plan --write-recipe take files without a --format)."""
+def detect_format(path: Path, options: ReadOptions = ReadOptions()) -> str:
+    """alpaca / sharegpt / text from the keys of a file's first record (eval and plan
+    --write-recipe take files without a --format)."""
     path = Path(path)
     if not path.is_file():
         raise RecordError(f"{path}: file not found")
-    for lineno, raw in _raw_records(path):
+    for lineno, raw in _raw_records(path, options):
         if isinstance(raw, RecordError):
             raise raw
         keys = set(raw) if isinstance(raw, dict) else set()
@@ -240,7 +249,8 @@ def detect_format(path: Path) -> str:
     raise RecordError(f"{path}: no records (empty input)")
 
 
-def iter_records(paths, fmt: str, parsers: Optional[dict] = None) -> Iterator[Record | RecordError]:
+def iter_records(paths, fmt: str, options: ReadOptions = ReadOptions(),
+                 parsers: Optional[dict] = None) -> Iterator[Record | RecordError]:
     """Every record of every file, in order; a bad record is yielded as its RecordError.
     A missing, empty or undecodable file raises at once. `parsers`: format -> parse function
     (PARSERS; data/pairs.py's PAIR_PARSERS for preference pairs)."""
@@ -250,7 +260,7 @@ def iter_records(paths, fmt: str, parsers: Optional[dict] = None) -> Iterator[Re
         if not path.is_file():
             raise RecordError(f"{path}: file not found")
         count = 0
-        for lineno, raw in _raw_records(path):
+        for lineno, raw in _raw_records(path, options):
             count += 1
             if isinstance(raw, RecordError):
                 yield raw
@@ -287,20 +297,21 @@ class SkipReport:
 
 
 def read_dataset(paths, fmt: str, on_bad_record: str = "error",
+                 options: ReadOptions = ReadOptions(),
                  parsers: Optional[dict] = None) -> Tuple[List[Record], SkipReport]:
     """All good records; a bad one stops the read (error) or is counted and left out (skip).
     prepare-data and train read through here, the pre-flight through iter_records."""
     records, skipped = [], SkipReport()
-    for item in iter_records(paths, fmt, parsers):
+    for item in iter_records(paths, fmt, options, parsers):
         if isinstance(item, RecordError):
             if on_bad_record == "error":
-                raise item
+                raise with_skip_hint(item)
             skipped.add(item)
         else:
             records.append(item)
     return records, skipped
 
 
-def read_records(paths, fmt: str = "alpaca") -> List[Record]:
+def read_records(paths, fmt: str = "alpaca", options: ReadOptions = ReadOptions()) -> List[Record]:
     """All records, stopping at the first bad one."""
-    return read_dataset(paths, fmt)[0]
+    return read_dataset(paths, fmt, options=options)[0]

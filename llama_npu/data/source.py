@@ -12,6 +12,7 @@ from .packing import pack, padding_share
 from .pairs import PAIR_PARSERS, PairSample, no_room_error, tokenize_pairs
 from .readers import RecordError, read_dataset
 from .samples import Sample, tokenize_records
+from .tables import ReadOptions
 from .tokenizer import load_tokenizer
 
 
@@ -26,8 +27,10 @@ def run_samples(recipe) -> tuple[Union[ListSamples, MindRecordSamples], list[Sam
 
 
 def _read(recipe, files: Sequence[str], parsers=None) -> list:
-    """The good records of `files`; with data.on_bad_record: skip, the others noted."""
-    records, skipped = read_dataset(files, recipe.data.format, recipe.data.on_bad_record, parsers)
+    """The good records of `files`, read with the run's data.columns and data.encoding; with
+    data.on_bad_record: skip, the others noted."""
+    d = recipe.data
+    records, skipped = read_dataset(files, d.format, d.on_bad_record, ReadOptions.of(d.columns, d.encoding), parsers)
     if skipped.total:
         note(f"data.on_bad_record=skip: skipped {skipped.total} of {len(records) + skipped.total} records of "
              f"{', '.join(files)}: {skipped.describe()}")

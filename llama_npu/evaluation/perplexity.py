@@ -1,6 +1,7 @@
 """`llama-npu eval`: mean loss per target token and perplexity of a converted checkpoint, a
-step or a run directory, or a Hugging Face directory, over JSONL or JSON-array records (text,
-alpaca or ShareGPT, told apart by their keys). `eval --task` (benchmark scores) is exams/.
+step or a run directory, or a Hugging Face directory, over JSONL, JSON-array, CSV, TSV, .xlsx
+or Parquet records (text, alpaca or ShareGPT, told apart by their keys; a run's own
+data.columns and data.encoding read them). `eval --task` (benchmark scores) is exams/.
 
 Memory stays proportional to the records, not to --max-seq-len: records are sorted by
 length, each batch is padded only to the bucket (a power of two from 64 tokens up to
@@ -15,19 +16,20 @@ from pathlib import Path
 from typing import Optional
 
 from ..data.readers import RecordError, detect_format as record_format, read_records
+from ..data.tables import ReadOptions
 from ..data.tokenizer import load_tokenizer
 from .loaded_model import EVAL_CHUNK, build_from_checkpoint, select_device
 from .loss_loop import evaluate
 
 
-def detect_format(path: Path) -> str:
+def detect_format(path: Path, options: ReadOptions = ReadOptions()) -> str:
     """text / alpaca / sharegpt of an eval --data file (data/readers.detect_format), or why
     a directory is not one."""
 
     if path.is_dir():
         raise RecordError(f"--data {path}: a directory; for a C-Eval, CMMLU or MMLU directory add --task "
                           f"ceval|cmmlu|mmlu")
-    return record_format(path)
+    return record_format(path, options)
 
 
 DEFAULT_MAX_SEQ_LEN = 2048  # eval of a checkpoint that is not a run's (a run's is evaluated at its own)
@@ -83,7 +85,8 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: Optional[int]
     else:
         max_seq_len, length_from = DEFAULT_MAX_SEQ_LEN, "the default"
     tokenizer = load_tokenizer(source.tokenizer)
-    records = [r for f in data_files for r in read_records([f], detect_format(Path(f)))]
+    reading = source.reading
+    records = [r for f in data_files for r in read_records([f], detect_format(Path(f), reading), reading)]
     _, loss_cell, _ = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device)
     samples, report = tokenize_records(tokenizer, records, max_seq_len + 1)
     samples.sort(key=lambda s: len(s.input_ids))  # batches of similar length pad little

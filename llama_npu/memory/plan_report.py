@@ -18,6 +18,7 @@ from ..common.atomic import check_writable, replace_file
 from ..data.readers import detect_format
 from ..model.architecture import resolve_shape
 from ..model.llama import MAX_POSITIONS
+from ..recipe.base_weights import CHECKPOINT_PLACEHOLDER
 from ..recipe.load import load_recipe, recipe_from_dict
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe
@@ -43,6 +44,8 @@ def apply_strategy(recipe: Recipe, s: Strategy) -> Recipe:
     st["recompute"].update(mode=s.recompute, layers=s.recompute_layers)
     st["chunked_ce"].update(enabled=s.chunked_ce, chunk_size=s.chunk_size)
     st["lora"]["enabled"] = s.lora
+    if s.lora and not tree["model"]["checkpoint"] and not tree["model"]["random_init"]:  # refused until filled in
+        tree["model"]["checkpoint"] = CHECKPOINT_PLACEHOLDER
     st["parallel"].update(data=s.data, model=s.model, pipeline=s.pipeline, optimizer_shard=s.optimizer_shard,
                           micro_batches=max(s.accumulation, s.pipeline) if s.pipeline > 1 else 1,
                           sequence_parallel=s.sequence_parallel, vocab_emb_dp=s.vocab_emb_dp)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import typing
-from typing import Any, List
+from typing import Any, Dict, List
 
 from .problems import RecipeError
 
@@ -14,6 +14,8 @@ def type_name(tp) -> str:
         return f"{type_name(inner[0])} or null"
     if origin in (list, List):
         return f"list of {type_name(typing.get_args(tp)[0])}"
+    if origin in (dict, Dict):
+        return f"mapping of {' to '.join(type_name(a) for a in typing.get_args(tp))}"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -34,6 +36,11 @@ def coerce(value: Any, tp, key: str) -> Any:
         if not isinstance(value, list):
             raise RecipeError(f"{key}: expected {type_name(tp)}, got {value!r}")
         return [coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, Dict):  # from YAML, or --set KEY='{a: b}'
+        key_type, value_type = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise RecipeError(f"{key}: expected a {type_name(tp)}, e.g. {{instruction: 指令}}, got {value!r}")
+        return {coerce(k, key_type, key): coerce(v, value_type, f"{key}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value

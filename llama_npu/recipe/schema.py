@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..strategies import STRATEGIES
 from ..training.objective_config import DpoSection
@@ -18,6 +18,9 @@ from ..training.objective_config import DpoSection
 class ModelSection:
     preset: str = "tiny"  # llama3.2-1b | llama3.2-3b | tiny
     checkpoint: str = ""  # a `llama-npu convert hf-to-ms` directory to start from (else random init)
+    # true: start from random weights on purpose when checkpoint is empty; a LoRA recipe needs
+    # it or model.checkpoint (recipe/base_weights.py), adapters over a random base being no model.
+    random_init: bool = False
     # Optional size overrides on top of the preset (tests shrink shipped recipes with these).
     hidden_size: Optional[int] = None
     num_layers: Optional[int] = None
@@ -37,6 +40,9 @@ class DataSection:
     train_on_prompt: bool = False
     pack: bool = False  # pack raw train_files into full rows (prepared data says it itself)
     on_bad_record: str = "error"  # error: refuse the run, listing them | skip: train on the good records
+    # record key -> the column (or JSON key) holding it, e.g. {instruction: 指令, output: 输出} (data/tables.py)
+    columns: Dict[str, str] = field(default_factory=dict)
+    encoding: str = ""  # of CSV/TSV/JSON/JSONL files; "" reads UTF-8 (and UTF-16 by its BOM); e.g. gbk
 
 
 @dataclass

@@ -3,6 +3,7 @@ strategy's own checks (strategies/). A check that builds on a value runs once th
 passed."""
 from __future__ import annotations
 
+import codecs
 import re
 
 from ..data.formats import FORMATS, ON_BAD_RECORD
@@ -53,6 +54,14 @@ def check_data(d) -> None:
     if bool(d.train_files) == bool(d.prepared):
         problems.append("data: expected either data.train_files (raw files) or data.prepared (a "
                         "prepare-data directory), not both or neither")
+    if d.encoding:
+        try:
+            codecs.lookup(d.encoding)
+        except LookupError:
+            problems.append(f"data.encoding: unknown encoding {d.encoding!r}; expected a name such as gbk, "
+                            f"gb18030, big5, utf-16")
+    problems += [f"data.columns.{key}: expected a column name, got an empty one"
+                 for key, column in d.columns.items() if not column.strip()]
     if d.prepared and d.pack:
         problems.append("data.pack applies to raw data.train_files; a prepared directory is packed "
                         "or not by llama-npu prepare-data --pack")

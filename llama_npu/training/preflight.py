@@ -20,8 +20,10 @@ from ..checkpoints.files import (CheckpointError, checkpoint_root, inspect, prob
                                  step_dirs_newest_first, unmovable)
 from ..common.atomic import unwritable_reason
 from ..common.console import note
-from ..data.readers import RecordError, iter_records
+from ..data.readers import RecordError, iter_records, with_skip_hint
+from ..data.tables import ReadOptions
 from ..data.tokenizer import TokenizerError, load_tokenizer, tokenizer_identity
+from ..recipe.base_weights import CHECKPOINT_PLACEHOLDER, check_base
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe, with_absolute_paths
 from ..recipe.stored import STORED_RECIPE, stored_recipe
@@ -85,13 +87,13 @@ def check_device(recipe: Recipe) -> list:
 BAD_RECORDS_LISTED = 20
 
 
-def _file_bad_records(path: str, fmt: str, parsers: Optional[dict] = None) -> tuple[list, list]:
+def _file_bad_records(path: str, fmt: str, options: ReadOptions, parsers: Optional[dict] = None) -> tuple[list, list]:
     """(every bad record, every good one) of one file, read with the reader train uses
     (data/readers.py; `parsers`: data/pairs.py's for preference pairs); a file of which no
     record parses (most often another format) is one error instead."""
     bad, good = [], []
     try:
-        for item in iter_records([path], fmt, parsers):
+        for item in iter_records([path], fmt, options, parsers):
             (bad if isinstance(item, RecordError) else good).append(item)
     except OSError as exc:
         raise RecordError(f"{path}: cannot read it ({exc.strerror})") from None
@@ -122,10 +124,11 @@ def check_records(recipe: Recipe, tokenizer=None) -> list:
 
         parsers = PAIR_PARSERS
     for path in d.train_files + d.eval_files:
-        errors, good = _collect(problems, _file_bad_records, path, d.format, parsers) or ([], [])
+        errors, good = _collect(problems, _file_bad_records, path, d.format, ReadOptions.of(d.columns, d.encoding),
+                                parsers) or ([], [])
         bad += errors + (_pair_room(recipe, tokenizer, good) if parsers and tokenizer else [])
     if d.on_bad_record == "error":
-        problems += [str(error) for error in bad[:BAD_RECORDS_LISTED]]
+        problems += [str(with_skip_hint(error)) for error in bad[:BAD_RECORDS_LISTED]]
         if len(bad) > BAD_RECORDS_LISTED:
             problems.append(f"data: {len(bad) - BAD_RECORDS_LISTED} more bad records ({len(bad)} in all); fix "
                             f"them, or set data.on_bad_record: skip to train on the rest")
@@ -162,8 +165,15 @@ def check_data(recipe: Recipe, rehearsal: bool = False) -> list:
 
 def check_rehearsed_recipe(recipe: Recipe) -> list:
     """A rehearsal stands in for the full recipe: its data and weights are checked as given."""
-    problems = check_data(recipe)
-    if recipe.model.checkpoint:
+    return check_data(recipe) + check_weights(recipe, rehearsal=True)
+
+
+def check_weights(recipe: Recipe, rehearsal: bool = False) -> list:
+    """Problems of the weights a run starts from (recipe/base_weights.py), then of the
+    model.checkpoint it names."""
+    problems = []
+    _collect(problems, check_base, recipe, rehearsal)
+    if recipe.model.checkpoint and recipe.model.checkpoint != CHECKPOINT_PLACEHOLDER:
         from ..weights.pretrained import check_pretrained  # imported here: it loads numpy, which validate does not need
 
         _collect(problems, check_pretrained, recipe)
@@ -286,11 +296,7 @@ def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], ov
     is not judged (`validate RECIPE` alone)."""
     problems = check_device(recipe)
     _collect(problems, check_workers, recipe.strategies.parallel, workers)
-    problems += check_data(recipe, rehearsal)
-    if recipe.model.checkpoint:
-        from ..weights.pretrained import check_pretrained  # imported here: it loads numpy, which validate does not need
-
-        _collect(problems, check_pretrained, recipe)
+    problems += check_data(recipe, rehearsal) + check_weights(recipe)
     if run_dir is None:
         return problems, []
     output_problems, candidates = check_output_dir(run_dir, resume, overwrite, main_rank)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..model.architecture import SIZE_KEYS, resolve_shape
 from ..model.llama import fused_kernels
+from ..recipe.base_weights import random_base_reason
 from ..recipe.load import recipe_from_dict
 from ..recipe.schema import Recipe
 from ..strategies import STRATEGIES
@@ -83,6 +84,10 @@ def _shrink_model(r: Rehearsal) -> None:
         r.change("model.checkpoint", "", "it holds another shape; the tiny model starts from random weights")
         r.not_rehearsed.append(f"loading model.checkpoint={m.checkpoint} (its path and shape were checked "
                                f"against the full recipe)")
+    if not m.checkpoint:  # said here, in the summary: the full recipe would train over the same random base
+        r.changed.append(f"the base is random weights: {random_base_reason(r.recipe)}")
+    if not r.tree["model"]["checkpoint"]:  # the tiny model starts from random weights, as the summary says
+        r.tree["model"]["random_init"] = True
 
 
 def _shrink_device(r: Rehearsal) -> None:

@@ -21,6 +21,7 @@ from ..common.stopping import StopSignals
 from ..data.source import run_samples
 from ..recipe.schema import Recipe, with_absolute_paths
 from ..recipe.stored import STORED_RECIPE
+from .data_size import warn_data_size
 from .preflight import checked_start
 from .runtime import init_runtime
 
@@ -50,6 +51,8 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     resume_candidates, warn_recipe_hash = checked_start(recipe, run_dir, resume, overwrite, force,
                                                         launched_workers(), rank == 0, rehearsal is not None)
     train_source, eval_samples = run_samples(recipe)
+    if rehearsal is None and rank == 0:  # a rehearsal's few short steps say nothing of the recipe's schedule
+        warn_data_size(recipe, len(train_source))
     # Under msrun only rank 0 clears and writes the run directory; the others read.
     with signals.creating_run_dir():
         created = open_run_dir(run_dir, recipe, overwrite) if rank == 0 else False

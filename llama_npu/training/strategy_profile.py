@@ -270,7 +270,9 @@ class TimeLeft:
 def run_settings(combo: Combo, base: Recipe, sets: List[str], steps: int) -> List[str]:
     """Every --set of one combination's run: the profile's own (no evaluation; --steps decides
     the length; one checkpoint, at the end), the user's, and the combination's."""
-    return ["data.eval_files=[]", *sets, *combo.overrides(base),
+    # Timing needs no trained base: LoRA over random weights is measured as over real ones.
+    random_base = [] if base.model.checkpoint else ["model.random_init=true"]
+    return ["data.eval_files=[]", *sets, *random_base, *combo.overrides(base),
             f"train.max_steps={steps + 1}", f"train.save_every={steps + 1}"]
 
 

@@ -18,13 +18,14 @@ step directory, whose adapters are folded into the base its recipe names (model.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
 
 from ..checkpoints.files import CheckpointError, problem, step_dirs_newest_first
+from ..data.tables import ReadOptions
 from ..model.architecture import LlamaShape, resolve_shape
 from ..recipe.problems import RecipeError
 from ..recipe.stored import STORED_RECIPE, stored_recipe
@@ -167,6 +168,7 @@ class ResolvedWeights:
     alpha: float = 0.0
     tokenizer: str = "llama3.2"  # the run's data.tokenizer
     max_seq_len: Optional[int] = None  # the run's data.max_seq_len (None: not a run's checkpoint)
+    reading: ReadOptions = field(default_factory=ReadOptions)  # the run's data.columns and data.encoding
 
 
 def _newest_step(run_dir: Path) -> Path:
@@ -179,10 +181,11 @@ def _newest_step(run_dir: Path) -> Path:
 def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
     recipe = stored_recipe(run_dir)
     tokenizer, lora, length = recipe.data.tokenizer, recipe.strategies.lora, recipe.data.max_seq_len
+    reading = ReadOptions.of(recipe.data.columns, recipe.data.encoding)  # eval --data reads as the run did
     if not lora.enabled:
         if not (step / CONFIG).is_file():
             raise CheckpointError(f"{step}: no {CONFIG} (a sharded run's shards need llama-npu merge-checkpoints)")
-        return ResolvedWeights(step, step / WEIGHTS, tokenizer=tokenizer, max_seq_len=length)
+        return ResolvedWeights(step, step / WEIGHTS, tokenizer=tokenizer, max_seq_len=length, reading=reading)
     base = recipe.model.checkpoint
     if not base:
         raise CheckpointError(f"{run_dir}: a LoRA run from random weights (its recipe has no model.checkpoint) "
@@ -190,7 +193,7 @@ def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
     base = Path(base)
     if not (base / CONFIG).is_file():
         raise CheckpointError(f"{run_dir}: the base its recipe names, model.checkpoint={base}, has no {CONFIG}")
-    return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.alpha), tokenizer, length)
+    return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.alpha), tokenizer, length, reading)
 
 
 def resolve_weights(path: Path) -> ResolvedWeights:

@@ -12,11 +12,13 @@ its YAMLs name), with every bad row one line naming its file and line.
 from __future__ import annotations
 
 import csv
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ...data.readers import RecordError, read_text
+from ...data.encodings import decode_file
+from ...data.readers import RecordError
 
 LETTERS = ("A", "B", "C", "D")
 
@@ -90,10 +92,19 @@ def check_directory(layout: Layout, root: Path, split: str) -> List[str]:
     return subjects
 
 
+def convert_layout_hint(path: Path, source: str) -> str:
+    """The command that converts every CSV file of the layout holding `path` (ROOT/split/x.csv)
+    to UTF-8 in place; a file that is UTF-8 already is left as it is, not converted twice."""
+    root = shlex.quote(str(path.parent.parent))
+    return (f"convert every file of {root} to UTF-8 in place: find {root} -name '*.csv' -exec sh -c 'for f; do "
+            f"iconv -f UTF-8 -t UTF-8 \"$f\" >/dev/null 2>&1 || {{ iconv -f {source} -t UTF-8 \"$f\" > \"$f.tmp\" "
+            f"&& mv \"$f.tmp\" \"$f\"; }}; done' sh {{}} +")
+
+
 def _rows(layout: Layout, path: Path):
     """(line number, row as a list of strings) after the header, which is checked."""
 
-    reader = csv.reader(read_text(path).splitlines(keepends=True))
+    reader = csv.reader(decode_file(path, hint=convert_layout_hint).splitlines(keepends=True))
     if layout.columns is not None:
         header = next(reader, None)
         if header is None or [h.strip() for h in header[: len(layout.columns)]] != list(layout.columns):
