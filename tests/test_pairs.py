@@ -64,7 +64,7 @@ def test_both_layouts_read_as_prompt_and_two_replies(tmp_path):
         PairRecord(f"{sharegpt}:2", [("user", "你好")], "你好！有什么可以帮你？", "嗯。")]
     answered = write_jsonl(tmp_path / "answered.jsonl", [{"conversations": [
         {"from": "human", "value": "你好"}, {"from": "gpt", "value": "你好！"}], "chosen": "a", "rejected": "b"}])
-    [error] = list(iter_records([answered], "sharegpt", PAIR_PARSERS))
+    [error] = list(iter_records([answered], "sharegpt", parsers=PAIR_PARSERS))
     assert str(error) == (f"{answered}:1: the conversation ends with an assistant turn; expected it to end with the "
                           f"user, whom 'chosen' and 'rejected' answer")
 
@@ -91,7 +91,8 @@ def test_validate_names_every_bad_pair_once_with_its_line(tmp_path, rendered_len
     proc = run_cli("validate", *args)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"llama-npu: error: {line}" for line in [
-        f"{data}:2: field 'rejected' is missing; expected a non-empty string; {SKIP}",
+        f"{data}:2: field 'rejected' is missing; expected a non-empty string (the record has 'instruction', "
+        f"'chosen'; data.columns: {{rejected: NAME}} reads it from another); {SKIP}",
         f"{data}:3: field 'rejected' is empty; expected a non-empty string; {SKIP}",
         f"{data}:4: 'chosen' equals 'rejected'; a pair needs two different replies; {SKIP}",
         f"{data}:6: read as alpaca, but the record has 'conversations', a sharegpt field: pass --format sharegpt "
