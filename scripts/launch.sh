@@ -96,17 +96,26 @@ setsid msrun --worker_num="$WORKERS" --local_worker_num="${LOCAL_WORKERS:-$WORKE
       --cluster_time_out="${CLUSTER_TIME_OUT:-600}" \
       "$ROOT/.venv/bin/llama-npu" train "$RECIPE" "$@" >"$LOG_DIR/msrun.log" 2>&1 &
 msrun_pid=$!
-# The console shows msrun.log as it grows, without what a stop makes msrun print: its ERROR
-# line for a worker's exit status 75 (the stop this script asked for) and the RuntimeError
-# traceback after it (mindspore/parallel/cluster/process_entity/_api.py, join_processes); this script says what happened in one line instead. MindSpore's own
-# [INFO] lines stay in the file. In its own session, so that a Ctrl-C leaves it running.
+# The console shows msrun.log as it grows: the workers' lines, not msrun's own. msrun's logger
+# lines carry its pid (`[WARNING] ME(<pid>:...`: its "Distributed job is spawned", the ERROR
+# for a worker's exit status, 75 included, "There's worker exits with exception, kill all other
+# workers."), its "Start scheduler/worker process" lines, and the RuntimeError traceback it ends
+# with after any worker's non-zero exit (mindspore/parallel/cluster/process_entity/_api.py,
+# join_processes, start_scheduler, _start_single_worker): this script says what happened in one
+# line instead, and all of it stays in msrun.log, with MindSpore's [INFO] lines. A traceback is
+# held until its last line shows whose it is: a worker's (tailed into msrun.log) is printed.
+# In its own session, so that a Ctrl-C leaves it running.
 CONSOLE_FILTER='
-    /^\[INFO\] / { next }
-    /Worker process [0-9]+ exit with exception\. Error code: 75\./ { held = 1; next }
-    held && /^RuntimeError: Distributed job exited with exception/ { held = 0; next }
-    held && (/^Traceback / || /^ /) { next }
-    { held = 0; print; fflush() }'
-setsid sh -c 'tail -n +1 -f --pid="$1" "$2" | awk "$3"' console "$msrun_pid" "$LOG_DIR/msrun.log" "$CONSOLE_FILTER" &
+    function flush() { if (held != "") printf "%s", held; held = ""; fflush() }
+    /^\[INFO\] / || index($0, "] ME(" msrun ":") || /^Start (scheduler|worker) process/ { next }
+    /^Traceback / { flush(); held = $0 "\n"; next }
+    held != "" && /^RuntimeError: Distributed job exited with exception/ { held = ""; next }
+    held != "" && /^ / { held = held $0 "\n"; next }
+    { flush(); print; fflush() }
+    END { flush() }'
+setsid sh -c 'tail -n +1 -f --pid="$1" "$2" | awk -v msrun="$1" "$3"' console "$msrun_pid" "$LOG_DIR/msrun.log" \
+    "$CONSOLE_FILTER" &
+console_pid=$!
 
 declare -A rank_of=()  # worker pid -> rank, recorded while the worker lives
 declare -A told=()     # workers already sent the stop request
@@ -160,6 +169,7 @@ while kill -0 "$msrun_pid" 2>/dev/null; do
 done
 wait "$msrun_pid"
 status=$?
+wait "$console_pid" 2>/dev/null  # the workers' last lines, before this script's own
 
 # The command that continues this launch: the same arguments, --resume auto instead of
 # --resume/--overwrite, the output directory named, and this node's environment.
