@@ -51,6 +51,28 @@ if [ $# -lt 2 ]; then
 fi
 RECIPE="$1"; WORKERS="$2"; shift 2
 case "$WORKERS" in ''|*[!0-9]*|0) echo "launch: NUM_WORKERS must be a positive integer, got '$WORKERS'" >&2; exit 2 ;; esac
+# More than one node (LOCAL_WORKERS < NUM_WORKERS): the layout, MASTER_ADDR and MASTER_PORT, each
+# refused in one line before any worker starts. msrun gives node R the ranks from R x LOCAL_WORKERS
+# (mindspore/parallel/cluster/process_entity/_api.py, _get_node_id_and_log_path): every node must
+# run the same LOCAL_WORKERS, a divisor of NUM_WORKERS.
+LOCAL="${LOCAL_WORKERS:-$WORKERS}"; NODE="${NODE_RANK:-0}"
+case "$LOCAL" in ''|*[!0-9]*|0) echo "launch: LOCAL_WORKERS must be a positive integer, got '$LOCAL'" >&2; exit 2 ;; esac
+if [ $((WORKERS % LOCAL)) -ne 0 ]; then
+    echo "launch: LOCAL_WORKERS=$LOCAL does not divide NUM_WORKERS=$WORKERS; every node must run the same" \
+         "LOCAL_WORKERS (node R holds the ranks from R x LOCAL_WORKERS)" >&2
+    exit 2
+fi
+NODES=$((WORKERS / LOCAL))
+case "$NODE" in ''|*[!0-9]*) NODE=-1 ;; esac
+if [ "$NODE" -lt 0 ] || [ "$NODE" -ge "$NODES" ]; then
+    echo "launch: NODE_RANK=${NODE_RANK:-} is outside [0, $NODES): NUM_WORKERS=$WORKERS / LOCAL_WORKERS=$LOCAL" \
+         "makes $NODES node(s)" >&2
+    exit 2
+fi
+# master: msrun starts the scheduler here; rehearsal: NODE_RANK > 0 on the scheduler's own host,
+# whose workers start without msrun (a second msrun would start a second scheduler); remote.
+master=$("$ROOT/.venv/bin/python" -m llama_npu.common.nodes check "${MASTER_ADDR:-127.0.0.1}" \
+         "${MASTER_PORT:-8118}" "$NODE") || exit 2
 [ -f "$RECIPE" ] || { echo "launch: recipe file not found: $RECIPE" >&2; exit 2; }
 [ -x "$ROOT/.venv/bin/msrun" ] || { echo "launch: $ROOT/.venv has no msrun; run scripts/smoke.sh or scripts/setup_env.sh first" >&2; exit 2; }
 
@@ -90,11 +112,17 @@ rm -f "$LOG_DIR"/worker_*.log "$LOG_DIR/msrun.log"  # a previous launch's errors
 # msrun starts workers with the `python` on PATH: make it the venv's.
 export PATH="$ROOT/.venv/bin:$PATH"
 # msrun in its own process group (with its scheduler), its output in msrun.log and on the console.
-setsid msrun --worker_num="$WORKERS" --local_worker_num="${LOCAL_WORKERS:-$WORKERS}" \
-      --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-8118}" \
-      --node_rank="${NODE_RANK:-0}" --log_dir="$LOG_DIR" --join="${JOIN:-True}" \
-      --cluster_time_out="${CLUSTER_TIME_OUT:-600}" \
-      "$ROOT/.venv/bin/llama-npu" train "$RECIPE" "$@" >"$LOG_DIR/msrun.log" 2>&1 &
+if [ "$master" = rehearsal ]; then  # this node's workers, as msrun starts them, without its scheduler
+    setsid "$ROOT/.venv/bin/python" -m llama_npu.common.nodes workers "${MASTER_ADDR:-127.0.0.1}" \
+        "${MASTER_PORT:-8118}" "$WORKERS" "$LOCAL" "$NODE" "$LOG_DIR" "${CLUSTER_TIME_OUT:-600}" \
+        "$ROOT/.venv/bin/llama-npu" train "$RECIPE" "$@" >"$LOG_DIR/msrun.log" 2>&1 &
+else
+    setsid msrun --worker_num="$WORKERS" --local_worker_num="$LOCAL" \
+          --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-8118}" \
+          --node_rank="$NODE" --log_dir="$LOG_DIR" --join="${JOIN:-True}" \
+          --cluster_time_out="${CLUSTER_TIME_OUT:-600}" \
+          "$ROOT/.venv/bin/llama-npu" train "$RECIPE" "$@" >"$LOG_DIR/msrun.log" 2>&1 &
+fi
 msrun_pid=$!
 # The console shows msrun.log as it grows: the workers' lines, not msrun's own. msrun's logger
 # lines carry its pid (`[WARNING] ME(<pid>:...`: its "Distributed job is spawned", the ERROR
