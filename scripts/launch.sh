@@ -108,7 +108,7 @@ fi
 
 LOG_DIR="${LOG_DIR:-runs/msrun_logs/$(basename "${RECIPE%.*}")}"
 mkdir -p "$LOG_DIR"
-rm -f "$LOG_DIR"/worker_*.log "$LOG_DIR/msrun.log"  # a previous launch's errors are not this one's
+rm -f "$LOG_DIR"/worker_*.log "$LOG_DIR/msrun.log" "$LOG_DIR/scheduler.log"  # a previous launch's errors are not this one's
 # msrun starts workers with the `python` on PATH: make it the venv's.
 export PATH="$ROOT/.venv/bin:$PATH"
 # msrun in its own process group (with its scheduler), its output in msrun.log and on the console.
@@ -182,11 +182,14 @@ trap 'on_signal INT' INT
 trap 'on_signal TERM' TERM
 # When a worker exits non-zero, msrun kills the other workers, then waits for its scheduler,
 # which waits CLUSTER_TIME_OUT seconds for the workers that are gone (mindspore/parallel/
-# cluster/process_entity/_api.py, join_processes): end msrun and its scheduler instead.
+# cluster/process_entity/_api.py, join_processes): end msrun and its scheduler instead. So too when
+# node 0's scheduler times out a worker of another node that stopped answering (killed, its host
+# gone: mindspore/ccsrc/cluster/topology/meta_server_node.cc, UpdateTopoState, after
+# MS_NODE_TIMEOUT): this node's workers would wait in their next collective.
 while kill -0 "$msrun_pid" 2>/dev/null; do
     find_workers
     [ -n "$stop" ] && tell_workers
-    if grep -q "exit with exception" "$LOG_DIR/msrun.log"; then
+    if grep -q "exit with exception" "$LOG_DIR/msrun.log" || grep -qs "is timed out" "$LOG_DIR/scheduler.log"; then
         sleep 2  # msrun kills the remaining workers first
         kill -TERM -- "-$msrun_pid" 2>/dev/null
         sleep 2
@@ -225,6 +228,8 @@ if [ $status -ne 0 ]; then
     line=$(grep -o "Worker process [0-9]* exit with exception. Error code: -\?[0-9]*" "$LOG_DIR/msrun.log" | head -n 1)
     worker_pid=$(grep -o "process [0-9]*" <<<"$line" | grep -o "[0-9]*")
     worker_status=$(grep -o "\-\?[0-9]*$" <<<"$line")
+    # A worker of any node timed out by node 0's scheduler, by its rank (msrun's MS_NODE_ID).
+    lost=$(grep -so "The node: [0-9]* is timed out" "$LOG_DIR/scheduler.log" | head -n 1 | grep -o "[0-9]*")
     errors=()
     for log in "$LOG_DIR"/worker_*.log; do
         [ -f "$log" ] || continue
@@ -232,7 +237,7 @@ if [ $status -ne 0 ]; then
         error=$(grep "llama-npu: error:" "$log" | tail -n 1)
         if [ -n "$error" ]; then
             errors+=("launch: rank $rank failed: ${error#*llama-npu: error: }")
-        elif grep -q "Traceback" "$log"; then
+        elif [ -z "$lost" ] && grep -q "Traceback" "$log"; then
             echo "launch: rank $rank crashed; last 25 lines of $log:" >&2
             tail -n 25 "$log" >&2
         fi
@@ -240,6 +245,12 @@ if [ $status -ne 0 ]; then
     if [ "${worker_status:-0}" -lt 0 ]; then  # killed by signal -N
         errors+=("launch: rank ${rank_of[$worker_pid]:-?} (pid $worker_pid) was killed by SIG$(kill -l $((-worker_status))); the newest step complete on every rank is intact")
         worker_status=$((128 - worker_status))
+    fi
+    if [ -n "$lost" ]; then
+        # This node's ranks failed in a collective with it: the cause is that rank, alone.
+        errors=("launch: rank $lost on node $((lost / LOCAL)) stopped answering and node 0's scheduler timed it out;")
+        errors[0]+=" that node's console and its LOG_DIR say why"
+        worker_status="${worker_status:-1}"
     fi
     [ "$worker_status" != 75 ] && echo "launch: msrun exited with status $status (logs in $LOG_DIR)" >&2
     # The cause last, one line a failing rank, where the eye lands.

@@ -164,3 +164,40 @@ def test_a_bad_node_layout_or_master_addr_is_one_line_before_any_worker_starts(e
                       timeout=30)
     assert (proc.returncode, proc.stderr.strip()) == (2, line)
     assert not (tmp_path / "logs").exists() and not (tmp_path / "run").exists()
+
+
+def worker_of(run_dir, rank: int) -> int:
+    """The pid of the training worker of `rank` of the launch writing `run_dir`."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                command = fh.read()
+        except OSError:
+            continue
+        if b"MS_ROLE=MS_WORKER" in env and f"RANK_ID={rank}".encode() in env and str(run_dir).encode() in command:
+            return int(entry)
+    raise AssertionError(f"no worker of rank {rank} writes {run_dir}")
+
+
+def test_a_kill_9_of_node_1s_worker_ends_node_0_naming_the_node_and_rank(nodes, tmp_path):
+    port = random.randint(20000, 40000)
+    run = tmp_path / "run"
+    launches = [start_node(nodes, n, tmp_path, "--output-dir", run, *EIGHT_STEPS, "--set", "train.max_steps=1000",
+                           port=port) for n in (0, 1)]
+    wait_until((run / "metrics.jsonl").exists, launches[0], "the first step")
+    os.kill(worker_of(run, 1), signal.SIGKILL)
+    # Node 0's scheduler times the rank out after MindSpore's MS_NODE_TIMEOUT (30 s): no hang.
+    assert launches[0].wait(timeout=60) == 1, console(tmp_path, 0)[-3000:]
+    lines = (tmp_path / "node0.err").read_text().strip().splitlines()
+    assert lines[-2] == ("launch: rank 1 on node 1 stopped answering and node 0's scheduler timed it out; that node's "
+                         "console and its LOG_DIR say why")
+    assert lines[-1].startswith("launch: continue with: ") and "NODE_RANK=0" in lines[-1]
+    assert launches[1].wait(timeout=60) == 128 + signal.SIGKILL
+    assert re.fullmatch(r"launch: rank 1 \(pid \d+\) was killed by SIGKILL; the newest step complete on every rank "
+                        r"is intact", last_line_but_one(tmp_path, 1))
+
+
+def last_line_but_one(work, n) -> str:
+    return (work / f"node{n}.err").read_text().strip().splitlines()[-2]
