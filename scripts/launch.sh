@@ -56,7 +56,9 @@ case "$WORKERS" in ''|*[!0-9]*|0) echo "launch: NUM_WORKERS must be a positive i
 # (mindspore/parallel/cluster/process_entity/_api.py, _get_node_id_and_log_path): every node must
 # run the same LOCAL_WORKERS, a divisor of NUM_WORKERS.
 LOCAL="${LOCAL_WORKERS:-$WORKERS}"; NODE="${NODE_RANK:-0}"
-case "$LOCAL" in ''|*[!0-9]*|0) echo "launch: LOCAL_WORKERS must be a positive integer, got '$LOCAL'" >&2; exit 2 ;; esac
+case "$LOCAL" in
+    ''|*[!0-9]*|0) echo "launch: LOCAL_WORKERS must be a positive integer, got '$LOCAL'" >&2; exit 2 ;;
+esac
 if [ $((WORKERS % LOCAL)) -ne 0 ]; then
     echo "launch: LOCAL_WORKERS=$LOCAL does not divide NUM_WORKERS=$WORKERS; every node must run the same" \
          "LOCAL_WORKERS (node R holds the ranks from R x LOCAL_WORKERS)" >&2
@@ -108,7 +110,8 @@ fi
 
 LOG_DIR="${LOG_DIR:-runs/msrun_logs/$(basename "${RECIPE%.*}")}"
 mkdir -p "$LOG_DIR"
-rm -f "$LOG_DIR"/worker_*.log "$LOG_DIR/msrun.log" "$LOG_DIR/scheduler.log"  # a previous launch's errors are not this one's
+# a previous launch's errors are not this one's
+rm -f "$LOG_DIR"/worker_*.log "$LOG_DIR/msrun.log" "$LOG_DIR/scheduler.log"
 # msrun starts workers with the `python` on PATH: make it the venv's.
 export PATH="$ROOT/.venv/bin:$PATH"
 # msrun in its own process group (with its scheduler), its output in msrun.log and on the console.

@@ -77,8 +77,8 @@ def test_a_second_signal_to_launch_sh_ends_everything_at_once_and_keeps_the_last
     shutil.copytree(six_step_run[0], out)
     logs = tmp_path / "logs"
     env = {**os.environ, "MASTER_PORT": str(random.randint(20000, 40000)), "LOG_DIR": str(logs)}
-    launch = subprocess.Popen(["bash", "scripts/launch.sh", str(out / "recipe.yaml"), "1", "--output-dir", str(out), "--resume",
-                               "auto", "--set", "train.max_steps=1000", "--set", "train.save_every=1"],
+    launch = subprocess.Popen(["bash", "scripts/launch.sh", str(out / "recipe.yaml"), "1", "--output-dir", str(out),
+                               "--resume", "auto", "--set", "train.max_steps=1000", "--set", "train.save_every=1"],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # A step of the resumed run is done: the first signal's stop then saves the next one.
     wait_until(lambda: "step 7" in text(out / "metrics.jsonl").replace('"step": ', "step "), launch, "step 7")

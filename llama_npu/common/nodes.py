@@ -86,8 +86,8 @@ def join(workers: list, log_dir: str) -> int:
             codes = [proc.poll() for proc in workers]
             failed = next((proc for proc, code in zip(workers, codes) if code not in (None, 0)), None)
             if failed is not None:
-                print(f"[ERROR] ME({os.getpid()}:0,MainProcess) Worker process {failed.pid} exit with exception. Error code: {failed.returncode}.",
-                      flush=True)
+                print(f"[ERROR] ME({os.getpid()}:0,MainProcess) Worker process {failed.pid} exit with exception. "
+                      f"Error code: {failed.returncode}.", flush=True)
                 for proc in workers:
                     if proc.poll() is None:
                         os.killpg(proc.pid, 9)
