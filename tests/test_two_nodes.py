@@ -20,15 +20,29 @@ def ip(*args, check=True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
+def ours_or_abandoned(name: str) -> bool:
+    """A name this file gave (PREFIX<pid>...) whose test process is this one or gone: never
+    another pytest worker's, still running."""
+    pid = int(re.match(rf"{PREFIX}(\d+)", name).group(1))
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def remove_leftovers() -> None:
-    """Namespaces named PREFIX* (their veth ends go with them) and a veth end left outside one."""
+    """Namespaces named PREFIX<pid>-N (their veth ends go with them) and a veth end left outside one."""
     if shutil.which("ip") is None:
         return
-    for line in ip("netns", "list", check=False).stdout.splitlines():
-        if line.startswith(PREFIX):
-            ip("netns", "delete", line.split()[0], check=False)
-    for link in re.findall(rf"^\d+: ({PREFIX}[^:@]*)", ip("-o", "link", check=False).stdout, re.M):
-        ip("link", "delete", link, check=False)
+    for name in re.findall(rf"^({PREFIX}\d+-\d)", ip("netns", "list", check=False).stdout, re.M):
+        if ours_or_abandoned(name):
+            ip("netns", "delete", name, check=False)
+    for link in re.findall(rf"^\d+: ({PREFIX}\d+[ab])", ip("-o", "link", check=False).stdout, re.M):
+        if ours_or_abandoned(link):
+            ip("link", "delete", link, check=False)
 
 
 def make_nodes() -> list:
