@@ -51,6 +51,30 @@ if [ $# -lt 2 ]; then
 fi
 RECIPE="$1"; WORKERS="$2"; shift 2
 case "$WORKERS" in ''|*[!0-9]*|0) echo "launch: NUM_WORKERS must be a positive integer, got '$WORKERS'" >&2; exit 2 ;; esac
+# More than one node (LOCAL_WORKERS < NUM_WORKERS): the layout, MASTER_ADDR and MASTER_PORT, each
+# refused in one line before any worker starts. msrun gives node R the ranks from R x LOCAL_WORKERS
+# (mindspore/parallel/cluster/process_entity/_api.py, _get_node_id_and_log_path): every node must
+# run the same LOCAL_WORKERS, a divisor of NUM_WORKERS.
+LOCAL="${LOCAL_WORKERS:-$WORKERS}"; NODE="${NODE_RANK:-0}"
+case "$LOCAL" in
+    ''|*[!0-9]*|0) echo "launch: LOCAL_WORKERS must be a positive integer, got '$LOCAL'" >&2; exit 2 ;;
+esac
+if [ $((WORKERS % LOCAL)) -ne 0 ]; then
+    echo "launch: LOCAL_WORKERS=$LOCAL does not divide NUM_WORKERS=$WORKERS; every node must run the same" \
+         "LOCAL_WORKERS (node R holds the ranks from R x LOCAL_WORKERS)" >&2
+    exit 2
+fi
+NODES=$((WORKERS / LOCAL))
+case "$NODE" in ''|*[!0-9]*) NODE=-1 ;; esac
+if [ "$NODE" -lt 0 ] || [ "$NODE" -ge "$NODES" ]; then
+    echo "launch: NODE_RANK=${NODE_RANK:-} is outside [0, $NODES): NUM_WORKERS=$WORKERS / LOCAL_WORKERS=$LOCAL" \
+         "makes $NODES node(s)" >&2
+    exit 2
+fi
+# master: msrun starts the scheduler here; rehearsal: NODE_RANK > 0 on the scheduler's own host,
+# whose workers start without msrun (a second msrun would start a second scheduler); remote.
+master=$("$ROOT/.venv/bin/python" -m llama_npu.common.nodes check "${MASTER_ADDR:-127.0.0.1}" \
+         "${MASTER_PORT:-8118}" "$NODE") || exit 2
 [ -f "$RECIPE" ] || { echo "launch: recipe file not found: $RECIPE" >&2; exit 2; }
 [ -x "$ROOT/.venv/bin/msrun" ] || { echo "launch: $ROOT/.venv has no msrun; run scripts/smoke.sh or scripts/setup_env.sh first" >&2; exit 2; }
 
@@ -87,27 +111,43 @@ fi
 
 LOG_DIR="${LOG_DIR:-runs/msrun_logs/$(basename "${RECIPE%.*}")}"
 mkdir -p "$LOG_DIR"
-rm -f "$LOG_DIR"/worker_*.log "$LOG_DIR/msrun.log"  # a previous launch's errors are not this one's
+# a previous launch's errors are not this one's
+rm -f "$LOG_DIR"/worker_*.log "$LOG_DIR/msrun.log" "$LOG_DIR/scheduler.log"
 # msrun starts workers with the `python` on PATH: make it the venv's.
 export PATH="$ROOT/.venv/bin:$PATH"
 # msrun in its own process group (with its scheduler), its output in msrun.log and on the console.
-setsid msrun --worker_num="$WORKERS" --local_worker_num="${LOCAL_WORKERS:-$WORKERS}" \
-      --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-8118}" \
-      --node_rank="${NODE_RANK:-0}" --log_dir="$LOG_DIR" --join="${JOIN:-True}" \
-      --cluster_time_out="${CLUSTER_TIME_OUT:-600}" \
-      "$ROOT/.venv/bin/llama-npu" train "$RECIPE" "$@" >"$LOG_DIR/msrun.log" 2>&1 &
+if [ "$master" = rehearsal ]; then  # this node's workers, as msrun starts them, without its scheduler
+    setsid "$ROOT/.venv/bin/python" -m llama_npu.common.nodes workers "${MASTER_ADDR:-127.0.0.1}" \
+        "${MASTER_PORT:-8118}" "$WORKERS" "$LOCAL" "$NODE" "$LOG_DIR" "${CLUSTER_TIME_OUT:-600}" \
+        "$ROOT/.venv/bin/llama-npu" train "$RECIPE" "$@" >"$LOG_DIR/msrun.log" 2>&1 &
+else
+    setsid msrun --worker_num="$WORKERS" --local_worker_num="$LOCAL" \
+          --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-8118}" \
+          --node_rank="$NODE" --log_dir="$LOG_DIR" --join="${JOIN:-True}" \
+          --cluster_time_out="${CLUSTER_TIME_OUT:-600}" \
+          "$ROOT/.venv/bin/llama-npu" train "$RECIPE" "$@" >"$LOG_DIR/msrun.log" 2>&1 &
+fi
 msrun_pid=$!
-# The console shows msrun.log as it grows, without what a stop makes msrun print: its ERROR
-# line for a worker's exit status 75 (the stop this script asked for) and the RuntimeError
-# traceback after it (mindspore/parallel/cluster/process_entity/_api.py, join_processes); this script says what happened in one line instead. MindSpore's own
-# [INFO] lines stay in the file. In its own session, so that a Ctrl-C leaves it running.
+# The console shows msrun.log as it grows: the workers' lines, not msrun's own. msrun's logger
+# lines carry its pid (`[WARNING] ME(<pid>:...`: its "Distributed job is spawned", the ERROR
+# for a worker's exit status, 75 included, "There's worker exits with exception, kill all other
+# workers."), its "Start scheduler/worker process" lines, and the RuntimeError traceback it ends
+# with after any worker's non-zero exit (mindspore/parallel/cluster/process_entity/_api.py,
+# join_processes, start_scheduler, _start_single_worker): this script says what happened in one
+# line instead, and all of it stays in msrun.log, with MindSpore's [INFO] lines. A traceback is
+# held until its last line shows whose it is: a worker's (tailed into msrun.log) is printed.
+# In its own session, so that a Ctrl-C leaves it running.
 CONSOLE_FILTER='
-    /^\[INFO\] / { next }
-    /Worker process [0-9]+ exit with exception\. Error code: 75\./ { held = 1; next }
-    held && /^RuntimeError: Distributed job exited with exception/ { held = 0; next }
-    held && (/^Traceback / || /^ /) { next }
-    { held = 0; print; fflush() }'
-setsid sh -c 'tail -n +1 -f --pid="$1" "$2" | awk "$3"' console "$msrun_pid" "$LOG_DIR/msrun.log" "$CONSOLE_FILTER" &
+    function flush() { if (held != "") printf "%s", held; held = ""; fflush() }
+    /^\[INFO\] / || index($0, "] ME(" msrun ":") || /^Start (scheduler|worker) process/ { next }
+    /^Traceback / { flush(); held = $0 "\n"; next }
+    held != "" && /^RuntimeError: Distributed job exited with exception/ { held = ""; next }
+    held != "" && /^ / { held = held $0 "\n"; next }
+    { flush(); print; fflush() }
+    END { flush() }'
+setsid sh -c 'tail -n +1 -f --pid="$1" "$2" | awk -v msrun="$1" "$3"' console "$msrun_pid" "$LOG_DIR/msrun.log" \
+    "$CONSOLE_FILTER" &
+console_pid=$!
 
 declare -A rank_of=()  # worker pid -> rank, recorded while the worker lives
 declare -A told=()     # workers already sent the stop request
@@ -146,11 +186,14 @@ trap 'on_signal INT' INT
 trap 'on_signal TERM' TERM
 # When a worker exits non-zero, msrun kills the other workers, then waits for its scheduler,
 # which waits CLUSTER_TIME_OUT seconds for the workers that are gone (mindspore/parallel/
-# cluster/process_entity/_api.py, join_processes): end msrun and its scheduler instead.
+# cluster/process_entity/_api.py, join_processes): end msrun and its scheduler instead. So too when
+# node 0's scheduler times out a worker of another node that stopped answering (killed, its host
+# gone: mindspore/ccsrc/cluster/topology/meta_server_node.cc, UpdateTopoState, after
+# MS_NODE_TIMEOUT): this node's workers would wait in their next collective.
 while kill -0 "$msrun_pid" 2>/dev/null; do
     find_workers
     [ -n "$stop" ] && tell_workers
-    if grep -q "exit with exception" "$LOG_DIR/msrun.log"; then
+    if grep -q "exit with exception" "$LOG_DIR/msrun.log" || grep -qs "is timed out" "$LOG_DIR/scheduler.log"; then
         sleep 2  # msrun kills the remaining workers first
         kill -TERM -- "-$msrun_pid" 2>/dev/null
         sleep 2
@@ -161,6 +204,7 @@ while kill -0 "$msrun_pid" 2>/dev/null; do
 done
 wait "$msrun_pid"
 status=$?
+wait "$console_pid" 2>/dev/null  # the workers' last lines, before this script's own
 
 # The command that continues this launch: the same arguments, --resume auto instead of
 # --resume/--overwrite, the output directory named, and this node's environment.
@@ -188,6 +232,8 @@ if [ $status -ne 0 ]; then
     line=$(grep -o "Worker process [0-9]* exit with exception. Error code: -\?[0-9]*" "$LOG_DIR/msrun.log" | head -n 1)
     worker_pid=$(grep -o "process [0-9]*" <<<"$line" | grep -o "[0-9]*")
     worker_status=$(grep -o "\-\?[0-9]*$" <<<"$line")
+    # A worker of any node timed out by node 0's scheduler, by its rank (msrun's MS_NODE_ID).
+    lost=$(grep -so "The node: [0-9]* is timed out" "$LOG_DIR/scheduler.log" | head -n 1 | grep -o "[0-9]*")
     errors=()
     for log in "$LOG_DIR"/worker_*.log; do
         [ -f "$log" ] || continue
@@ -195,7 +241,7 @@ if [ $status -ne 0 ]; then
         error=$(grep "llama-npu: error:" "$log" | tail -n 1)
         if [ -n "$error" ]; then
             errors+=("launch: rank $rank failed: ${error#*llama-npu: error: }")
-        elif grep -q "Traceback" "$log"; then
+        elif [ -z "$lost" ] && grep -q "Traceback" "$log"; then
             echo "launch: rank $rank crashed; last 25 lines of $log:" >&2
             tail -n 25 "$log" >&2
         fi
@@ -203,6 +249,12 @@ if [ $status -ne 0 ]; then
     if [ "${worker_status:-0}" -lt 0 ]; then  # killed by signal -N
         errors+=("launch: rank ${rank_of[$worker_pid]:-?} (pid $worker_pid) was killed by SIG$(kill -l $((-worker_status))); the newest step complete on every rank is intact")
         worker_status=$((128 - worker_status))
+    fi
+    if [ -n "$lost" ]; then
+        # This node's ranks failed in a collective with it: the cause is that rank, alone.
+        errors=("launch: rank $lost on node $((lost / LOCAL)) stopped answering and node 0's scheduler timed it out;")
+        errors[0]+=" that node's console and its LOG_DIR say why"
+        worker_status="${worker_status:-1}"
     fi
     [ "$worker_status" != 75 ] && echo "launch: msrun exited with status $status (logs in $LOG_DIR)" >&2
     # The cause last, one line a failing rank, where the eye lands.

@@ -198,7 +198,8 @@ def prune(root: Path, keep_last: int) -> list:
     return doomed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this PID lives on this host (a PID of another host tells nothing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -217,7 +218,7 @@ def remove_abandoned_saves(root: Path) -> list:
     if not root.is_dir():
         return []
     doomed = [p for p in root.iterdir()
-              if (m := _ABANDONED_SAVE.match(p.name)) and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1)))]
+              if (m := _ABANDONED_SAVE.match(p.name)) and int(m.group(1)) != os.getpid() and not process_alive(int(m.group(1)))]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed

@@ -15,6 +15,7 @@ from typing import Optional
 
 import yaml
 
+from ..checkpoints.leftovers import repair_killed_saves
 from ..common.frameworks import quiet_frameworks
 from ..common.launcher import launched_rank, launched_workers
 from ..common.stopping import StopSignals
@@ -48,6 +49,8 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     before every pre-flight check and the tokenizing have passed; a start-up that fails or is
     interrupted (stopping.StopSignals) after that removes the run directory it created."""
     run_dir, rank = Path(run_dir), launched_rank()
+    if resume == "auto":  # before the checkpoints are listed: what killed saves left (every rank alike)
+        repair_killed_saves(run_dir)
     resume_candidates, warn_recipe_hash = checked_start(recipe, run_dir, resume, overwrite, force,
                                                         launched_workers(), rank == 0, rehearsal is not None)
     train_source, eval_samples = run_samples(recipe)
