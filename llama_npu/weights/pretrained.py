@@ -99,6 +99,10 @@ def pretrained_source(recipe, wanted: LlamaShape) -> tuple[Path, LlamaShape, dic
     if shape != wanted:
         raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
                           f"{recipe.model.preset} is {wanted.describe()}")
+    if meta.get("quantization") and not recipe.strategies.lora.enabled:
+        raise RecipeError(f"model.checkpoint={directory} is quantized (int8, by llama-npu quantize): a full "
+                          f"fine-tune trains every weight, which int8 cannot hold; start from the float "
+                          f"conversion, or train LoRA over it (strategies.lora.enabled=true)")
     if not (directory / WEIGHTS).is_file():
         raise CheckpointError(f"model.checkpoint={directory}: no {WEIGHTS}")
     return directory, shape, meta
