@@ -129,7 +129,7 @@ def frozen_base_dtypes(dtypes: dict) -> dict:
 def plan_settings(recipe) -> dict:
     section = recipe.strategies.lora
     return {"lora": section.enabled, "lora_rank": section.rank,
-            "lora_targets": tuple(matched_layers(section.target_modules))}
+            "lora_targets": tuple(matched_layers(section.target_modules)), "lora_base_dtype": section.base_dtype}
 
 
 def lora_params_per_layer(shape, rank: int, targets) -> int:
