@@ -55,8 +55,9 @@ def format_held_out(cost: dict) -> str:
              f"(max_seq_len {first['max_seq_len']}, {first['max_seq_len_from']}):",
              f"{'':<6} {'loss':>8} {'perplexity':>11}"]
     lines += [f"{name:<6} {cost[name]['loss']:>8.4f} {cost[name]['perplexity']:>11.3f}" for name in ("float", "int8")]
-    lines.append(f"int8 - float: loss {cost['loss_delta']:+.4f} ({cost['loss_delta'] / first['loss']:+.2%}), "
-                 f"perplexity {cost['perplexity_ratio'] - 1:+.2%}")
+    # a fine-tune's cost can be far below the table's 4 decimals: the difference gets 6
+    lines.append(f"int8 - float: loss {cost['loss_delta']:+.6f} ({cost['loss_delta'] / first['loss']:+.4%}), "
+                 f"perplexity {cost['perplexity_ratio'] - 1:+.4%}")
     return "\n".join(lines)
 
 
