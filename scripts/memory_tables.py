@@ -121,8 +121,10 @@ Figures are estimates of this harness's memory on an NPU, not measurements.
 INT8 is per-output-channel symmetric on the decoder's linear layers, with one fp32 scale
 per output channel; the embedding (tied to the LM head) and the norms stay in FP16, so INT8
 does not quarter the weights: the 128,256 x hidden embedding is a large share of a small model.
-Each linear weight is dequantized right before its matmul, one at a time: the INT8 rows'
-activations include the largest one's cast and scaled copy in FP16 (`dequantized_weight`).
+Each linear weight is dequantized right before its matmul, one at a time: on the 910A the
+INT8 rows' activations include the largest one's fp32 cast, its fp32 product with the
+scales and its FP16 copy (`dequantized_weight`); the 910B's WeightQuantBatchMatmul
+dequantizes inside the kernel and forms none.
 
 The usual guides put INT8 inference at about 1.2 GB for the 1B model and 3.6 GB for the 3B.
 Beside the planner's count, term by term (GB):
@@ -155,7 +157,8 @@ softmax statistics.
 LoRA rank 8 on wq, wk, wv and wo, AdamW on the adapters, FP16 (O2). With
 `strategies.lora.base_dtype: int8` the frozen base's linear weights are held as INT8 with
 fp32 scales (as `quantize` writes them) and one weight at a time is dequantized, in the
-forward and again in the backward: the model states column includes that transient.
+forward and again in the backward: the model states column includes that transient
+(the 910A's; the needs column has each card's, none on the 910B).
 
 | model | settings | model states GB | activations GB 910A / 910B | logits + loss GB | needs GB per card 910A / 910B | fits 910A (29 GB) with 10% free | fits 910B (58 GB) |
 |---|---|---|---|---|---|---|---|
@@ -231,8 +234,9 @@ ZH = """# Llama 3.2 1B / 3B 在昇腾上的显存：规划器给出的数字
 
 INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道一个 fp32 缩放因子；词嵌入（与 LM head 共享）
 和归一化层保持 FP16，因此 INT8 不会把权重降到四分之一：128,256 × hidden 的词嵌入在小模型里占比很大。
-每个线性层的权重在其矩阵乘法之前才反量化，一次一个：INT8 行的激活包含最大的那个权重的转换副本和缩放副本（FP16，
-`dequantized_weight`）。
+每个线性层的权重在其矩阵乘法之前才反量化，一次一个：在 910A 上，INT8 行的激活包含最大的那个权重的 fp32 转换、
+它与缩放因子的 fp32 乘积及其 FP16 副本（`dequantized_weight`）；910B 的 WeightQuantBatchMatmul 在算子内部反量化，
+不生成这些副本。
 
 常见指南给出的 INT8 推理显存：1B 约 1.2 GB，3B 约 3.6 GB。与规划器的数字逐项对照（GB）：
 
@@ -258,7 +262,7 @@ INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道
 
 LoRA rank 8，作用于 wq、wk、wv、wo，AdamW 只更新适配器，FP16（O2）。设置 `strategies.lora.base_dtype: int8`
 时，冻结基座的线性层权重以 INT8 加 fp32 缩放因子保存（与 `quantize` 写出的相同），每次只反量化一个权重，
-前向一次、反向再一次：模型状态一列包含这个临时张量。
+前向一次、反向再一次：模型状态一列包含这个临时张量（910A 的；"每卡需要"一列按各自的卡计算，910B 上没有）。
 
 | 模型 | 设置 | 模型状态 GB | 激活 GB 910A / 910B | logits + loss GB | 每卡需要 GB 910A / 910B | 910A（29 GB，留 10%）放得下 | 910B（58 GB）放得下 |
 |---|---|---|---|---|---|---|---|

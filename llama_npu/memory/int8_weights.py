@@ -2,10 +2,9 @@
 per-output-channel symmetric int8 with one fp32 scale per output row), for `eval` /
 `generate` of a quantized model and for LoRA over an int8 frozen base.
 
-Each linear layer dequantizes its own weight right before its matmul (a cast, then the
-scale), in the forward and again in the backward, and never keeps it across the step: the
-transient is one weight's cast and its scaled product in the compute dtype, counted for
-the largest linear weight of a layer."""
+Each linear layer dequantizes its own weight right before its matmul, in the forward and
+again in the backward, and never keeps it across the step (model/int8_linear.py): the
+transient is one weight's, counted for the largest linear weight of a layer."""
 from __future__ import annotations
 
 from ..model.architecture import LlamaShape
@@ -25,6 +24,11 @@ def int8_layer_bytes(shape: LlamaShape) -> int:
     return sum(i * o + o * SCALE_BYTES for i, o in linear_shapes(shape).values())
 
 
-def dequantized_weight_bytes(shape: LlamaShape, compute_bytes: int) -> int:
-    """The transient of dequantizing one weight (the largest): the cast and the scaled copy."""
-    return 2 * max(i * o for i, o in linear_shapes(shape).values()) * compute_bytes
+def dequantized_weight_bytes(shape: LlamaShape, compute_bytes: int, fused_kernel: bool) -> int:
+    """The transient of dequantizing one weight (the largest). On Atlas A2/A3 (the 910B) in half
+    precision, WeightQuantBatchMatmul dequantizes inside the kernel and forms none. Elsewhere
+    (the 910A, the CPU, fp32 compute) q is cast to fp32, multiplied by the scales in fp32 and
+    the product cast to the compute dtype: 4 + 4 + compute bytes a weight at worst."""
+    if fused_kernel and compute_bytes == 2:
+        return 0
+    return (4 + 4 + compute_bytes) * max(i * o for i, o in linear_shapes(shape).values())

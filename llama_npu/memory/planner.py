@@ -6,8 +6,9 @@ Every number is a formula over the exact parameter counts and the recipe; the fo
 follow this harness's implementation, not an idealised trainer (docs/memory.md says which
 tensors are alive in which phase):
 - weights: parameters in their stored dtype (fp32 under O0-O2, the half dtype under O3; a
-  LoRA base in the compute dtype, or its linear weights in int8 with fp32 scales) plus, under O1/O2, the half-precision copies the matmuls
-  use, which autodiff keeps for the backward pass (freed before the update);
+  LoRA base in the compute dtype, or its linear weights in int8 with fp32 scales) plus,
+  under O1/O2, the half-precision copies the matmuls use, which autodiff keeps for the
+  backward pass (freed before the update);
 - gradients: one micro-batch a step: the gradients themselves, in the trainable
   parameters' dtype, from the backward to the update. Accumulating: the fp32 accumulators,
   alive the whole step;
@@ -36,7 +37,8 @@ tensors are alive in which phase):
 - communication buffers: HCCL keeps 2 x HCCL_BUFFSIZE (200 MB by default) per communicator,
   outside MindSpore's pool: they must fit in the HBM the pool leaves (hbm - max_device_memory);
 - dequantized_weight (an int8 base only): one linear weight dequantized in the forward
-  and again in the backward, never kept across the step (memory/int8_weights.py);
+  and again in the backward, never kept across the step; none on the 910B, whose kernel
+  dequantizes inside the matmul (memory/int8_weights.py);
 - margin: 10% of the usable memory, kept free for the runtime and fragmentation.
 The plan's total is the largest phase (forward, backward, update) plus the margin; it fits
 when that total fits the pool and the communication buffers fit beside it.
@@ -206,7 +208,8 @@ def step_transients(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
     update += precision.half_update_copy(s, frozen=s.lora, accumulates=accumulates(s), gradients=gradients)
     transients = {"embedding_gradient": embedding, "update_copies": update}
     if int8_base(s):
-        transients["dequantized_weight"] = dequantized_weight_bytes(shape, precision.activation_bytes(s))
+        transients["dequantized_weight"] = dequantized_weight_bytes(shape, precision.activation_bytes(s),
+                                                                    s.flash_attention)
     return transients
 
 
@@ -343,7 +346,7 @@ def estimate_inference(shape: LlamaShape, params: int, device: Device, precision
         "kv_cache": 2 * layers * tokens * kv * c, "activations": one_layer,
         "logits_loss": tokens * shape.vocab_size * 4,
         # held in int8, each weight is dequantized right before its matmul
-        "dequantized_weight": dequantized_weight_bytes(shape, c) if precision == "int8" else 0,
+        "dequantized_weight": dequantized_weight_bytes(shape, c, device.flash_attention) if precision == "int8" else 0,
         "communication_buffers": 0, "margin": math.ceil(device.usable_bytes * MARGIN_FRACTION)})
     return plan
 
@@ -353,7 +356,7 @@ def fit_inference(shape: LlamaShape, params: int, device: Device, precision: str
     """((precision, plan) of the most precise weights that fit, or None; the last one tried):
     `precision`, then the device's half precision, then int8, each at the given batch and length."""
     order = ["fp32", "bf16" if device.bf16 and precision != "fp16" else "fp16", "int8"]
-    tried = order[order.index(precision):] if precision in order else [precision, "int8"]
+    tried = order[order.index(precision):]  # bf16 on a device without it is refused before
     plan = None
     for name in tried:
         plan = estimate_inference(shape, params, device, name, batch, seq_len)
