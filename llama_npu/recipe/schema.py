@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from ..strategies import STRATEGIES
+from ..training.objective_config import DpoSection
 
 
 @dataclass
@@ -65,6 +66,7 @@ class TrainSection:
     max_nonfinite_steps: int = 10
     eval_every: int = 0  # 0: evaluate only at the end (when eval files are given)
     mode: str = "graph"  # graph | pynative
+    objective: str = "sft"  # sft | dpo (preference pairs: the dpo section)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
 
 
@@ -86,6 +88,7 @@ class Recipe:
     train: TrainSection = field(default_factory=TrainSection)
     strategies: StrategiesSection = field(default_factory=StrategiesSection)
     device: DeviceSection = field(default_factory=DeviceSection)
+    dpo: DpoSection = field(default_factory=DpoSection)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -7,6 +7,7 @@ from ..data.formats import FORMATS, ON_BAD_RECORD
 from ..memory.devices import DEVICE_TARGETS, DeviceError, parse_bytes
 from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
 from ..strategies import STRATEGIES
+from ..training.objective_config import check_objective
 from .problems import Problems, choice, positive
 
 
@@ -18,6 +19,7 @@ def validate(recipe) -> None:
     passed["sizes"] = problems.passes(check_sizes, recipe)
     problems.check(check_train, recipe.train)
     problems.check(check_device, recipe.device)
+    problems.check(check_objective, recipe)
     for strategy in STRATEGIES:
         ready = all(passed[name] for name in strategy.CHECKED_AFTER)
         passed[strategy.KEY] = ready and problems.passes(strategy.check, recipe)
