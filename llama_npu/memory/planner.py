@@ -219,7 +219,6 @@ def step_transients(shape: LlamaShape, s: Strategy, device: Device) -> Dict[str,
     return transients
 
 
-
 def scales_out_of_place(device: Device) -> bool:
     """Whether our train step unscales and clips into new tensors on `device`: where it compiles for GE."""
     return default_backend(device.name) == GE
