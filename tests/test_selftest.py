@@ -21,7 +21,8 @@ def test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason(cpu_selfte
     passed = [c["name"] for c in checks if c["status"] == "pass"]
     assert len(passed) >= 6 and not [c for c in checks if c["status"] == "fail"]
     assert all(c["reason"] for c in checks if c["status"] == "skip")
-    assert {c["category"] for c in checks} == {"overflow", "precision", "mask", "memory", "speed", "parallel", "export"}
+    assert {c["category"] for c in checks} == {"overflow", "precision", "mask", "memory", "speed", "parallel", "export",
+                                                   "int8"}
     # A check the CPU cannot run is a skip, never a pass.
     status = {c["name"]: c["status"] for c in checks}
     assert status["precision_bf16_vs_fp32"] == status["mask_flash_vs_plain"] == status["memory_vs_plan"] == "skip"
@@ -38,7 +39,7 @@ def test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason(cpu_selfte
     assert len(lines) == len(checks) + 1  # the table is the checks' lines and the summary, nothing else
     for c, line in zip(checks, lines):  # one printed line a check: name, status, figure against tolerance or reason
         assert line.startswith(c["name"]) and c["status"] in line
-    assert "6 passed, 0 failed" in proc.stdout.splitlines()[-1]
+    assert "7 passed, 0 failed" in proc.stdout.splitlines()[-1]
 
 
 def test_selftest_on_ascend_without_an_npu_is_one_line_and_exit_2():
@@ -48,7 +49,8 @@ def test_selftest_on_ascend_without_an_npu_is_one_line_and_exit_2():
 
 
 @pytest.mark.parametrize("name", ["overflow_skips_update", "precision_fp16", "mask_packed",
-                                  "mask_packed_sharded_loss", "resume_exact", "export_exact", "export_sharded"])
+                                  "mask_packed_sharded_loss", "resume_exact", "export_exact", "export_sharded",
+                                  "int8_matmul"])
 def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
     """The fault of each check (a scale that cannot overflow, a half run at 10^5 x the rate,
     packed rows without their mask, a resume without the optimizer state, a float16
@@ -111,10 +113,10 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
     report = json.loads(out.read_text())
     checks = {c["name"].split(" (")[0]: c for c in report["checks"]}
     assert not [c for c in checks.values() if c["status"] == "error"]
-    assert len(checks) == 15 and all(c["compares"] for c in checks.values())
+    assert len(checks) == 16 and all(c["compares"] for c in checks.values())
     assert all(c["status"] == "planned" or c["reason"] for c in checks.values())
     assert f"on {soc}: " in proc.stdout.splitlines()[-1] and "0 in error (nothing was run)" in proc.stdout
-    assert len(proc.stdout.splitlines()) == 16
+    assert len(proc.stdout.splitlines()) == 17
     device = report["device"]
     # MindSpore 2.9.0's default: O2 on the GE backend on a 910A, kernel by kernel elsewhere (selftest/jit.py).
     assert (device["jit_level"], device["backend"]) == (("O2", "GE") if soc == "910a" else ("O0", "ms_backend"))

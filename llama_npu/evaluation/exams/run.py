@@ -114,13 +114,13 @@ def summarize(task: str, records: List[Scored], configs: dict) -> dict:
 
 
 def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, chat: Optional[bool],
-                     max_seq_len: int, batch_size: int, device: str) -> dict:
+                     max_seq_len: int, batch_size: int, device: str, weights: str = "stored") -> dict:
     from .lm_adapter import MindSporeLM  # imported here: lm-eval, only once the exam data is checked
 
     default, why = chat_default(checkpoint)
     chat_on = default if chat is None else chat
     reason = why if chat is None else ("--chat" if chat else "--no-chat")
-    net, _, tokenizer = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device)
+    net, _, tokenizer = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device, weights)
     lm = MindSporeLM(net, load_tokenizer(tokenizer), max_seq_len, batch_size)
     started = time.perf_counter()
     records, counts = score(lm, tasks, data, shots, chat_on)
@@ -134,7 +134,7 @@ def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, 
 def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split: Optional[str] = None,
              subjects: Optional[List[str]] = None, output: Optional[Path] = None, compare: Optional[Path] = None,
              chat: Optional[bool] = None, max_seq_len: int = 2048, batch_size: int = 4,
-             device: str = "auto") -> dict:
+             device: str = "auto", weights: str = "stored") -> dict:
     """The summary of `checkpoint` (and of `compare`, with deltas); every input is checked
     before a model is built, and --output is written only once everything is scored."""
 
@@ -149,10 +149,10 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
         checkpoint_tokenizer(Path(path))  # a checkpoint eval cannot read: one line, before any model is built
     tasks = build_tasks(data)
     result = {"task": task, "split": data.split, "shots": shots, "data": str(data_dir), "max_seq_len": max_seq_len,
-              **score_checkpoint(checkpoint, data, tasks, shots, chat, max_seq_len, batch_size, device)}
+              **score_checkpoint(checkpoint, data, tasks, shots, chat, max_seq_len, batch_size, device, weights)}
     records = result.pop("records")
     if compare is not None:
-        other = score_checkpoint(compare, data, tasks, shots, chat, max_seq_len, batch_size, device)
+        other = score_checkpoint(compare, data, tasks, shots, chat, max_seq_len, batch_size, device, weights)
         other_records = other.pop("records")
         result["compare"] = other
         result["delta"] = delta(result, other)
