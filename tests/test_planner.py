@@ -425,7 +425,10 @@ def test_int8_lora_base_is_a_byte_a_weight_plus_fp32_scales_and_one_transient_we
     for phase in ("forward", "backward"):  # the same tensors otherwise
         assert plans["int8"]["phases"][phase] - plans["compute"]["phases"][phase] == \
             c["weights"] - c16["weights"] + c["dequantized_weight"]
-    assert "LoRA rank 16 over an int8 base" in run_cli("plan", path, "--set", "strategies.lora.base_dtype=int8").stdout
+    from llama_npu.memory.plan_report import finetune_kind
+
+    assert finetune_kind(Strategy(seq_len=1, micro_batch=1, global_batch=1, lora=True, lora_rank=16,
+                                  lora_base_dtype="int8")) == "LoRA rank 16 over an int8 base"
 
 
 def test_fit_takes_an_int8_base_only_when_no_float_base_fits(tmp_path):
@@ -438,9 +441,11 @@ def test_fit_takes_an_int8_base_only_when_no_float_base_fits(tmp_path):
     assert proc.returncode == 0 and best["fits"] and best["total_bytes"] <= 7 * 2**30
     assert best["strategy"]["lora"] is True and best["strategy"]["lora_base_dtype"] == "int8"
     assert load_recipe(out).strategies.lora.base_dtype == "int8"
-    roomy = json.loads(run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--seq-len", "512", "--fit",
-                               "--json", check=True).stdout)["recommended"]
-    assert roomy["strategy"]["lora_base_dtype"] == "compute"
+    from llama_npu.memory.planner import fit
+
+    roomy, _ = fit(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910a"],
+                   Strategy(seq_len=512, micro_batch=1, global_batch=1), 1)
+    assert roomy.strategy.lora and roomy.strategy.lora_base_dtype == "compute"
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--device-memory", "7GB", "--seq-len", "512",
                    "--fit", "--no-lora", "--json")
     assert proc.returncode == 1 and json.loads(proc.stdout)["recommended"] is None
@@ -448,8 +453,10 @@ def test_fit_takes_an_int8_base_only_when_no_float_base_fits(tmp_path):
 
 def test_inference_fit_falls_back_to_int8_and_exits_1_when_nothing_fits():
     base = ["plan", "--model", "llama3.2-3b", "--device", "910a", "--task", "inference", "--seq-len", "512", "--fit"]
-    roomy = json.loads(run_cli(*base, "--json", check=True).stdout)
-    assert roomy["recommended"]["precision"] == "fp16" and roomy["recommended"]["fits"]
+    from llama_npu.memory.planner import fit_inference
+
+    (precision, roomy), _ = fit_inference(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910a"], "fp16", 1, 512)
+    assert precision == "fp16" and roomy.fits
     tight = run_cli(*base, "--device-memory", "6GB", "--json")
     result = json.loads(tight.stdout)
     assert tight.returncode == 0 and result["fits"] is False and result["recommended"]["precision"] == "int8"

@@ -18,9 +18,6 @@ from llama_npu.training.rehearse import rehearse
 from conftest import REPO, read_metrics, run_cli
 
 ASCEND_RECIPES = sorted((REPO / "recipes").glob("llama3_2_*.yaml"))
-# Rehearsed once LoRA over an int8 base runs (i30-run's runtime): until then base_dtype=int8 would train
-# an FP16 base on the CPU and the rehearsal would prove nothing about it.
-REHEARSED = [p for p in ASCEND_RECIPES if p.name != "llama3_2_3b_zh_lora_int8_910a.yaml"]
 
 
 def shrunk(path, *overrides) -> Recipe:
@@ -56,7 +53,7 @@ def test_recipe_fits_its_device_with_the_margin_as_its_comment_says(path):
     assert f"{spare:.{digits}f}" == claimed.group(1), f"{path.name}: comment says {claimed.group(1)}, plan {spare:.3f}"
 
 
-@pytest.mark.parametrize("path", REHEARSED, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", ASCEND_RECIPES, ids=lambda p: p.stem)
 def test_recipe_rehearses_on_cpu_with_its_strategies(tmp_path, path):
     out = tmp_path / path.stem
     proc = run_cli("train", path, "--rehearse", "--output-dir", out, check=True)
