@@ -15,7 +15,8 @@ sys.path.insert(0, str(REPO))
 
 from llama_npu.memory.devices import DEVICES, GB  # noqa: E402
 from llama_npu.memory.parameter_count import cached_parameter_count  # noqa: E402
-from llama_npu.memory.planner import Strategy, estimate, estimate_inference  # noqa: E402
+from llama_npu.memory.int8_weights import int8_layer_bytes  # noqa: E402
+from llama_npu.memory.planner import Strategy, estimate, estimate_inference, split_params  # noqa: E402
 from llama_npu.model.architecture import PRESETS  # noqa: E402
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
@@ -31,9 +32,28 @@ def inference_rows():
         shape, params = PRESETS[name], cached_parameter_count(PRESETS[name])
         for precision in ("fp32", "fp16", "int8"):
             c = estimate_inference(shape, params, DEVICES["910a"], precision, 1, 512).components
-            work = c["kv_cache"] + c["activations"] + c["logits_loss"]
+            work = c["activations"] + c["logits_loss"] + c["dequantized_weight"]
             rows.append(f"| {name} | {params:,} | {precision} | {g(c['weights'])} | {g(c['kv_cache'])} | "
-                        f"{g(c['activations'] + c['logits_loss'])} | {g(c['weights'] + work)} |")
+                        f"{g(work)} | {g(c['weights'] + c['kv_cache'] + work)} |")
+    return rows
+
+
+USUAL_INT8 = {"llama3.2-1b": 1.2, "llama3.2-3b": 3.6}  # the users' guides' INT8 inference figures, GB
+
+
+def usual_int8_rows():
+    """The guides' INT8 inference figure beside the planner's, term by term (batch 1, 512 tokens)."""
+    rows = []
+    for name in MODELS:
+        shape, params = PRESETS[name], cached_parameter_count(PRESETS[name])
+        c = estimate_inference(shape, params, DEVICES["910a"], "int8", 1, 512).components
+        matrices = shape.num_layers * split_params(shape)["layer_matrices"]
+        rest = params - matrices  # the embedding and the norms: their second byte in fp16
+        scales = shape.num_layers * int8_layer_bytes(shape) - matrices
+        work = c["kv_cache"] + c["activations"] + c["logits_loss"] + c["dequantized_weight"]
+        assert c["weights"] == params + rest + scales  # the columns add up to the planner's total
+        rows.append(f"| {name} | {USUAL_INT8[name]} | {g(params)} | {g(rest)} | {scales / 2**20:.1f} MB | {g(work)} | "
+                    f"{g(c['weights'] + work)} |")
     return rows
 
 
@@ -47,11 +67,19 @@ TRAINING = [  # (label, strategy changes)
 ]
 
 
-def training_rows():
+LORA = [  # (label, strategy changes): LoRA rank 8 on wq wk wv wo, FP16 (O2)
+    ("LoRA, FP16 base, micro-batch 4", dict(lora=True, micro_batch=4, global_batch=4)),
+    ("LoRA, INT8 base, micro-batch 4", dict(lora=True, lora_base_dtype="int8", micro_batch=4, global_batch=4)),
+    ("LoRA, INT8 base, micro-batch 1 x 4 accumulated", dict(lora=True, lora_base_dtype="int8", micro_batch=1,
+                                                            global_batch=4)),
+]
+
+
+def training_rows(settings=TRAINING):
     rows = []
     for name in MODELS:
         shape, params = PRESETS[name], cached_parameter_count(PRESETS[name])
-        for label, changes in TRAINING:
+        for label, changes in settings:
             s = replace(Strategy(seq_len=512, micro_batch=1, global_batch=1), **changes)
             cells = []
             for device in (DEVICES["910a"], DEVICES["910b"]):  # the 910A runs without flash attention
@@ -60,7 +88,8 @@ def training_rows():
                 fits = "yes" if need + device.usable_bytes // 10 <= device.usable_bytes else "no"
                 cells.append((plan.components, need, fits))
             (c, need_a, fits_a), (c_b, need_b, fits_b) = cells
-            states = c["weights"] + c["weight_compute_copies"] + c["gradients"] + c["optimizer_states"]
+            states = c["weights"] + c["weight_compute_copies"] + c["gradients"] + c["optimizer_states"] \
+                + c.get("dequantized_weight", 0)
             rows.append(f"| {name} | {label} | {g(states)} | {g(c['activations'])} / {g(c_b['activations'])} | "
                         f"{g(c['logits_loss'])} | {g(need_a)} / {g(need_b)} | {fits_a} | {fits_b} |")
     return rows
@@ -92,6 +121,25 @@ Figures are estimates of this harness's memory on an NPU, not measurements.
 INT8 is per-output-channel symmetric on the decoder's linear layers, with one fp32 scale
 per output channel; the embedding (tied to the LM head) and the norms stay in FP16, so INT8
 does not quarter the weights: the 128,256 x hidden embedding is a large share of a small model.
+Each linear weight is dequantized right before its matmul, one at a time: on the 910A the
+INT8 rows' activations include the largest one's fp32 cast, its fp32 product with the
+scales and its FP16 copy (`dequantized_weight`); the 910B's WeightQuantBatchMatmul
+dequantizes inside the kernel and forms none.
+
+The usual guides put INT8 inference at about 1.2 GB for the 1B model and 3.6 GB for the 3B.
+Beside the planner's count, term by term (GB):
+
+| model | the guides' figure | 1 byte a parameter | + embedding and norms in FP16 | + fp32 scales | + KV cache, activations, logits, dequantized weight | planner's total |
+|---|---|---|---|---|---|---|
+{usual_int8}
+
+The 1B figure is the weights alone, every parameter at one byte, a third short of the
+total: it leaves out that the embedding is not quantized (the tied LM head would lose the
+most from it; it is 21% of the 1B model's parameters), the scales, and everything a forward
+pass allocates, first the fp32 logits over the 128,256-token vocabulary. The 3B figure, 1
+byte a parameter plus a fifth, comes within 0.2 GB of the total without naming any of it;
+at a longer sequence or a larger batch the work buffers grow and it falls short as the 1B's
+does (`llama-npu plan --task inference --precision int8` counts any length).
 
 ## Full fine-tuning with AdamW, 512 tokens a sequence
 
@@ -103,6 +151,18 @@ The 910A runs without flash attention (CANN supports it on Atlas A2/A3 only), so
 activations include every layer's attention scores: fp32 probabilities and their
 half-precision cast, micro-batch x heads x tokens². The 910B keeps only flash attention's
 softmax statistics.
+
+## LoRA over an FP16 or an INT8 base, 512 tokens a sequence
+
+LoRA rank 8 on wq, wk, wv and wo, AdamW on the adapters, FP16 (O2). With
+`strategies.lora.base_dtype: int8` the frozen base's linear weights are held as INT8 with
+fp32 scales (as `quantize` writes them) and one weight at a time is dequantized, in the
+forward and again in the backward: the model states column includes that transient
+(the 910A's; the needs column has each card's, none on the 910B).
+
+| model | settings | model states GB | activations GB 910A / 910B | logits + loss GB | needs GB per card 910A / 910B | fits 910A (29 GB) with 10% free | fits 910B (58 GB) |
+|---|---|---|---|---|---|---|---|
+{lora}
 
 ## Which tensors are alive in each phase
 
@@ -184,6 +244,20 @@ ZH = """# Llama 3.2 1B / 3B 在昇腾上的显存：规划器给出的数字
 
 INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道一个 fp32 缩放因子；词嵌入（与 LM head 共享）
 和归一化层保持 FP16，因此 INT8 不会把权重降到四分之一：128,256 × hidden 的词嵌入在小模型里占比很大。
+每个线性层的权重在其矩阵乘法之前才反量化，一次一个：在 910A 上，INT8 行的激活包含最大的那个权重的 fp32 转换、
+它与缩放因子的 fp32 乘积及其 FP16 副本（`dequantized_weight`）；910B 的 WeightQuantBatchMatmul 在算子内部反量化，
+不生成这些副本。
+
+常见指南给出的 INT8 推理显存：1B 约 1.2 GB，3B 约 3.6 GB。与规划器的数字逐项对照（GB）：
+
+| 模型 | 指南的数字 | 每参数 1 字节 | + FP16 的词嵌入和归一化层 | + fp32 缩放因子 | + KV cache、激活、logits、反量化权重 | 规划器合计 |
+|---|---|---|---|---|---|---|
+{usual_int8}
+
+1B 的数字只是权重本身、每个参数按一字节计，比合计少三分之一：它漏掉了词嵌入不量化这一点（与之共享的 LM head
+受量化影响最大；词嵌入占 1B 模型参数的 21%）、缩放因子，以及前向计算分配的一切，首先是 128,256 个词的 fp32 logits。
+3B 的数字是每参数 1 字节再加五分之一，与合计相差不到 0.2 GB，却没有说明其中包含什么；序列更长或 batch 更大时
+工作缓冲区随之增长，它就会像 1B 的数字一样偏低（`llama-npu plan --task inference --precision int8` 可计算任意长度）。
 
 ## AdamW 全参数微调，每条序列 512 个 token
 
@@ -193,6 +267,16 @@ INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道
 
 910A 上不使用 flash attention（CANN 只在 Atlas A2/A3 上支持），因此激活包含每层的注意力分数：fp32 概率及其
 半精度副本，micro-batch × 头数 × token²。910B 只保留 flash attention 的 softmax 统计量。
+
+## 在 FP16 或 INT8 基座上做 LoRA，每条序列 512 个 token
+
+LoRA rank 8，作用于 wq、wk、wv、wo，AdamW 只更新适配器，FP16（O2）。设置 `strategies.lora.base_dtype: int8`
+时，冻结基座的线性层权重以 INT8 加 fp32 缩放因子保存（与 `quantize` 写出的相同），每次只反量化一个权重，
+前向一次、反向再一次：模型状态一列包含这个临时张量（910A 的；"每卡需要"一列按各自的卡计算，910B 上没有）。
+
+| 模型 | 设置 | 模型状态 GB | 激活 GB 910A / 910B | logits + loss GB | 每卡需要 GB 910A / 910B | 910A（29 GB，留 10%）放得下 | 910B（58 GB）放得下 |
+|---|---|---|---|---|---|---|---|
+{lora}
 
 ## 各阶段存活的张量
 
@@ -264,6 +348,7 @@ def phase_rows():
 
 def render() -> dict:
     values = dict(inference="\n".join(inference_rows()), training="\n".join(training_rows()),
+                  usual_int8="\n".join(usual_int8_rows()), lora="\n".join(training_rows(LORA)),
                   phases="\n".join(phase_rows()), **facts())
     return {REPO / "docs" / "memory.md": EN.format(**values), REPO / "docs" / "memory.zh-CN.md": ZH.format(**values)}
 

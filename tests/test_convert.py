@@ -158,27 +158,45 @@ def test_greedy_generate_matches_transformers(hf_dir, conversions, ms):
 
 def test_int8_quantization_size_and_loss(shrunk_run, conversions, tmp_path):
     """Quantize a briefly fine-tuned tiny model: the size drops as computed and the held-out
-    loss moves by a small amount (eval reports both losses)."""
+    loss moves by a small amount (eval reports both losses, and quantize --data the same two)."""
     from llama_npu.memory.planner import split_params
     from llama_npu.model.architecture import PRESETS
 
     base = conversions["float32"]
     run, _ = shrunk_run(SMOKE, "float32")  # its rehearsal at lr 0.05 from the conversion
     tuned = run / "checkpoints" / f"step_{REHEARSAL_STEPS}"  # a step directory is a checkpoint eval/quantize take
-    proc = run_cli("quantize", "--checkpoint", tuned, "--dst", tmp_path / "int8", check=True)
+    held_out = str(REPO / "data" / "zh_instruct_eval.jsonl")
+    proc = run_cli("quantize", "--checkpoint", tuned, "--dst", tmp_path / "int8", "--data", held_out,
+                   "--max-seq-len", "64", check=True)
     split = split_params(PRESETS["tiny"])  # the test model has the tiny preset's shape
     linear = 2 * split["layer_matrices"]
     out_channels = 2 * (3 * 64 + 2 * 32 + 2 * 128)
     everything = split["embedding"] + 2 * (split["layer_matrices"] + split["layer_norms"]) + split["final_norm"]
     after = linear + 4 * out_channels + 2 * (everything - linear)  # int8 + fp32 scales + fp16 rest
     assert f"{4 * everything:,} bytes -> {after:,} bytes" in proc.stdout
-    held_out = str(REPO / "data" / "zh_instruct_eval.jsonl")
     losses = {}
-    for name, path in (("tuned", tuned), ("int8", tmp_path / "int8"), ("base", base)):
+    for name, path in (("tuned", tuned), ("base", base)):
         out = run_cli("eval", "--checkpoint", path, "--data", held_out, "--max-seq-len", "64", "--json", check=True)
         losses[name] = json.loads(out.stdout)["loss"]
     assert losses["tuned"] < losses["base"]  # the fine-tune learned something
-    assert losses["int8"] != losses["tuned"] and abs(losses["int8"] - losses["tuned"]) < 0.01 * losses["tuned"]
+    # quantize --data reports eval's figure for the float model (and, by the same code, the int8 one's)
+    reported = dict(re.findall(r"^(float|int8) +([\d.]+) +[\d.]+$", proc.stdout, re.M))
+    assert float(reported["float"]) == pytest.approx(losses["tuned"], abs=1e-4)
+    delta = float(re.search(r"int8 - float: loss ([-+][\d.]+)", proc.stdout).group(1))
+    assert float(reported["int8"]) == pytest.approx(float(reported["float"]) + delta, abs=2e-4)
+    assert delta != 0 and abs(delta) < 0.01 * losses["tuned"]  # int8 moves the loss, a little
+
+
+def test_quantize_checks_its_accuracy_inputs_before_writing(conversions, tmp_path):
+    """A --task without its directory, or unreadable --data, is one line and exit 2, before the
+    int8 directory is written."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\nnot json\n', encoding="utf-8")
+    for extra, expected in ((["--data", bad], f"{bad}:2"),
+                            (["--data", bad, "--task", "ceval"], "--task and --task-data: give both")):
+        proc = run_cli("quantize", "--checkpoint", conversions["float32"], "--dst", tmp_path / "int8", *extra)
+        assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
+        assert not (tmp_path / "int8").exists()
 
 
 # ---------------------------------------------------------------- shipped recipes from converted weights

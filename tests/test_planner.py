@@ -336,6 +336,13 @@ def test_inference_plan_counts_weights_by_precision_and_the_kv_cache():
     assert results["int8"]["weights"] == 16 * (split["layer_matrices"] + 4 * out_channels) + \
         2 * (split["embedding"] + 16 * split["layer_norms"] + split["final_norm"])
     assert results["fp16"]["kv_cache"] == 2 * 16 * 512 * 512 * 2  # K and V, 16 layers, 512 tokens, 8 x 64, fp16
+    # held in int8, one weight at a time is dequantized on the 910A (the largest, 2048 x 8192: its fp32 cast,
+    # the fp32 product with the scales, the fp16 copy); the 910B's WeightQuantBatchMatmul forms none
+    assert (results["int8"]["dequantized_weight"], results["fp16"]["dequantized_weight"]) == (10 * 2048 * 8192, 0)
+    from llama_npu.memory.planner import estimate_inference
+
+    on_910b = estimate_inference(PRESETS["llama3.2-1b"], P["llama3.2-1b"], DEVICES["910b"], "int8", 1, 512)
+    assert on_910b.components["dequantized_weight"] == 0
     # docs/memory.md and its Chinese version are generated from these formulas and current
     check = subprocess.run([sys.executable, "scripts/memory_tables.py", "--check"], cwd=REPO,
                            capture_output=True, text=True)
@@ -439,3 +446,68 @@ def test_sharded_accumulation_counts_mindformers_out_of_place_scaling():
     s = Strategy(seq_len=2048, micro_batch=1, global_batch=64, data=8, optimizer_shard=True)
     c = estimate(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910b"], s).components
     assert c["update_copies"] == c["gradients"] == 4 * P["llama3.2-3b"]
+
+
+# ---------------------------------------------------------------- INT8: LoRA over an int8 base, inference --fit
+
+def test_int8_lora_base_is_a_byte_a_weight_plus_fp32_scales_and_one_transient_weight():
+    """strategies.lora.base_dtype=int8: the base's linear weights at 1 byte plus one fp32 scale per
+    output channel (weights/quantize.py's scales), the embedding and norms in fp16, and one
+    linear weight dequantized on the 910A (model/int8_linear.py) in the forward and backward."""
+    path = REPO / "recipes" / "llama3_2_3b_zh_lora_910a.yaml"
+    plans = {dtype: json.loads(run_cli("plan", path, "--set", f"strategies.lora.base_dtype={dtype}", "--json",
+                                       check=True).stdout) for dtype in ("compute", "int8")}
+    shape, split = PRESETS["llama3.2-3b"], split_params(PRESETS["llama3.2-3b"])
+    out_channels = 3 * 3072 + 2 * 1024 + 2 * 8192
+    rest = split["embedding"] + 28 * split["layer_norms"] + split["final_norm"]
+    adapters = 28 * lora_params_per_layer(shape, 16, ("wq", "wk", "wv", "wo", "w1", "w2", "w3"))
+    c, c16 = plans["int8"]["components"], plans["compute"]["components"]
+    assert c["weights"] == 28 * (split["layer_matrices"] + 4 * out_channels) + 2 * rest + 4 * adapters
+    assert c16["weights"] == 2 * P["llama3.2-3b"] + 4 * adapters and "dequantized_weight" not in c16
+    assert c["dequantized_weight"] == (4 + 4 + 2) * 3072 * 8192  # w1/w2/w3's: fp32 cast, fp32 product, fp16
+    assert plans["int8"]["strategy"]["lora_base_dtype"] == "int8"
+    for phase in ("forward", "backward"):  # the same tensors otherwise
+        assert plans["int8"]["phases"][phase] - plans["compute"]["phases"][phase] == \
+            c["weights"] - c16["weights"] + c["dequantized_weight"]
+    from llama_npu.memory.plan_report import finetune_kind
+
+    assert finetune_kind(Strategy(seq_len=1, micro_batch=1, global_batch=1, lora=True, lora_rank=16,
+                                  lora_base_dtype="int8")) == "LoRA rank 16 over an int8 base"
+
+
+def test_fit_takes_an_int8_base_only_when_no_float_base_fits(tmp_path):
+    """7 GB: the 3B model's fp16 base (6 GB) leaves too little; its int8 base fits, and the
+    written recipe says so. With the card's 29 GB, --fit keeps the float base."""
+    out = tmp_path / "int8.yaml"
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--device-memory", "7GB", "--seq-len", "512",
+                   "--fit", "--json", "--write-recipe", out, "--data", REPO / "data" / "zh_instruct_train.jsonl")
+    best = json.loads(proc.stdout)["recommended"]
+    assert proc.returncode == 0 and best["fits"] and best["total_bytes"] <= 7 * 2**30
+    assert best["strategy"]["lora"] is True and best["strategy"]["lora_base_dtype"] == "int8"
+    assert load_recipe(out).strategies.lora.base_dtype == "int8"
+    from llama_npu.memory.planner import fit
+
+    roomy, _ = fit(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910a"],
+                   Strategy(seq_len=512, micro_batch=1, global_batch=1), 1)
+    assert roomy.strategy.lora and roomy.strategy.lora_base_dtype == "compute"
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--device-memory", "7GB", "--seq-len", "512",
+                   "--fit", "--no-lora", "--json")
+    assert proc.returncode == 1 and json.loads(proc.stdout)["recommended"] is None
+
+
+def test_inference_fit_falls_back_to_int8_and_exits_1_when_nothing_fits():
+    base = ["plan", "--model", "llama3.2-3b", "--device", "910a", "--task", "inference", "--seq-len", "512", "--fit"]
+    from llama_npu.memory.planner import fit_inference
+
+    (precision, roomy), _ = fit_inference(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910a"], "fp16", 1, 512)
+    assert precision == "fp16" and roomy.fits
+    tight = run_cli(*base, "--device-memory", "6GB", "--json")
+    result = json.loads(tight.stdout)
+    assert tight.returncode == 0 and result["fits"] is False and result["recommended"]["precision"] == "int8"
+    c = result["recommended"]["components"]
+    assert result["recommended"]["total_bytes"] == sum(c.values()) <= 6 * 2**30
+    assert c["dequantized_weight"] == (4 + 4 + 2) * 3072 * 8192  # the 910A's cast, product and fp16 copy
+    none = run_cli(*base, "--device-memory", "3GB")
+    assert none.returncode == 1 and "no precision fits on 910a; the closest, int8, needs" in none.stdout
+    wrong = run_cli(*base, "--no-lora")
+    assert wrong.returncode == 2 and "--no-lora: only with --task train" in wrong.stderr

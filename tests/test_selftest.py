@@ -22,7 +22,8 @@ def test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason(cpu_selfte
     passed = [c["name"] for c in checks if c["status"] == "pass"]
     assert len(passed) >= 6 and not [c for c in checks if c["status"] == "fail"]
     assert all(c["reason"] for c in checks if c["status"] == "skip")
-    assert {c["category"] for c in checks} == {"overflow", "precision", "mask", "memory", "speed", "parallel", "export"}
+    assert {c["category"] for c in checks} == {"overflow", "precision", "mask", "memory", "speed", "parallel", "export",
+                                                   "int8"}
     # A check the CPU cannot run is a skip, never a pass.
     status = {c["name"]: c["status"] for c in checks}
     assert status["precision_bf16_vs_fp32"] == status["mask_flash_vs_plain"] == status["memory_vs_plan"] == "skip"
@@ -39,7 +40,7 @@ def test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason(cpu_selfte
     assert len(lines) == len(checks) + 1  # the table is the checks' lines and the summary, nothing else
     for c, line in zip(checks, lines):  # one printed line a check: name, status, figure against tolerance or reason
         assert line.startswith(c["name"]) and c["status"] in line
-    assert "6 passed, 0 failed" in proc.stdout.splitlines()[-1]
+    assert "7 passed, 0 failed" in proc.stdout.splitlines()[-1]
 
 
 def test_selftest_on_ascend_without_an_npu_is_one_line_and_exit_2():
@@ -49,7 +50,8 @@ def test_selftest_on_ascend_without_an_npu_is_one_line_and_exit_2():
 
 
 @pytest.mark.parametrize("name", ["overflow_skips_update", "precision_fp16", "mask_packed",
-                                  "mask_packed_sharded_loss", "resume_exact", "export_exact", "export_sharded"])
+                                  "mask_packed_sharded_loss", "resume_exact", "export_exact", "export_sharded",
+                                  "int8_matmul"])
 def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
     """The fault of each check (a scale that cannot overflow, a half run at 10^5 x the rate,
     packed rows without their mask, a resume without the optimizer state, a float16

@@ -26,10 +26,11 @@ def shrunk(path, *overrides) -> Recipe:
     return rehearse(load_recipe(path, list(overrides)))[0]
 
 
-def test_the_six_ascend_recipes_are_shipped():
+def test_the_seven_ascend_recipes_are_shipped():
     assert [p.name for p in ASCEND_RECIPES] == [
         "llama3_2_1b_zh_full_8x910a_dp.yaml", "llama3_2_1b_zh_full_910a.yaml", "llama3_2_1b_zh_full_910b.yaml",
-        "llama3_2_1b_zh_lora_910a.yaml", "llama3_2_3b_zh_full_8x910b.yaml", "llama3_2_3b_zh_lora_910a.yaml"]
+        "llama3_2_1b_zh_lora_910a.yaml", "llama3_2_3b_zh_full_8x910b.yaml", "llama3_2_3b_zh_lora_910a.yaml",
+        "llama3_2_3b_zh_lora_int8_910a.yaml"]
     for path in ASCEND_RECIPES:
         assert path.read_text().startswith("# Llama 3.2"), f"{path.name} needs its header comment"
 
@@ -84,3 +85,21 @@ def test_recipe_rehearses_on_cpu_with_its_strategies(tmp_path, path):
         assert any(item.startswith("the sharded layout") for item in report["not_rehearsed"])
     for item in report["not_rehearsed"]:
         assert f"not rehearsed  {item}" in proc.stdout
+
+
+def test_the_int8_lora_recipe_spends_what_its_base_frees():
+    """llama3_2_3b_zh_lora_int8_910a.yaml trains more tokens a micro-batch than the FP16-base
+    LoRA recipe, at a size the planner says an FP16 base could not hold on its 910A."""
+    from llama_npu.memory.devices import get_device
+    from llama_npu.memory.parameter_count import cached_parameter_count
+    from llama_npu.memory.planner import estimate, strategy_from_recipe
+    from llama_npu.model.architecture import resolve_shape
+
+    int8, fp16 = (load_recipe(REPO / "recipes" / f"llama3_2_3b_zh_lora{k}_910a.yaml") for k in ("_int8", ""))
+    assert int8.strategies.lora.base_dtype == "int8" and fp16.strategies.lora.base_dtype == "compute"
+    tokens = [r.data.max_seq_len * r.train.micro_batch_size for r in (int8, fp16)]
+    assert tokens[0] > tokens[1]
+    shape, device = resolve_shape(int8.model), get_device("910a", int8.device.max_device_memory)
+    plans = {dtype: estimate(shape, cached_parameter_count(shape), device, dataclasses.replace(
+        strategy_from_recipe(int8, "910a"), lora_base_dtype=dtype)) for dtype in ("int8", "compute")}
+    assert plans["int8"].fits and not plans["compute"].fits

@@ -16,6 +16,14 @@ def add_device_argument(command) -> None:
     command.add_argument("--device", choices=("auto", "cpu", "ascend"), default="auto", help=DEVICE_HELP)
 
 
+def add_weights_argument(command) -> None:
+    """eval's and generate's --weights (evaluation/loaded_model.py held_weights)."""
+    command.add_argument("--weights", choices=("stored", "fp16", "int8"), default="stored",
+                         help="how the model's weights are held in memory: stored = as the directory holds them "
+                              "(float as fp32; a `llama-npu quantize` directory stays int8, each layer dequantized "
+                              "inside its forward), fp16, or int8 (a float checkpoint quantized at load)")
+
+
 def add_run_arguments(command) -> None:
     """What train and validate both take: the run they start or check."""
     command.add_argument("recipe", nargs="?",

@@ -13,7 +13,7 @@ from ..data.readers import RecordError
 from ..evaluation.exams.report import format_summary
 from ..evaluation.exams.request import exam_request
 from ..evaluation.perplexity import evaluate_checkpoint
-from .arguments import WEIGHTS_HELP, add_device_argument
+from .arguments import WEIGHTS_HELP, add_device_argument, add_weights_argument
 
 EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat", "compare_chat")
 
@@ -32,6 +32,7 @@ def add_parser(subparsers) -> None:
                          "shots first")
     ev.add_argument("--batch-size", type=int, default=4, help="records (with --task: prompts) per forward pass")
     add_device_argument(ev)
+    add_weights_argument(ev)
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     exam = ev.add_argument_group("benchmarks (lm-eval's task definitions, local data)")
     exam.add_argument("--task", choices=("ceval", "cmmlu", "mmlu"),
@@ -62,7 +63,8 @@ def run(args) -> int:
     given = [f"--{name.replace('_', '-')}" for name in EXAM_OPTIONS if getattr(args, name) is not None]
     if given:
         raise RecordError(f"{', '.join(given)}: only with --task ceval|cmmlu|mmlu")
-    result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size, args.device)
+    result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size, args.device,
+                                 args.weights)
     if args.json:
         print(json.dumps(result))
     else:

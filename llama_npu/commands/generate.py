@@ -5,7 +5,7 @@ import tempfile
 from pathlib import Path
 
 from ..common.frameworks import quiet_frameworks
-from .arguments import WEIGHTS_HELP, add_device_argument
+from .arguments import WEIGHTS_HELP, add_device_argument, add_weights_argument
 
 
 def add_parser(subparsers) -> None:
@@ -20,6 +20,7 @@ def add_parser(subparsers) -> None:
     gen.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling threshold")
     gen.add_argument("--seed", type=int, default=0, help="with --temperature: sampling seed")
     add_device_argument(gen)
+    add_weights_argument(gen)
     gen.set_defaults(func=run)
 
 
@@ -29,6 +30,6 @@ def run(args) -> int:
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "generate")
     generate(Path(args.checkpoint), args.prompt, args.system, args.max_new_tokens, greedy=not args.temperature,
              temperature=args.temperature or 1.0, top_p=args.top_p, seed=args.seed,
-             on_text=lambda text: print(text, end="", flush=True), device=args.device)
+             on_text=lambda text: print(text, end="", flush=True), device=args.device, weights=args.weights)
     print()
     return 0

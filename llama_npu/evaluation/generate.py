@@ -84,10 +84,11 @@ def decode(net, tokenizer, ids: List[int], max_new_tokens: int, greedy: bool = T
 
 def generate(checkpoint: Path, prompt: str, system: Optional[str] = None, max_new_tokens: int = 128,
              greedy: bool = True, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-             on_text: Callable[[str], None] = lambda _: None, device: str = "auto") -> List[int]:
+             on_text: Callable[[str], None] = lambda _: None, device: str = "auto",
+             weights: str = "stored") -> List[int]:
     """The generated token ids (without the stop token); `on_text` receives the text as it grows."""
 
     tokenizer = load_tokenizer(checkpoint_tokenizer(Path(checkpoint)))
     ids = prompt_ids(tokenizer, prompt, system)
-    net, _, _ = build_from_checkpoint(Path(checkpoint), len(ids) + max_new_tokens, device=device)
+    net, _, _ = build_from_checkpoint(Path(checkpoint), len(ids) + max_new_tokens, device=device, weights=weights)
     return decode(net, tokenizer, ids, max_new_tokens, greedy, temperature, top_p, seed, on_text)

@@ -73,30 +73,59 @@ def checkpoint_tokenizer(checkpoint: Path) -> str:
     return resolve_weights(Path(checkpoint)).tokenizer
 
 
-def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 1, device: str = "auto"):
-    """(net, loss_cell, tokenizer name) in fp32 with the weights of `checkpoint` (a converted
+def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 1, device: str = "auto",
+                          weights: str = "stored"):
+    """(net, loss_cell, tokenizer name) with the weights of `checkpoint` (a converted
     directory, a step or a run directory: pretrained.resolve_weights, or a Hugging Face
-    directory) loaded, LoRA adapters folded in."""
+    directory) loaded, LoRA adapters folded in, computing in fp32. `weights` (eval's and
+    generate's --weights: stored, fp16, int8) says how they are held: stored = fp32, or int8
+    for a quantized directory (a LoRA run's adapters folded into it make it float)."""
     # imported here: --help imports this module; MindSpore and numpy, only to load a model
-    from ..strategies.network import build_network
-    from ..weights.pretrained import load_weights, model_weights, resolve_weights
+    from ..weights.pretrained import model_weights, resolve_weights
 
     on_ascend = select_device(device)
     if is_hf_directory(checkpoint):
-        shape, tokenizer, weights = hf_model_weights(Path(checkpoint))
+        (shape, tokenizer, stored), quantized = hf_model_weights(Path(checkpoint)), False
         weights_file = Path(checkpoint)
     else:
         source = resolve_weights(Path(checkpoint))
-        shape, _, weights = model_weights(source)
+        shape, meta, stored = model_weights(source, keep_int8=True)
         tokenizer, weights_file = source.tokenizer, source.weights
+        quantized = bool(meta.get("quantization")) and source.adapters is None
+    mute_mindformers_info()
+    recipe = inference_recipe(shape, max_seq_len, batch_size)
+    net, loss_cell = held_weights(recipe, on_ascend, stored, quantized, shape, weights_file, weights)
+    return net, loss_cell, tokenizer
+
+
+def inference_recipe(shape, max_seq_len: int, batch_size: int):
+    """The recipe eval and generate build a `shape` model from: fp32, the head chunked."""
     # The tiny preset with every size overridden is exactly the checkpoint's shape.
     sizes = {"hidden_size": shape.hidden_size, "num_layers": shape.num_layers, "num_heads": shape.num_heads,
              "num_kv_heads": shape.num_kv_heads, "intermediate_size": shape.intermediate_size}
-    recipe = recipe_from_dict({"model": {"preset": "tiny", **sizes},
-                               "data": {"train_files": ["-"], "max_seq_len": max_seq_len},
-                               "train": {"micro_batch_size": batch_size},
-                               "strategies": {"chunked_ce": {"enabled": True, "chunk_size": EVAL_CHUNK}}})
-    mute_mindformers_info()
-    net, loss_cell = build_network(recipe, on_ascend=on_ascend, variable_length=True)
-    load_weights(net, weights, shape, weights_file)
-    return net, loss_cell, tokenizer
+    return recipe_from_dict({"model": {"preset": "tiny", **sizes},
+                             "data": {"train_files": ["-"], "max_seq_len": max_seq_len},
+                             "train": {"micro_batch_size": batch_size},
+                             "strategies": {"chunked_ce": {"enabled": True, "chunk_size": EVAL_CHUNK}}})
+
+
+def held_weights(recipe, on_ascend: bool, stored: dict, quantized: bool, shape, source: Path, weights: str):
+    """(net, loss_cell) of `recipe` with `stored` (name -> Tensor, consumed) loaded as `weights` says."""
+    # imported here: --help imports this module; MindSpore and numpy, only to load a model
+    from mindspore.nn.utils import no_init_parameters
+
+    from ..strategies.network import build_network
+    from ..weights.int8_weights import load_int8
+    from ..weights.pretrained import dequantized_weights, load_weights
+
+    if weights == "int8" or (weights == "stored" and quantized):
+        # The float linear weights are replaced before they are ever allocated; the embedding and the
+        # norms are held in fp16, as `quantize` stores them.
+        with no_init_parameters():
+            net, loss_cell = build_network(recipe, on_ascend=on_ascend, variable_length=True, param_dtype="float16")
+        load_int8(net, stored, quantized, shape, source, "dequant")  # fp32 compute: WQBMM takes none
+        return net, loss_cell
+    param_dtype = "float16" if weights == "fp16" else "float32"
+    net, loss_cell = build_network(recipe, on_ascend=on_ascend, variable_length=True, param_dtype=param_dtype)
+    load_weights(net, dequantized_weights(stored) if quantized else stored, shape, source)
+    return net, loss_cell

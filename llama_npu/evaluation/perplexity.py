@@ -69,7 +69,7 @@ class ChunkwiseLoss:
 
 
 def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: Optional[int] = None, batch_size: int = 4,
-                        device: str = "auto") -> dict:
+                        device: str = "auto", weights: str = "stored") -> dict:
     """`max_seq_len` None: a run's checkpoint is evaluated at the run's data.max_seq_len, so its
     loss is the run's held-out loss on the same records; anything else at 2048."""
     from ..data.samples import tokenize_records  # imported here: --help imports this module; numpy, only to evaluate
@@ -87,10 +87,11 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: Optional[int]
     tokenizer = load_tokenizer(source.tokenizer)
     reading = source.reading
     records = [r for f in data_files for r in read_records([f], detect_format(Path(f), reading), reading)]
-    _, loss_cell, _ = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device)
+    _, loss_cell, _ = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device, weights)
     samples, report = tokenize_records(tokenizer, records, max_seq_len + 1)
     samples.sort(key=lambda s: len(s.input_ids))  # batches of similar length pad little
     loss, tokens = evaluate(ChunkwiseLoss(loss_cell, EVAL_CHUNK), samples, batch_size, max_seq_len + 1, bucketed=True)
     return {"checkpoint": str(checkpoint), "records": report.read, "evaluated": report.kept,
             "truncated": report.truncated, "dropped": report.dropped_no_answer, "target_tokens": tokens,
-            "loss": loss, "perplexity": math.exp(loss), "max_seq_len": max_seq_len, "max_seq_len_from": length_from}
+            "loss": loss, "perplexity": math.exp(loss), "max_seq_len": max_seq_len, "max_seq_len_from": length_from,
+            "weights": weights}

@@ -37,7 +37,8 @@ def rank_key(maximize: Optional[str], shape: LlamaShape, params: int, base: Stra
     """The key the recommended plan maximises (module docstring)."""
     def key(plan: Plan) -> tuple:
         s = plan.strategy
-        head = (not never_run_on_npu(s), s.lora == base.lora)
+        # int8 costs accuracy: the recipe's own LoRA base first, int8 only when nothing else fits
+        head = (not never_run_on_npu(s), s.lora == base.lora, s.lora_base_dtype == base.lora_base_dtype)
         speed, fewest = tokens_per_second(shape, params, s), -len(changed_fields(base, s))
         if maximize == "speed":
             return head + (speed, -plan.total_bytes)

@@ -26,7 +26,8 @@ from ..strategies import parallel
 from .devices import DEVICE_TARGETS, GB, get_device, parse_bytes
 from .parameter_count import cached_parameter_count
 from .fit_choice import change_list, never_run_on_npu, recommend
-from .planner import Plan, Strategy, estimate, estimate_inference, gb, scales_out_of_place, strategy_from_recipe
+from .planner import (Plan, Strategy, estimate, estimate_inference, fit_inference, gb, scales_out_of_place,
+                      strategy_from_recipe)
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
 NEVER_RUN_NOTE = ("never run on an NPU: {parts} (semi_auto_parallel: no NPU in CI and the CPU backend "
@@ -43,7 +44,7 @@ def apply_strategy(recipe: Recipe, s: Strategy) -> Recipe:
                            loss_scale="dynamic" if s.dtype == "float16" and s.amp_level != "O0" else "none")
     st["recompute"].update(mode=s.recompute, layers=s.recompute_layers)
     st["chunked_ce"].update(enabled=s.chunked_ce, chunk_size=s.chunk_size)
-    st["lora"]["enabled"] = s.lora
+    st["lora"].update(enabled=s.lora, base_dtype=s.lora_base_dtype)
     if s.lora and not tree["model"]["checkpoint"] and not tree["model"]["random_init"]:  # refused until filled in
         tree["model"]["checkpoint"] = CHECKPOINT_PLACEHOLDER
     st["parallel"].update(data=s.data, model=s.model, pipeline=s.pipeline, optimizer_shard=s.optimizer_shard,
@@ -91,11 +92,17 @@ def plan_json(plan: Plan, preset: str) -> dict:
             "notes": plan_notes(plan), "never_run_on_npu": never_run_on_npu(plan.strategy)}
 
 
+def finetune_kind(s: Strategy) -> str:
+    if not s.lora:
+        return "full fine-tune"
+    return f"LoRA rank {s.lora_rank}" + (" over an int8 base" if s.lora_base_dtype == "int8" else "")
+
+
 def format_plan(plan: Plan, preset: str, title: str = "") -> str:
     s, d = plan.strategy, plan.device
     lines = [f"{title}{preset} ({plan.params:,} parameters) on {d.name} x {s.devices} "
              f"({d.note}; usable {gb(d.usable_bytes)} GB per device)",
-             f"  {'full fine-tune' if not s.lora else f'LoRA rank {s.lora_rank}'}, {s.optimizer}, {s.amp_level} "
+             f"  {finetune_kind(s)}, {s.optimizer}, {s.amp_level} "
              f"{s.dtype if s.amp_level != 'O0' else 'float32'}, seq {s.seq_len}, micro-batch {s.micro_batch} x "
              f"{s.accumulation} accumulated x data {s.data} = global {s.global_batch}, recompute {s.recompute}, "
              f"chunked CE {'on' if s.chunked_ce else 'off'}, layout data {s.data} x model {s.model} x "
@@ -149,7 +156,7 @@ def check_arguments(args) -> None:
     if args.micro_batch is not None and args.micro_batch < 1:
         raise RecipeError(f"--micro-batch: expected a value > 0, got {args.micro_batch}")
     inference_only = [("--precision", args.precision)]
-    training_only = [("--fit", args.fit)]
+    training_only = [("--no-lora", args.no_lora), ("--write-recipe", args.write_recipe), ("--maximize", args.maximize)]
     fit_only = [("--no-lora", args.no_lora), ("--write-recipe", args.write_recipe), ("--maximize", args.maximize)]
     write_only = [("--data", args.data), ("--eval-data", args.eval_data), ("--overwrite", args.overwrite)]
     for flags, needed, what in ((inference_only, args.task == "inference", "--task inference"),
@@ -274,6 +281,32 @@ def as_given(plan: Optional[Plan], base: Strategy, devices: int, broken: str) ->
             f"{base.devices} device{'s' if base.devices > 1 else ''}, not {devices}")
 
 
+def plan_inference(args, recipe: Recipe, device, shape) -> tuple[str, int]:
+    """`plan --task inference`: the precision asked for, and with --fit the most precise
+    weights that fit (that precision, the device's half precision, then int8)."""
+    precision = args.precision or "fp16"
+    if precision == "bf16" and not device.bf16:
+        raise RecipeError(f"--precision bf16: {device.name} has no BF16 kernels ({device.note}); use fp16")
+    params, batch = cached_parameter_count(shape), args.micro_batch or 1
+    seq_len = args.seq_len or recipe.data.max_seq_len
+    plan = estimate_inference(shape, params, device, precision, batch, seq_len)
+    preset = recipe.model.preset
+    result = dict(plan_json(plan, preset), task="inference", precision=precision)
+    if not args.fit:
+        return (json.dumps(result) if args.json else format_inference(plan, preset, precision)), int(not plan.fits)
+    best, (last, closest) = fit_inference(shape, params, device, precision, batch, seq_len)
+    result["recommended"] = dict(plan_json(best[1], preset), precision=best[0]) if best else None
+    text = [f"as given: {precision}, {gb(plan.total_bytes)} GB of {gb(device.usable_bytes)} GB usable, "
+            f"{'fits' if plan.fits else 'does not fit'}"]
+    if best is None:
+        text.append(f"no precision fits on {device.name}; the closest, {last}, needs "
+                    f"{gb(closest.total_bytes - device.usable_bytes)} GB more:\n"
+                    + format_inference(closest, preset, last))
+    else:
+        text.append("recommended: " + format_inference(best[1], preset, best[0]))
+    return (json.dumps(result) if args.json else "\n".join(text)), int(best is None)
+
+
 def run_plan(args) -> tuple[str, int]:
     """(output, exit code) for the parsed `plan` arguments: 0 fits, 1 does not."""
     check_arguments(args)
@@ -282,13 +315,7 @@ def run_plan(args) -> tuple[str, int]:
     device = get_device(recipe.device.name, recipe.device.max_device_memory)
     shape = resolve_shape(recipe.model)
     if args.task == "inference":
-        precision = args.precision or "fp16"
-        if precision == "bf16" and not device.bf16:
-            raise RecipeError(f"--precision bf16: {device.name} has no BF16 kernels ({device.note}); use fp16")
-        plan = estimate_inference(shape, cached_parameter_count(shape), device, precision,
-                                  args.micro_batch or 1, args.seq_len or recipe.data.max_seq_len)
-        result = dict(plan_json(plan, preset), task="inference", precision=precision)
-        return (json.dumps(result) if args.json else format_inference(plan, preset, precision)), int(not plan.fits)
+        return plan_inference(args, recipe, device, shape)
     base = planned_strategy(recipe, args, device.name)
     devices = args.devices or base.devices
     if devices != base.devices and not args.fit:

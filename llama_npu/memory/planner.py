@@ -6,8 +6,9 @@ Every number is a formula over the exact parameter counts and the recipe; the fo
 follow this harness's implementation, not an idealised trainer (docs/memory.md says which
 tensors are alive in which phase):
 - weights: parameters in their stored dtype (fp32 under O0-O2, the half dtype under O3; a
-  LoRA base in the compute dtype) plus, under O1/O2, the half-precision copies the matmuls
-  use, which autodiff keeps for the backward pass (freed before the update);
+  LoRA base in the compute dtype, or its linear weights in int8 with fp32 scales) plus,
+  under O1/O2, the half-precision copies the matmuls use, which autodiff keeps for the
+  backward pass (freed before the update);
 - gradients: one micro-batch a step: the gradients themselves, in the trainable
   parameters' dtype, from the backward to the update. Accumulating: the fp32 accumulators,
   alive the whole step;
@@ -38,6 +39,9 @@ tensors are alive in which phase):
   (mindformers/wrapper/wrapper.py MFPipelineWithLossScaleCell): a full fp32 set;
 - communication buffers: HCCL keeps 2 x HCCL_BUFFSIZE (200 MB by default) per communicator,
   outside MindSpore's pool: they must fit in the HBM the pool leaves (hbm - max_device_memory);
+- dequantized_weight (an int8 base only): one linear weight dequantized in the forward
+  and again in the backward, never kept across the step; none on the 910B, whose kernel
+  dequantizes inside the matmul (memory/int8_weights.py);
 - margin: 10% of the usable memory, kept free for the runtime and fragmentation.
 The plan's total is the largest phase (forward, backward, update) plus the margin; it fits
 when that total fits the pool and the communication buffers fit beside it.
@@ -55,6 +59,7 @@ from ..strategies import STRATEGIES, chunked_ce, lora, parallel, precision, reco
 from ..strategies.accumulation import accumulates
 from ..training.jit_level import GE, default_backend
 from .devices import GB, MB, Device, get_device
+from .int8_weights import dequantized_weight_bytes, int8_layer_bytes
 
 MARGIN_FRACTION = 0.10
 # Each HCCL communicator's send and receive buffers: 2 x HCCL_BUFFSIZE, default 200 MB
@@ -77,6 +82,7 @@ class Strategy:
     lora: bool = False
     lora_rank: int = 8
     lora_targets: tuple = ("wq", "wk", "wv", "wo")
+    lora_base_dtype: str = "compute"  # compute | int8: the frozen base's linear weights (memory/int8_weights.py)
     recompute: str = "none"  # none | selective | full
     recompute_layers: int = 0  # full: first N layers (0 = all)
     chunked_ce: bool = False
@@ -135,6 +141,11 @@ def split_params(shape: LlamaShape) -> dict:
             "layer_norms": 2 * h, "final_norm": h}
 
 
+def int8_base(s: Strategy) -> bool:
+    """LoRA over a base whose linear weights are held in int8 (strategies.lora.base_dtype)."""
+    return s.lora and s.lora_base_dtype == "int8"
+
+
 def model_states(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
     split = split_params(shape)
     layers = parallel.layers_on_device(shape, s)
@@ -142,6 +153,9 @@ def model_states(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
     on_device = layers * (split["layer_matrices"] // s.model + split["layer_norms"]) + emb + split["final_norm"]
     trainable = lora.trainable_params(shape, s, layers, on_device)
     weights, copies = precision.weight_bytes(s, on_device, trainable, frozen=s.lora)
+    if int8_base(s):  # the base's linear weights in int8 + scales, the rest in the compute dtype
+        linear = layers * split["layer_matrices"]
+        weights += layers * int8_layer_bytes(shape) - linear * precision.activation_bytes(s)
     grad_bytes = precision.gradient_bytes(s, frozen=s.lora, accumulates=accumulates(s))
     # What the backward produces, in the trainable parameters' dtype, before it is accumulated.
     produced = trainable * precision.gradient_bytes(s, frozen=s.lora, accumulates=False)
@@ -198,7 +212,11 @@ def step_transients(shape: LlamaShape, s: Strategy, device: Device) -> Dict[str,
         update += precision.scaling_copies(s, frozen=s.lora, accumulates=accumulates(s), gradients=gradients,
                                            largest=largest // 4, out_of_place=scales_out_of_place(device))
     update += precision.half_update_copy(s, frozen=s.lora, accumulates=accumulates(s), gradients=gradients)
-    return {"embedding_gradient": embedding, "update_copies": update}
+    transients = {"embedding_gradient": embedding, "update_copies": update}
+    if int8_base(s):
+        transients["dequantized_weight"] = dequantized_weight_bytes(shape, precision.activation_bytes(s),
+                                                                    s.flash_attention)
+    return transients
 
 
 def scales_out_of_place(device: Device) -> bool:
@@ -212,7 +230,9 @@ def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
     accumulating = accumulates(s)
     # The communication buffers are outside the pool (Plan.fits checks them there).
     always = c["weights"] + c["optimizer_states"] + (c["gradients"] if accumulating else 0)
-    forward = always + c["weight_compute_copies"] + c["activations"] + c["logits_loss"]
+    # An int8 base's dequantized weight: one at a time, in the forward and again in the backward.
+    dequantized = c.get("dequantized_weight", 0)
+    forward = always + c["weight_compute_copies"] + c["activations"] + c["logits_loss"] + dequantized
     # Start of the backward: every activation, the logits' gradient and the head's weight
     # gradient (chunked CE: the copies its backward holds). Its end: the micro-batch's
     # gradients (k = 1), or, accumulating, the accumulators and a whole micro-batch's
@@ -221,7 +241,7 @@ def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
     start = forward + chunked_ce.head_gradient_copies(s) * c["embedding_gradient"]
     dense_parts = 2 if parallel.is_sharded(s) else 1
     end = always + c["weight_compute_copies"] + (c["micro_batch_gradients"] if accumulating else c["gradients"]) \
-        + dense_parts * c["embedding_gradient"]
+        + dense_parts * c["embedding_gradient"] + dequantized
     update = always + (0 if accumulating else c["gradients"]) + c["update_copies"]
     return {"forward": forward, "backward": max(start, end), "update": update}
 
@@ -273,11 +293,13 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
     half = "bfloat16" if device.bf16 else "float16"
     precisions = [("O2", half)] if device.name != "cpu" else [("O0", "float16"), ("O2", "float16")]
     best, closest = None, None
-    for (data, model, pipeline), shard, micro, recompute_mode, chunked, (amp, dtype), with_lora in itertools.product(
-            parallel.layouts(shape, devices), (False, True), (1, 2, 4, 8, 16), ("none", "selective", "full"),
-            (False, True), precisions, (False, True) if allow_lora else (base.lora,)):
+    for (data, model, pipeline), shard, micro, recompute_mode, chunked, (amp, dtype), (with_lora, base_dtype) in \
+            itertools.product(parallel.layouts(shape, devices), (False, True), (1, 2, 4, 8, 16),
+                              ("none", "selective", "full"), (False, True), precisions, lora_choices(base, allow_lora)):
         if shard and data == 1:
             continue
+        if base_dtype == "int8" and model > 1:
+            continue  # the int8 base is not sharded (strategies/lora.py refuses it)
         if chunked and (shard or model > 1 or pipeline > 1):
             continue  # sharded layouts use MindFormers' loss; recipe validation refuses chunked CE there
         if base.global_batch % (micro * data):
@@ -287,7 +309,7 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
             continue
         s = replace(base, data=data, model=model, pipeline=pipeline, optimizer_shard=shard, micro_batch=micro,
                     recompute=recompute_mode, recompute_layers=0, chunked_ce=chunked, amp_level=amp, dtype=dtype,
-                    lora=with_lora, sequence_parallel=base.sequence_parallel and model > 1,
+                    lora=with_lora, lora_base_dtype=base_dtype, sequence_parallel=base.sequence_parallel and model > 1,
                     flash_attention=device.flash_attention)
         plan = estimate(shape, params, device, s)
         if closest is None or plan.total_bytes < closest.total_bytes:
@@ -297,6 +319,14 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
     return best, closest
 
 
+def lora_choices(base: Strategy, allow_lora: bool) -> list:
+    """(LoRA, base dtype) pairs --fit tries: full fine-tuning, and LoRA over a base held in the
+    compute dtype or in int8; the recipe's own choice when LoRA may not be switched."""
+    if not allow_lora:
+        return [(base.lora, base.lora_base_dtype if base.lora else "compute")]
+    return [(False, "compute"), (True, "compute"), (True, "int8")]
+
+
 INFERENCE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 
 
@@ -304,15 +334,15 @@ def estimate_inference(shape: LlamaShape, params: int, device: Device, precision
                        seq_len: int) -> Plan:
     """Serving one forward pass over batch x seq_len tokens with a KV cache of that length.
     INT8: per-output-channel symmetric weights for the decoder's linear layers, one fp32
-    scale per output channel; embeddings and norms stay in fp16."""
+    scale per output channel, one weight dequantized at a time; embeddings and norms stay in
+    fp16."""
     split = split_params(shape)
     w = INFERENCE_BYTES[precision]
     c = 4 if precision == "fp32" else 2  # activations and KV cache: fp32, else the half dtype
     layers = shape.num_layers
     kv = shape.num_kv_heads * shape.head_dim
     if precision == "int8":
-        out_channels = 2 * shape.hidden_size + 2 * kv + 2 * shape.intermediate_size + shape.hidden_size
-        weights = layers * (split["layer_matrices"] + out_channels * 4) \
+        weights = layers * int8_layer_bytes(shape) \
             + (split["embedding"] + layers * split["layer_norms"] + split["final_norm"]) * 2
     else:
         weights = params * w
@@ -326,15 +356,33 @@ def estimate_inference(shape: LlamaShape, params: int, device: Device, precision
         "weights": weights, "weight_compute_copies": 0, "gradients": 0, "micro_batch_gradients": 0,
         "optimizer_states": 0,
         "kv_cache": 2 * layers * tokens * kv * c, "activations": one_layer,
-        "logits_loss": tokens * shape.vocab_size * 4, "communication_buffers": 0,
-        "margin": math.ceil(device.usable_bytes * MARGIN_FRACTION)})
+        "logits_loss": tokens * shape.vocab_size * 4,
+        # held in int8, each weight is dequantized right before its matmul
+        "dequantized_weight": dequantized_weight_bytes(shape, c, device.flash_attention) if precision == "int8" else 0,
+        "communication_buffers": 0, "margin": math.ceil(device.usable_bytes * MARGIN_FRACTION)})
     return plan
 
 
+def fit_inference(shape: LlamaShape, params: int, device: Device, precision: str, batch: int,
+                  seq_len: int) -> tuple[Optional[tuple], tuple]:
+    """((precision, plan) of the most precise weights that fit, or None; the last one tried):
+    `precision`, then the device's half precision, then int8, each at the given batch and length."""
+    order = ["fp32", "bf16" if device.bf16 and precision != "fp16" else "fp16", "int8"]
+    tried = order[order.index(precision):]  # bf16 on a device without it is refused before
+    plan = None
+    for name in tried:
+        plan = estimate_inference(shape, params, device, name, batch, seq_len)
+        if plan.fits:
+            return (name, plan), (name, plan)
+    return None, (tried[-1], plan)
+
+
 def _rank(shape: LlamaShape, params: int, plan: Plan, base: Strategy):
-    """Keep the recipe's choice of full fine-tuning or LoRA when possible, then speed."""
+    """Keep the recipe's choice of full fine-tuning or LoRA, then of the LoRA base's dtype
+    (int8 costs accuracy: only when nothing in the recipe's fits), when possible, then speed."""
     s = plan.strategy
-    return (s.lora == base.lora, tokens_per_second(shape, params, s), -plan.total_bytes)
+    return (s.lora == base.lora, s.lora_base_dtype == base.lora_base_dtype, tokens_per_second(shape, params, s),
+            -plan.total_bytes)
 
 
 def gb(n: int) -> str:

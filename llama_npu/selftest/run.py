@@ -16,11 +16,12 @@ from typing import Callable, List, Optional
 from ..common.frameworks import mute_mindformers_info, quiet_frameworks
 from ..common.launcher import launched_rank, launched_workers
 from ..memory.devices import DEVICES
-from . import checks, forward_saturation, registers, sharded, speed
+from . import checks, forward_saturation, int8, registers, sharded, speed
 from .checks import (check_data_parallel, check_export_exact, check_mask_flash_vs_plain, check_mask_packed,
                      check_mask_packed_sharded_loss, check_memory_vs_plan, check_overflow_skips_update,
                      check_precision_bf16, check_precision_fp16, check_resume_exact)
 from .forward_saturation import check_forward_saturation
+from .int8 import check_int8_matmul
 from .jit import jit_level_and_backend
 from .parts import FAIL, PASS, SKIP, Check, Context
 from .registers import check_saturation_registers
@@ -32,7 +33,8 @@ SINGLE: List[Callable] = [check_overflow_skips_update, check_saturation_register
                           check_precision_bf16, check_mask_packed, check_mask_packed_sharded_loss,
                           check_mask_flash_vs_plain, check_memory_vs_plan, check_speed, check_speed_accumulation,
                           check_resume_exact,
-                          check_export_exact, check_export_sharded, check_data_parallel, check_sharded_layouts]
+                          check_export_exact, check_export_sharded, check_data_parallel, check_sharded_layouts,
+                          check_int8_matmul]
 
 MULTI: List[Callable] = [check_data_parallel, check_sharded_layouts, check_export_sharded]
 
@@ -47,7 +49,7 @@ SPECS = {check_overflow_skips_update: checks.overflow_spec, check_saturation_reg
          check_speed: speed.speed_spec, check_speed_accumulation: speed.accumulation_spec,
          check_resume_exact: checks.resume_spec, check_export_exact: checks.export_spec,
          check_export_sharded: sharded.export_sharded_spec, check_data_parallel: checks.data_parallel_spec,
-         check_sharded_layouts: sharded.layouts_spec}
+         check_sharded_layouts: sharded.layouts_spec, check_int8_matmul: int8.int8_spec}
 
 
 class SelftestError(ValueError):

@@ -3,7 +3,9 @@ the model frozen.
 
 Only adapter weights (mindpet_delta_lora_a/b) stay trainable, so only they reach the
 optimizer and the checkpoints. Under mixed precision the frozen base is stored in the
-compute dtype (it needs no fp32 master copy), the adapters in fp32.
+compute dtype (it needs no fp32 master copy), the adapters in fp32; with `base_dtype: int8`
+it is held as int8 weights with per-output-channel scales (model/int8_linear.py), each
+layer dequantized inside its forward and again in its backward.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from ..model.architecture import LINEAR_LAYERS, matched_layers
-from ..recipe.problems import RecipeError, positive
+from ..recipe.problems import RecipeError, choice, positive
 
 KEY = "lora"
 CHECKED_AFTER = ("model", "recompute", "chunked_ce")  # one memory strategy's problem at a time
@@ -20,6 +22,7 @@ PROFILE_SWITCH = "strategies.lora.enabled"  # profiled off and on
 # The (in, out) sizes of each linear layer: hidden, the MLP's and the KV heads'.
 SHAPES = {"wq": ("h", "h"), "wk": ("h", "kv"), "wv": ("h", "kv"), "wo": ("h", "h"),
           "w1": ("h", "f"), "w2": ("f", "h"), "w3": ("h", "f")}
+BASE_DTYPES = ("compute", "int8")  # how the frozen base is held: the compute dtype, or int8 + scales
 
 
 @dataclass
@@ -29,6 +32,7 @@ class LoraSection:
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: str = ".*wq|.*wk|.*wv|.*wo"  # regex over wq wk wv wo w1 w2 w3
+    base_dtype: str = "compute"  # compute | int8: the frozen base's linear weights as int8 + per-row scales
 
 
 SECTION = LoraSection
@@ -36,6 +40,9 @@ SECTION = LoraSection
 
 def check(recipe) -> None:
     section = recipe.strategies.lora
+    choice("strategies.lora.base_dtype", section.base_dtype, BASE_DTYPES)
+    if section.base_dtype == "int8":
+        check_int8_base(recipe)
     if not section.enabled:
         return
     positive("strategies.lora.rank", section.rank)
@@ -49,6 +56,18 @@ def check(recipe) -> None:
     if not matched:
         raise RecipeError(f"strategies.lora.target_modules={section.target_modules!r} matches no layer; "
                           f"the linear layers are {', '.join(LINEAR_LAYERS)}")
+
+
+def check_int8_base(recipe) -> None:
+    """An int8 base is frozen: only LoRA trains over it, and it is not split by model parallel."""
+    if not recipe.strategies.lora.enabled:
+        raise RecipeError("strategies.lora.base_dtype=int8 needs strategies.lora.enabled=true: a full fine-tune "
+                          "trains the base weights, which int8 cannot hold")
+    model_parallel = recipe.strategies.parallel.model
+    if isinstance(model_parallel, int) and model_parallel > 1:
+        raise RecipeError(f"strategies.lora.base_dtype=int8 with strategies.parallel.model={model_parallel}: the "
+                          f"int8 base is not sharded along its output dimension (nor its scales); use "
+                          f"strategies.parallel.model=1 or base_dtype=compute")
 
 
 def _mute_mindpet_stdout() -> None:
@@ -110,7 +129,7 @@ def frozen_base_dtypes(dtypes: dict) -> dict:
 def plan_settings(recipe) -> dict:
     section = recipe.strategies.lora
     return {"lora": section.enabled, "lora_rank": section.rank,
-            "lora_targets": tuple(matched_layers(section.target_modules))}
+            "lora_targets": tuple(matched_layers(section.target_modules)), "lora_base_dtype": section.base_dtype}
 
 
 def lora_params_per_layer(shape, rank: int, targets) -> int:

@@ -18,27 +18,33 @@ from .precision import model_dtypes
 from .recompute import recompute_config
 
 
-def build_network(recipe: Recipe, on_ascend: bool, variable_length: bool = False):
+def build_network(recipe: Recipe, on_ascend: bool, variable_length: bool = False, param_dtype=None):
     """(net, loss_cell): the LlamaForCausalLM and the summed-loss cell wrapping it.
     `variable_length`: inputs may be shorter than data.max_seq_len (eval's length buckets);
     MindFormers' is_dynamic then slices its causal mask to each input's length instead of
     broadcasting one of seq_length (mindformers/modules/transformer/transformer.py
-    LowerTriangularMaskWithDynamic)."""
+    LowerTriangularMaskWithDynamic). `param_dtype`: the weights' storage dtype instead of the
+    precision strategy's (eval --weights fp16 holds them in fp16, computes in fp32)."""
     s = recipe.strategies
     # Every strategy's part of the MindFormers config first, then the model, then what acts on the built model.
     dtypes = model_dtypes(s.precision)
     if s.lora.enabled:
         dtypes = frozen_base_dtypes(dtypes)
+    if param_dtype:
+        dtypes = dict(dtypes, param_dtype=param_dtype)
     parallel_config = dict(mindformers_parallel_config(s.parallel), recompute=recompute_config(s.recompute))
     options, shape = mindformers_model_options(s.parallel), resolve_shape(recipe.model)
     config = llama_config(shape, recipe.data.max_seq_len, on_ascend,
                           device_name=recipe.device.name, parallel_config=parallel_config,
                           is_dynamic=variable_length, **options, **dtypes)
     net = build_model(config)
-    if recipe.model.checkpoint:
-        load_pretrained(net, recipe, shape)
+    loaded = load_pretrained(net, recipe, shape) if recipe.model.checkpoint else None
     if s.lora.enabled:
         apply_lora(net, s.lora, dtypes["compute_dtype"])
+    if s.lora.base_dtype == "int8":
+        from ..weights.int8_weights import hold_base_in_int8  # imported here: it loads MindSpore, which plan does not
+
+        hold_base_in_int8(net, loaded, recipe, on_ascend, dtypes["compute_dtype"])
     head = head_loss(s.chunked_ce, net.lm_head)
     loss_cell = CausalLMLoss(net, head)
     loss_cell.set_train(True)

@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Dict
 
+import numpy as np
+
 from ..common.atomic import check_writable, staged_directory
 from ..common.console import note, tracked_items
 from ..data.tokenizer import default_tokenizer_path
@@ -26,9 +28,9 @@ from ..model.llama import MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA
 from .hf_export import write_model_files
 from .pretrained import (ResolvedWeights, checkpoint_tensors, read_adapters, read_checkpoint_dir, resolve_weights,
                          verify_tensors)
-from .tensor_files import (CODES, CONFIG, HF_WEIGHTS, INT8_SCALE, LORA_A, WEIGHTS, CkptWriter, ConvertError,
+from .tensor_files import (CODES, CONFIG, HF_WEIGHTS, INT8_SCALE, LINEAR, LORA_A, WEIGHTS, CkptWriter, ConvertError,
                            SafetensorsWriter, StoredTensor, dequantize_rows, expected_shapes, from_float32,
-                           lora_factors, rename, row_blocks, safetensors_index, to_float32)
+                           int8_rounded, lora_factors, rename, row_blocks, safetensors_index, to_float32)
 
 
 # ---------------------------------------------------------------- Hugging Face side
@@ -167,9 +169,13 @@ def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
     return dst
 
 
-def _exported_blocks(stored: Dict[str, StoredTensor], name: str, code: str, adapters: dict, alpha: float):
+def _exported_blocks(stored: Dict[str, StoredTensor], name: str, code: str, adapters: dict, alpha: float,
+                     int8_cost: dict = None):
     """MindFormers tensor `name` as Hugging Face stores it in dtype `code`, one row block at
-    a time: dequantized (int8 x scale) and with its LoRA adapters folded in, if it has them."""
+    a time: dequantized (int8 x scale) and with its LoRA adapters folded in, if it has them.
+    With `int8_cost` (a LoRA run over an int8 base formed from a float checkpoint) a decoder
+    linear weight is first rounded as the run held it (q x s), and int8_cost["max_abs"] keeps
+    the largest |W - q x s|: what the int8 base costs the exported model."""
     tensor = stored[name]
     array = tensor.read()
     scale = stored[name + INT8_SCALE].read() if name + INT8_SCALE in stored else None
@@ -177,6 +183,10 @@ def _exported_blocks(stored: Dict[str, StoredTensor], name: str, code: str, adap
     for rows in row_blocks(array):
         values = dequantize_rows(array[rows], scale[rows]) if scale is not None else to_float32(array[rows],
                                                                                                 tensor.code)
+        if int8_cost is not None and scale is None and LINEAR.match(name):
+            rounded = int8_rounded(values)
+            int8_cost["max_abs"] = max(int8_cost["max_abs"], float(np.abs(values - rounded).max()))
+            values = rounded
         if factors is not None:
             values = values + factors[0][rows] @ factors[1]
         yield from_float32(values, code)
@@ -204,12 +214,19 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
     verify_tensors({name: tensor.shape for name, tensor in stored.items()}, shape, source.weights)
     adapters = read_adapters(source.adapters) if source.adapters is not None else {}
     hf_shapes = expected_shapes(shape)
+    int8_cost = {"max_abs": 0.0} if source.base_int8 else None
     with staged_directory(dst) as staging:
         note(f"writing {dst / HF_WEIGHTS}, one tensor at a time")
         writer = SafetensorsWriter(staging / HF_WEIGHTS, [(name, CODES[dtype], dims) for name, dims in hf_shapes.items()])
         for hf_name, _ in tracked_items(hf_shapes, "convert"):
             writer.write(hf_name, _exported_blocks(stored, rename(hf_name, to_ms=True), CODES[dtype], adapters,
-                                                   source.alpha))
+                                                   source.alpha, int8_cost))
         writer.close()
         write_model_files(staging, hf_config(shape, dtype, meta.get("hf_config")), source.tokenizer)
+    if int8_cost is not None and meta.get("quantization"):
+        note("int8 base (strategies.lora.base_dtype): the adapters are folded into the quantized base's q x s")
+    elif int8_cost is not None:
+        note(f"int8 base (strategies.lora.base_dtype): the adapters are folded into the float base rounded to "
+             f"int8 (q x s), as the run held it; its accuracy cost, max |W - q x s| over the decoder linear "
+             f"weights: {int8_cost['max_abs']:.3g}")
     return dst

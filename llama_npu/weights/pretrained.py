@@ -29,8 +29,8 @@ from ..data.tables import ReadOptions
 from ..model.architecture import LlamaShape, resolve_shape
 from ..recipe.problems import RecipeError
 from ..recipe.stored import STORED_RECIPE, stored_recipe
-from .tensor_files import (CONFIG, LORA_A, WEIGHTS, ConvertError, StoredTensor, ckpt_index, dequantize, expected_shapes,
-                           lora_factors, rename, to_float32)
+from .tensor_files import (CONFIG, INT8_SCALE, LINEAR, LORA_A, WEIGHTS, ConvertError, StoredTensor, ckpt_index,
+                           dequantize, expected_shapes, int8_rounded, lora_factors, rename, to_float32)
 
 
 def expected_tensors(shape: LlamaShape) -> Dict[str, tuple]:
@@ -86,6 +86,21 @@ def verify_tensors(found: Dict[str, tuple], shape: LlamaShape, source) -> None:
             raise CheckpointError(f"{source}: tensor {name} has shape {found[name]}, the model needs {dims}")
 
 
+def verify_scales(found: dict, source) -> None:
+    """Every decoder linear weight of a quantized checkpoint (`found`: name -> shape) has its
+    fp32 scale, one per output channel; else one line naming the tensor."""
+    for name, dims in found.items():
+        if not LINEAR.match(name):
+            continue
+        scale = found.get(name + INT8_SCALE)
+        if scale is None:
+            raise CheckpointError(f"{source}: tensor {name + INT8_SCALE} is missing (a quantized checkpoint "
+                                  f"holds one scale per output channel of {name})")
+        if tuple(scale) != (dims[0],):
+            raise CheckpointError(f"{source}: tensor {name + INT8_SCALE} has shape {tuple(scale)}, expected "
+                                  f"({dims[0]},): one scale per output channel of {name} {tuple(dims)}")
+
+
 def pretrained_source(recipe, wanted: LlamaShape) -> tuple[Path, LlamaShape, dict]:
     """(directory, shape, config) of model.checkpoint, checked against `recipe`'s model of
     shape `wanted`."""
@@ -100,6 +115,10 @@ def pretrained_source(recipe, wanted: LlamaShape) -> tuple[Path, LlamaShape, dic
     if shape != wanted:
         raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
                           f"{recipe.model.preset} is {wanted.describe()}")
+    if meta.get("quantization") and not recipe.strategies.lora.enabled:
+        raise RecipeError(f"model.checkpoint={directory} is quantized (int8, by llama-npu quantize): a full "
+                          f"fine-tune trains every weight, which int8 cannot hold; start from the float "
+                          f"conversion, or train LoRA over it (strategies.lora.enabled=true)")
     if not (directory / WEIGHTS).is_file():
         raise CheckpointError(f"model.checkpoint={directory}: no {WEIGHTS}")
     return directory, shape, meta
@@ -109,46 +128,66 @@ def check_pretrained(recipe) -> None:
     """Raise RecipeError / CheckpointError (one line) when model.checkpoint cannot start
     `recipe`'s model. Reads config.json and the checkpoint's headers only."""
     if recipe.model.checkpoint:
-        directory, shape, _ = pretrained_source(recipe, resolve_shape(recipe.model))
-        verify_tensors(tensor_index(directory / WEIGHTS), shape, directory / WEIGHTS)
+        directory, shape, meta = pretrained_source(recipe, resolve_shape(recipe.model))
+        found = tensor_index(directory / WEIGHTS)
+        verify_tensors(found, shape, directory / WEIGHTS)
+        if meta.get("quantization"):
+            verify_scales(found, directory / WEIGHTS)
 
 
 # ---------------------------------------------------------------- reading and loading
 
-def read_weights(path: Path, meta: dict) -> dict:
-    """name -> Tensor of a model.ckpt; a quantized one's int8 weights dequantized."""
+def read_weights(path: Path, meta: dict, keep_int8: bool = False) -> dict:
+    """name -> Tensor of a model.ckpt; a quantized one's int8 weights dequantized, unless
+    `keep_int8` (they stay int8, their scales beside them: weights/int8_weights.py)."""
     import mindspore as ms  # imported here: validate's header check (check_pretrained) needs no MindSpore
 
     try:
         weights = ms.load_checkpoint(str(path))
     except (ValueError, RuntimeError, OSError) as exc:
         raise CheckpointError(f"{path} is damaged or unreadable ({exc})") from None
-    if meta.get("quantization"):  # int8 + scales -> the float weights they stand for
-        weights = {k: ms.Tensor(v) for k, v in dequantize({k: p.asnumpy() for k, p in weights.items()}).items()}
+    if meta.get("quantization") and not keep_int8:  # int8 + scales -> the float weights they stand for
+        weights = dequantized_weights(weights)
     return weights
 
 
-def load_weights(net, weights: dict, shape: LlamaShape, source: Path) -> None:
-    """Load every Llama weight of `weights` into `net`, each cast to its Parameter's dtype.
-    Parameters the checkpoint does not describe (LoRA adapters) keep their values."""
+def ms_tensor(array):
+    import mindspore as ms  # imported here: validate's header check (check_pretrained) needs no MindSpore
+
+    return ms.Tensor(array)
+
+
+def dequantized_weights(weights: dict) -> dict:
+    """name -> Tensor of a quantized checkpoint's weights with its int8 weights as q x s."""
+    return {k: ms_tensor(v) for k, v in dequantize({k: p.asnumpy() for k, p in weights.items()}).items()}
+
+
+def load_weights(net, weights: dict, shape: LlamaShape, source: Path, names=None) -> None:
+    """Load every Llama weight of `weights` (or those of `names`) into `net`, each cast to its
+    Parameter's dtype. Parameters the checkpoint does not describe (LoRA adapters) keep their values."""
     import mindspore as ms  # imported here: validate's header check (check_pretrained) needs no MindSpore
 
     verify_tensors({name: tuple(tensor.shape) for name, tensor in weights.items()}, shape, source)
     params = {p.name: p for p in net.get_parameters()}
     cast = {}
-    for name in expected_tensors(shape):
+    for name in expected_tensors(shape) if names is None else names:
         tensor, dtype = weights[name], params[name].dtype
         cast[name] = ms.Parameter(tensor if tensor.dtype == dtype else tensor.astype(dtype), name=name)
     # MindSpore's own loader still does the assignment (and a sliced Parameter's layout).
     ms.load_param_into_net(net, cast, strict_load=True)
 
 
-def load_pretrained(net, recipe, wanted: LlamaShape) -> None:
+def load_pretrained(net, recipe, wanted: LlamaShape) -> tuple:
     """model.checkpoint into the freshly built network of `recipe`, of shape `wanted`
     (load_weights checks each tensor as it loads, so the header read of check_pretrained is
-    not repeated)."""
+    not repeated). Returns (the tensors as stored, whether they are quantized): an int8 base
+    (strategies.lora.base_dtype) is formed from them, not from the network's float copy."""
     directory, shape, meta = pretrained_source(recipe, wanted)
-    load_weights(net, read_weights(directory / WEIGHTS, meta), shape, directory / WEIGHTS)
+    stored = read_weights(directory / WEIGHTS, meta, keep_int8=True)
+    quantized = bool(meta.get("quantization"))
+    weights = dequantized_weights(stored) if quantized else stored
+    load_weights(net, weights, shape, directory / WEIGHTS)
+    return stored, quantized
 
 
 def pretrained_hf_config(recipe) -> Optional[dict]:
@@ -169,6 +208,7 @@ class ResolvedWeights:
     tokenizer: str = "llama3.2"  # the run's data.tokenizer
     max_seq_len: Optional[int] = None  # the run's data.max_seq_len (None: not a run's checkpoint)
     reading: ReadOptions = field(default_factory=ReadOptions)  # the run's data.columns and data.encoding
+    base_int8: bool = False  # a LoRA run over an int8 base (strategies.lora.base_dtype): folded into q x s
 
 
 def _newest_step(run_dir: Path) -> Path:
@@ -193,7 +233,8 @@ def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
     base = Path(base)
     if not (base / CONFIG).is_file():
         raise CheckpointError(f"{run_dir}: the base its recipe names, model.checkpoint={base}, has no {CONFIG}")
-    return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.alpha), tokenizer, length, reading)
+    return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.alpha), tokenizer, length, reading,
+                           lora.base_dtype == "int8")
 
 
 def resolve_weights(path: Path) -> ResolvedWeights:
@@ -229,10 +270,13 @@ def fold_adapters(weights: dict, adapters_path: Path, alpha: float) -> dict:
     return dict(weights, **folded)
 
 
-def model_weights(resolved: ResolvedWeights) -> tuple[LlamaShape, dict, dict]:
-    """(shape, config.json contents, name -> Tensor of the whole model, adapters folded)."""
+def model_weights(resolved: ResolvedWeights, keep_int8: bool = False) -> tuple[LlamaShape, dict, dict]:
+    """(shape, config.json contents, name -> Tensor of the whole model, adapters folded; a
+    quantized model's int8 weights and scales as stored with `keep_int8` and no adapters)."""
     shape, meta = read_checkpoint_dir(resolved.base)
-    weights = read_weights(resolved.weights, meta)
+    weights = read_weights(resolved.weights, meta, keep_int8 and resolved.adapters is None)
+    if resolved.base_int8 and not meta.get("quantization"):  # the float base the run held as int8
+        weights = {k: ms_tensor(int8_rounded(v.asnumpy())) if LINEAR.match(k) else v for k, v in weights.items()}
     if resolved.adapters is not None:
         weights = fold_adapters(weights, resolved.adapters, resolved.alpha)
     return shape, meta, weights

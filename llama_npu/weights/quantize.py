@@ -11,7 +11,6 @@ accuracy cost exactly, while the memory saving is the stored size the command re
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import mindspore as ms
@@ -19,16 +18,8 @@ import numpy as np
 
 from ..common.atomic import check_writable, staged_directory
 from .pretrained import model_weights, resolve_weights
-from .tensor_files import CONFIG, INT8_SCALE, WEIGHTS, ConvertError
+from .tensor_files import CONFIG, INT8_SCALE, LINEAR, WEIGHTS, ConvertError, quantize_rows
 
-LINEAR = re.compile(r"^model\.layers\.\d+\.(attention\.w[qkvo]|feed_forward\.w[123])\.weight$")
-
-
-def quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    scale = np.abs(weight).max(axis=1) / 127.0
-    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
-    q = np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8)
-    return q, scale
 
 
 def quantize_checkpoint(src: Path, dst: Path) -> dict:

@@ -34,6 +34,8 @@ WEIGHTS = "model.ckpt"
 HF_WEIGHTS = "model.safetensors"
 LORA_A, LORA_B = "mindpet_delta_lora_a", "mindpet_delta_lora_b"
 INT8_SCALE = ".int8_scale"  # quantize: a linear weight's per-row fp32 scale, stored beside it
+# The decoder linear weights quantize turns to int8 (and an int8 base holds as int8).
+LINEAR = re.compile(r"^model\.layers\.\d+\.(attention\.w[qkvo]|feed_forward\.w[123])\.weight$")
 
 
 # ---------------------------------------------------------------- names and shapes
@@ -326,6 +328,19 @@ def row_blocks(array: np.ndarray, block_bytes: int = 64 * 1024 * 1024) -> Iterat
 
 
 # ---------------------------------------------------------------- quantized and LoRA tensors
+
+def quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """quantize's scheme: each row as int8 q = round(w / s), s = max|row| / 127 (fp32)."""
+    scale = np.abs(weight).max(axis=1) / 127.0
+    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+    q = np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def int8_rounded(weight: np.ndarray) -> np.ndarray:
+    """The float32 weight an int8 base holds for a float `weight`: q x s of quantize_rows."""
+    return dequantize_rows(*quantize_rows(weight.astype(np.float32)))
+
 
 def dequantize_rows(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """The float32 weights int8 rows `q` with their per-row `scale` stand for."""

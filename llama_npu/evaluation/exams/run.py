@@ -105,11 +105,11 @@ def summarize(task: str, records: List[Scored], configs: dict) -> dict:
 
 
 def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, prompt_format: tuple,
-                     max_seq_len: int, batch_size: int, device: str) -> dict:
+                     max_seq_len: int, batch_size: int, device: str, weights: str = "stored") -> dict:
     from .lm_adapter import MindSporeLM  # imported here: lm-eval, only once the exam data is checked
 
     chat_on, reason = prompt_format
-    net, _, tokenizer = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device)
+    net, _, tokenizer = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device, weights)
     lm = MindSporeLM(net, load_tokenizer(tokenizer), max_seq_len, batch_size)
     started = time.perf_counter()
     records, counts = score(lm, tasks, data, shots, chat_on)
@@ -123,7 +123,8 @@ def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, 
 def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split: Optional[str] = None,
              subjects: Optional[List[str]] = None, output: Optional[Path] = None, compare: Optional[Path] = None,
              chat: Optional[bool] = None, max_seq_len: int = 2048, batch_size: int = 4,
-             device: str = "auto", compare_chat: Optional[bool] = None) -> dict:
+             device: str = "auto", compare_chat: Optional[bool] = None,
+             weights: str = "stored") -> dict:
     """The summary of `checkpoint` (and of `compare`, with deltas); every input is checked
     before a model is built, and --output is written only once everything is scored."""
 
@@ -139,10 +140,10 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
         checkpoint_tokenizer(Path(path))  # a checkpoint eval cannot read: one line, before any model is built
     tasks = build_tasks(data)
     result = {"task": task, "split": data.split, "shots": shots, "data": str(data_dir), "max_seq_len": max_seq_len,
-              **score_checkpoint(checkpoint, data, tasks, shots, formats[0], max_seq_len, batch_size, device)}
+              **score_checkpoint(checkpoint, data, tasks, shots, formats[0], max_seq_len, batch_size, device, weights)}
     records = result.pop("records")
     if compare is not None:
-        other = score_checkpoint(compare, data, tasks, shots, formats[1], max_seq_len, batch_size, device)
+        other = score_checkpoint(compare, data, tasks, shots, formats[1], max_seq_len, batch_size, device, weights)
         other_records = other.pop("records")
         result["compare"] = other
         result["delta"] = delta(result, other)

@@ -1,0 +1,168 @@
+"""INT8 at run time (issue 30): a quantized model that stays int8 in eval/generate, and LoRA over
+an int8 frozen base. The refusals first (validate only), then tiny real runs on the CPU."""
+import json
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from llama_npu.recipe.load import load_recipe
+from llama_npu.recipe.problems import RecipeError
+
+from conftest import REPO, SMOKE, TINY_RUN, assert_same_steps, read_metrics, run_cli
+
+
+@pytest.fixture(scope="session")
+def quantized(conversions, tmp_path_factory):
+    """The tiny float32 conversion, quantized by `llama-npu quantize`'s own function."""
+    from llama_npu.weights.quantize import quantize_checkpoint
+
+    dst = tmp_path_factory.mktemp("int8") / "tiny-int8"
+    quantize_checkpoint(conversions["float32"], dst)
+    return dst
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["strategies.lora.base_dtype=int8"], "strategies.lora.base_dtype=int8 needs strategies.lora.enabled=true: a "
+                                          "full fine-tune trains the base weights"),
+    (["strategies.lora.base_dtype=fp8"], "strategies.lora.base_dtype: expected one of compute, int8, got 'fp8'"),
+    (["strategies.lora.enabled=true", "strategies.lora.base_dtype=int8", "strategies.parallel.model=2"],
+     "strategies.lora.base_dtype=int8 with strategies.parallel.model=2: the int8 base is not sharded"),
+])
+def test_int8_base_refusals(overrides, message):
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(SMOKE, overrides)
+    assert message in str(caught.value)
+
+
+def test_quantized_directory_cannot_start_a_full_fine_tune(quantized, tmp_path):
+    proc = run_cli("validate", SMOKE, "--set", f"model.checkpoint={quantized}", "--set", "model.preset=tiny",
+                   "--output-dir", tmp_path / "run")
+    assert proc.returncode == 2
+    assert f"model.checkpoint={quantized} is quantized (int8, by llama-npu quantize): a full fine-tune" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    # A quantized directory with a scale missing: LoRA over it is refused, naming the tensor.
+    import mindspore as ms
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(quantized, damaged)
+    kept = [{"name": k, "data": v} for k, v in ms.load_checkpoint(str(quantized / "model.ckpt")).items()
+            if k != "model.layers.1.feed_forward.w3.weight.int8_scale"]
+    ms.save_checkpoint(kept, str(damaged / "model.ckpt"))
+    lora = run_cli("validate", SMOKE, "--set", f"model.checkpoint={damaged}", "--set", "model.preset=tiny",
+                   "--set", "strategies.lora.enabled=true", "--set", "strategies.lora.base_dtype=int8",
+                   "--output-dir", tmp_path / "run")
+    assert lora.returncode == 2 and len(lora.stderr.strip().splitlines()) == 1, lora.stderr
+    assert "tensor model.layers.1.feed_forward.w3.weight.int8_scale is missing" in lora.stderr
+
+
+@pytest.fixture(scope="session")
+def dequantized(quantized, tmp_path_factory):
+    """A float32 directory whose weights are exactly q x s of `quantized`: the model today's
+    dequantize-at-load path evaluates, and the float base LoRA over the int8 base must equal."""
+    import mindspore as ms
+
+    from llama_npu.weights.tensor_files import dequantize
+
+    meta = json.loads((quantized / "config.json").read_text(encoding="utf-8"))
+    meta.pop("quantization")
+    dst = tmp_path_factory.mktemp("dequantized") / "tiny-qxs"
+    dst.mkdir()
+    (dst / "config.json").write_text(json.dumps(meta), encoding="utf-8")
+    arrays = dequantize({k: v.asnumpy() for k, v in ms.load_checkpoint(str(quantized / "model.ckpt")).items()})
+    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in arrays.items()], str(dst / "model.ckpt"))
+    return dst
+
+
+def test_quantized_directory_stays_int8_and_its_logits_equal_dequantize_at_load(ms, quantized, dequantized):
+    """eval/generate's model of a quantized directory (--weights stored) against today's
+    dequantize-at-load model (the float q x s directory): the logits and the held-out loss."""
+    from llama_npu.data.readers import read_records
+    from llama_npu.data.samples import tokenize_records
+    from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.evaluation.loaded_model import build_from_checkpoint
+    from llama_npu.evaluation.loss_loop import evaluate
+    from test_convert import logits_of
+
+    tokens = np.random.default_rng(0).integers(0, 128000, (2, 24)).astype(np.int32)
+    int8_net, int8_loss, _ = build_from_checkpoint(quantized, 24, batch_size=2, device="cpu")
+    dtypes = {p.name: p.dtype for p in int8_net.get_parameters()}
+    assert dtypes["model.layers.0.attention.wq.weight"] == ms.int8
+    assert dtypes["model.layers.1.feed_forward.w2.int8_scale"] == ms.float32
+    linear = [n for n, d in dtypes.items() if re.search(r"\.w[qkvo123]\.weight$", n)]
+    assert len(linear) == 14 and all(dtypes[n] == ms.int8 for n in linear)
+    float_net, float_loss, _ = build_from_checkpoint(dequantized, 24, batch_size=2, device="cpu")
+    assert np.array_equal(logits_of(ms, int8_net, tokens), logits_of(ms, float_net, tokens))  # same math: bit-exact
+    held_out = read_records([REPO / "data" / "zh_instruct_eval.jsonl"], "alpaca")[:8]
+    samples, _ = tokenize_records(load_tokenizer("llama3.2"), held_out, 25)
+    losses = [evaluate(loss_cell, samples, 2, 25)[0] for loss_cell in (int8_loss, float_loss)]
+    assert abs(losses[0] - losses[1]) < 1e-4
+
+
+# ---------------------------------------------------------------- LoRA over an int8 frozen base
+
+LORA = [*TINY_RUN, "--set", "strategies.lora.enabled=true", "--set", "strategies.lora.target_modules=.*wq|.*wv|.*w2",
+        "--set", "train.optimizer.lr=0.05"]
+FIVE = [*LORA, "--set", "train.max_steps=5", "--set", "train.save_every=5"]
+# AMP O2 fp16 with dynamic loss scaling (the 910A's), 2 micro-batches a step, full recompute,
+# chunked cross-entropy: one run over the int8 base, checkpointed at step 2 for the resume.
+COMPOSED = [*LORA, "--set", "strategies.precision.amp_level=O2", "--set", "strategies.precision.loss_scale=dynamic",
+            "--set", "train.global_batch_size=4", "--set", "strategies.recompute.mode=full",
+            "--set", "strategies.chunked_ce.enabled=true", "--set", "strategies.chunked_ce.chunk_size=16",
+            "--set", "train.max_steps=4", "--set", "train.save_every=2", "--set", "train.keep_last=3",
+            "--set", "strategies.lora.base_dtype=int8"]
+
+
+@pytest.fixture(scope="module")
+def lora_runs(quantized, dequantized, conversions, tmp_path_factory):
+    """name -> run directory: LoRA over the int8 base (a quantized directory) and over its
+    exact float q x s, 5 steps in fp32; the composed run over a float checkpoint quantized at load."""
+    out = tmp_path_factory.mktemp("int8-lora")
+    runs = {"int8": [*FIVE, "--set", f"model.checkpoint={quantized}", "--set", "strategies.lora.base_dtype=int8"],
+            "qxs": [*FIVE, "--set", f"model.checkpoint={dequantized}"],
+            "composed": [*COMPOSED, "--set", f"model.checkpoint={conversions['float32']}"]}
+    with ThreadPoolExecutor(len(runs)) as pool:  # three small runs side by side
+        for name, proc in zip(runs, pool.map(lambda a: run_cli("train", SMOKE, "--output-dir", out / a[0], *a[1]),
+                                               runs.items())):
+            assert proc.returncode == 0, (name, proc.stderr[-3000:])
+    return {name: out / name for name in runs} | {"args": runs}
+
+
+def adapters(step_dir):
+    import mindspore as ms
+
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(step_dir / "model.ckpt")).items()}
+
+
+def test_lora_over_int8_base_equals_lora_over_its_float_q_x_s(lora_runs):
+    int8, qxs = read_metrics(lora_runs["int8"]), read_metrics(lora_runs["qxs"])
+    assert [r["step"] for r in int8] == [1, 2, 3, 4, 5]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(int8, qxs)) < 1e-5
+    ours, theirs = (adapters(lora_runs[name] / "checkpoints" / "step_5") for name in ("int8", "qxs"))
+    assert sorted(ours) == sorted(theirs) and all("mindpet_delta_lora" in name for name in ours)  # adapters only
+    assert max(float(np.abs(ours[k] - theirs[k]).max()) for k in ours) < 1e-6
+    assert any(np.abs(ours[k]).max() > 0 for k in ours if k.endswith("lora_b"))  # they trained
+
+
+def test_int8_base_composes_resumes_exactly_and_exports_with_its_cost(lora_runs, conversions, tmp_path):
+    straight = lora_runs["composed"]
+    rows = read_metrics(straight)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(np.isfinite(r["loss"]) for r in rows)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_4")
+    proc = run_cli("train", SMOKE, "--output-dir", resumed, "--resume", "auto", *lora_runs["args"]["composed"],
+                   check=True)
+    assert "step 2" in proc.stdout
+    assert_same_steps(resumed, straight, (3, 4))
+    export = run_cli("convert", "ms-to-hf", "--src", straight, "--dst", tmp_path / "hf", check=True)
+    cost = float(re.search(r"max \|W - q x s\| over the decoder linear weights: (\S+)", export.stdout).group(1))
+    import mindspore as ms
+
+    from llama_npu.weights.tensor_files import LINEAR
+
+    base = ms.load_checkpoint(str(conversions["float32"] / "model.ckpt"))
+    largest = max(float(np.abs(base[k].asnumpy()).max()) for k in base if LINEAR.match(k))
+    assert 0 < cost <= largest / 254 * 1.001  # at most half a step (s / 2) of the largest row's scale
