@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..data.formats import FORMATS, ON_BAD_RECORD
 from ..memory.devices import DEVICE_TARGETS, DeviceError, parse_bytes
 from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
+from ..objectives import preference
 from ..strategies import STRATEGIES
 from .problems import Problems, choice, positive
 
@@ -21,6 +22,7 @@ def validate(recipe) -> None:
     for strategy in STRATEGIES:
         ready = all(passed[name] for name in strategy.CHECKED_AFTER)
         passed[strategy.KEY] = ready and problems.passes(strategy.check, recipe)
+    problems.check(preference.check, recipe)
     problems.raise_any()
 
 

@@ -1,0 +1,59 @@
+"""Preference tuning: the recipe's `dpo:` section (DPO, IPO and reference-free SimPO, as TRL
+0.24.0 defines them) and its checks. Pure Python: validate and plan load no MindSpore.
+
+Which reference a loss compares with (docs/preference-tuning.md says what each costs):
+- precomputed: the starting weights' log-probs of every training pair, computed before step 1;
+- adapters_off: the LoRA policy with its adapters switched off (no second copy);
+- none: no reference; only the reference-free SimPO.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..recipe.problems import Problems, choice, positive
+
+KEY = "dpo"
+OBJECTIVES = ("sft", "dpo")
+LOSSES = ("sigmoid", "ipo", "simpo")
+REFERENCES = ("precomputed", "adapters_off", "none")
+REFERENCE_FREE = ("simpo",)  # trl/trainer/cpo_trainer.py: its losses read no reference model
+LENGTH_NORMALISED = ("ipo", "simpo")  # dpo_trainer.py concatenated_forward (ipo), cpo_trainer.py (average_log_prob)
+
+
+@dataclass
+class DPOSection:
+    beta: float = 0.1  # DPOConfig.beta: how far from the reference a reward counts
+    loss: str = "sigmoid"  # sigmoid | ipo | simpo
+    label_smoothing: float = 0.0  # conservative DPO (sigmoid, simpo): the chance a label is flipped
+    simpo_gamma: float = 0.5  # CPOConfig.simpo_gamma: SimPO's target reward margin
+    reference: str = "precomputed"  # precomputed | adapters_off | none
+
+
+def check(recipe) -> None:
+    """The objective's keys and what they require of the rest of the recipe."""
+    problems = Problems()
+    problems.check(choice, "train.objective", recipe.train.objective, OBJECTIVES)
+    if recipe.train.objective != "dpo":
+        problems.raise_any()
+        return
+    d = recipe.dpo
+    problems.check(positive, "dpo.beta", d.beta)
+    problems.check(choice, "dpo.loss", d.loss, LOSSES)
+    problems.check(choice, "dpo.reference", d.reference, REFERENCES)
+    if not 0.0 <= d.label_smoothing < 0.5:
+        problems.append(f"dpo.label_smoothing: expected a value in [0, 0.5), got {d.label_smoothing}")
+    problems.check(positive, "dpo.simpo_gamma", d.simpo_gamma, True)
+    if d.reference == "none" and d.loss in LOSSES and d.loss not in REFERENCE_FREE:
+        problems.append(f"dpo.reference=none with dpo.loss={d.loss}: {d.loss} compares with a reference; "
+                        f"use dpo.reference precomputed or adapters_off, or dpo.loss simpo")
+    if d.loss in REFERENCE_FREE and d.reference != "none":
+        problems.append(f"dpo.loss={d.loss} with dpo.reference={d.reference}: {d.loss} is reference-free, "
+                        f"a reference would cost memory and time for nothing; set dpo.reference=none")
+    if d.reference == "adapters_off" and not recipe.strategies.lora.enabled:
+        problems.append("dpo.reference=adapters_off needs strategies.lora.enabled=true (the reference is the "
+                        "policy with its adapters off); use dpo.reference=precomputed for a full fine-tune")
+    if recipe.data.pack:
+        problems.append("data.pack=true with train.objective=dpo: a pair's chosen and rejected replies are rows "
+                        "of their own; set data.pack=false")
+    problems.raise_any()
+

@@ -1,0 +1,193 @@
+"""Preference tuning (train.objective dpo): the objective against TRL 0.24.0, and its recipe checks.
+
+TRL's trainers tokenize text themselves (DPOTrainer.tokenize_row), so the same token ids are
+given to TRL's own log-prob and loss functions instead (CPOTrainer.get_batch_logps,
+DPOTrainer.dpo_loss, CPOTrainer.cpo_loss) on the tiny Hugging Face Llama's logits, and our
+objective runs on its conversion (tests/conftest.py hf_dir, conversions)."""
+from __future__ import annotations
+
+import copy
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from llama_npu.model.tokens import IGNORE_ID
+from llama_npu.recipe.load import load_recipe
+from llama_npu.recipe.problems import RecipeError
+
+from conftest import SMOKE
+
+T = 12  # positions a row's model input holds; a row is T + 1 tokens
+PROMPTS = ((5, 4, 3), (3, 6, 2))  # (prompt, chosen reply, rejected reply) tokens of each pair
+
+
+def pair_batch():
+    """(input_ids, labels), (4, T + 1): the 2 chosen rows, then the 2 rejected (TRL's order),
+    right-padded, labels IGNORE_ID except the reply tokens."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for prompt_len, chosen_len, rejected_len in PROMPTS:
+        prompt = rng.integers(0, 128000, prompt_len)
+        rows.append((prompt, rng.integers(0, 128000, chosen_len)))
+        rows.append((prompt, rng.integers(0, 128000, rejected_len)))
+    rows = rows[0::2] + rows[1::2]
+    ids = np.full((4, T + 1), 128009, np.int32)
+    labels = np.full((4, T + 1), IGNORE_ID, np.int32)
+    for i, (prompt, reply) in enumerate(rows):
+        ids[i, :len(prompt) + len(reply)] = np.concatenate([prompt, reply])
+        labels[i, len(prompt):len(prompt) + len(reply)] = reply
+    return ids, labels
+
+
+def trl_logps(model, ids, labels, average):
+    """TRL's per-row reply log-probs of the Hugging Face model (CPOTrainer.get_batch_logps)."""
+    import torch  # the test extra's (imported here: the quick tests here need neither torch nor trl)
+    from trl.trainer.cpo_trainer import CPOTrainer
+
+    logits = model(torch.from_numpy(ids.astype(np.int64))).logits
+    return CPOTrainer.get_batch_logps(logits, torch.from_numpy(labels.astype(np.int64)), average_log_prob=average,
+                                      label_pad_token_id=IGNORE_ID)
+
+
+def trl_terms(section, model, ids, labels, reference):
+    """(mean loss, chosen rewards, rejected rewards, chosen logps, rejected logps) as TRL computes them."""
+    from trl.trainer.cpo_trainer import CPOTrainer  # the test extra's, as in trl_logps
+    from trl.trainer.dpo_trainer import DPOTrainer, FDivergenceType
+
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(device="cpu"), beta=section.beta,
+                              label_smoothing=section.label_smoothing, simpo_gamma=section.simpo_gamma,
+                              loss_type=section.loss, alpha=0.0, reference_free=reference is None,
+                              f_divergence_type=FDivergenceType.REVERSE_KL)
+    logps = trl_logps(model, ids, labels, average=section.loss in ("ipo", "simpo"))
+    chosen, rejected = logps[:2], logps[2:]
+    if section.loss == "simpo":
+        losses, cr, rr = CPOTrainer.cpo_loss(trainer, chosen, rejected)
+    else:
+        losses, cr, rr = DPOTrainer.dpo_loss(trainer, chosen, rejected, reference[:2], reference[2:], section.loss)
+    return losses.mean(), cr, rr, chosen, rejected
+
+
+def ours(ms, recipe_sets, checkpoint):
+    """(the converted network, its PreferenceLoss) for the smoke recipe with `recipe_sets`."""
+    from llama_npu.objectives.preference_loss import PreferenceLoss
+    from llama_npu.strategies.network import build_network
+
+    recipe = load_recipe(SMOKE, [f"data.max_seq_len={T}", f"model.checkpoint={checkpoint}", "train.objective=dpo",
+                                 *recipe_sets])
+    net, _ = build_network(recipe, on_ascend=False)
+    chunk = recipe.strategies.chunked_ce.chunk_size if recipe.strategies.chunked_ce.enabled else None
+    return net, PreferenceLoss(net, recipe.dpo, chunk), recipe.dpo
+
+
+class Terms:
+    """Our (mean loss, chosen rewards, rejected rewards, chosen logps, rejected logps) as numpy."""
+
+    def __init__(self, ms, loss_cell):
+        from mindspore import nn
+
+        class Cell(nn.Cell):
+            def __init__(self):
+                super().__init__(auto_prefix=False)
+                self.loss = loss_cell
+
+            def construct(self, ids, labels, reference):
+                losses, *rest = self.loss.terms(ids, labels, reference)
+                return (losses.mean(), *rest)
+
+        self.cell, self.ms = Cell(), ms
+
+    def __call__(self, ids, labels, reference):
+        out = self.cell(*(self.ms.Tensor(a) for a in (ids, labels, reference)))
+        return [t.asnumpy() for t in out]
+
+
+def sgd_losses_ours(ms, loss_cell, ids, labels, reference, lr, steps):
+    from mindspore import nn
+
+    class Mean(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.loss = loss_cell
+
+        def construct(self, ids, labels, reference):
+            return self.loss(ids, labels, reference) / 2
+
+    params = [p for p in loss_cell.trainable_params()]
+    step = nn.TrainOneStepCell(Mean(), nn.SGD(params, learning_rate=lr))
+    step.set_train(True)
+    batch = [ms.Tensor(a) for a in (ids, labels, reference)]
+    return [float(step(*batch).asnumpy()) for _ in range(steps)]
+
+
+def sgd_losses_trl(section, model, ids, labels, reference, lr, steps):
+    import torch  # the test extra's, as in trl_logps
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = trl_terms(section, model, ids, labels, reference)[0]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    return losses
+
+
+@pytest.mark.parametrize("sets", [["dpo.loss=sigmoid", "dpo.label_smoothing=0.1", "dpo.beta=0.5"],
+                                  ["dpo.loss=simpo", "dpo.reference=none", "dpo.beta=2.0", "dpo.simpo_gamma=0.6",
+                                   "strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=5"]],
+                         ids=["sigmoid", "simpo-chunked"])
+def test_first_step_and_three_sgd_steps_equal_trl(ms, hf_dir, conversions, sets):
+    """The first step's loss, rewards and log-probs within 1e-4 of TRL's, three SGD steps'
+    losses within 1e-3; the reference is the starting weights' own log-probs (precomputed)."""
+    import torch  # the test extra's, as in trl_logps
+
+    ids, labels = pair_batch()
+    net, loss_cell, section = ours(ms, sets, conversions["float32"])
+    terms = Terms(ms, loss_cell)
+    model = copy.deepcopy(hf_dir[1]).float()
+    with torch.no_grad():
+        trl_reference = trl_logps(model, ids, labels, average=False)
+    # The starting weights' log-probs, as dpo.reference precomputed stores them: the policy's
+    # own, read with a zero reference (for simpo, length-averaged: it reads no reference).
+    reference = np.concatenate(terms(ids, labels, np.zeros(4, np.float32))[3:5])
+    if section.loss != "simpo":
+        np.testing.assert_allclose(reference, trl_reference.numpy(), atol=1e-4)
+    with torch.no_grad():
+        theirs = trl_terms(section, model, ids, labels, None if section.loss == "simpo" else trl_reference)
+    mine = terms(ids, labels, reference)
+    for a, b in zip(mine, theirs):
+        np.testing.assert_allclose(a, b.numpy(), atol=1e-4)
+    if section.loss == "sigmoid":  # the policy is its reference: ln 2 whatever the smoothing
+        assert mine[0] == pytest.approx(math.log(2), abs=1e-5) and np.abs(mine[1:3]).max() < 1e-5
+    lr = 2.0
+    ours_sgd = sgd_losses_ours(ms, loss_cell, ids, labels, reference, lr, 3)
+    trl_sgd = sgd_losses_trl(section, model, ids, labels, None if section.loss == "simpo" else trl_reference, lr, 3)
+    assert abs(ours_sgd[2] - ours_sgd[0]) > 1e-2  # the steps moved the loss: the comparison below means something
+    np.testing.assert_allclose(ours_sgd, trl_sgd, atol=1e-3)
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["dpo.reference=adapters_off"], "dpo.reference=adapters_off needs strategies.lora.enabled=true"),
+    (["dpo.reference=none"], "dpo.reference=none with dpo.loss=sigmoid"),
+    (["dpo.loss=ipo", "dpo.reference=none"], "dpo.reference=none with dpo.loss=ipo"),
+    (["data.pack=true"], "data.pack=true with train.objective=dpo"),
+    (["dpo.loss=simpo"], "dpo.loss=simpo with dpo.reference=precomputed"),
+    (["dpo.beta=0"], "dpo.beta: expected a value > 0"),
+])
+def test_bad_preference_recipes_are_refused_naming_the_key(sets, message):
+    with pytest.raises(RecipeError) as raised:
+        load_recipe(SMOKE, ["train.objective=dpo", *sets])
+    assert message in raised.value.problems[0] and len(raised.value.problems) == 1
+
+
+@pytest.mark.quick
+def test_a_bad_objective_is_one_line_exit_2_and_a_good_one_validates():
+    from conftest import run_cli
+
+    result = run_cli("validate", SMOKE, "--set", "train.objective=rlhf")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "llama-npu: error: train.objective: expected one of sft, dpo, got 'rlhf'"), result.stderr
+    recipe = load_recipe(SMOKE, ["train.objective=dpo", "dpo.loss=simpo", "dpo.reference=none"])
+    assert (recipe.train.objective, recipe.dpo.loss, recipe.dpo.reference) == ("dpo", "simpo", "none")
