@@ -172,7 +172,6 @@ def test_first_step_and_three_sgd_steps_equal_trl(ms, hf_dir, conversions, sets)
     (["dpo.reference=adapters_off"], "dpo.reference=adapters_off needs strategies.lora.enabled=true"),
     (["dpo.reference=none"], "dpo.reference=none with dpo.loss=sigmoid"),
     (["dpo.loss=ipo", "dpo.reference=none"], "dpo.reference=none with dpo.loss=ipo"),
-    (["data.pack=true"], "data.pack=true with train.objective=dpo"),
     (["dpo.loss=simpo"], "dpo.loss=simpo with dpo.reference=precomputed"),
     (["dpo.beta=0"], "dpo.beta: expected a value > 0"),
 ])

@@ -124,23 +124,29 @@ def _object(record: object, where: str, expected: str) -> dict:
     return record
 
 
-def parse_alpaca(record: object, where: str) -> Record:
-    record = _object(record, where, "'instruction' and 'output'")
+def alpaca_prompt(record: dict, where: str) -> List[Message]:
+    """The system and user turns of an alpaca record (an SFT record's or a preference pair's)."""
     instruction = _string(record, "instruction", where, required=True)
     extra = _string(record, "input", where, required=False)
-    answer = _string(record, "output", where, required=True, what="empty answer")
     system = _string(record, "system", where, required=False)
     prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
     messages: List[Message] = [("system", system)] if system.strip() else []
-    return Record(where, messages=messages + [("user", prompt), ("assistant", answer)])
+    return messages + [("user", prompt)]
+
+
+def parse_alpaca(record: object, where: str) -> Record:
+    record = _object(record, where, "'instruction' and 'output'")
+    prompt = alpaca_prompt(record, where)
+    answer = _string(record, "output", where, required=True, what="empty answer")
+    return Record(where, messages=prompt + [("assistant", answer)])
 
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system"}
 
 
-def parse_sharegpt(record: object, where: str) -> Record:
-    record = _object(record, where, "'conversations' or 'messages'")
+def sharegpt_turns(record: dict, where: str) -> List[Message]:
+    """The turns of a ShareGPT record's `conversations` or `messages`, each checked."""
     if "conversations" in record:
         turns, role_key, text_key = record["conversations"], "from", "value"
     elif "messages" in record:
@@ -165,6 +171,12 @@ def parse_sharegpt(record: object, where: str) -> Record:
         if role == "system" and i != 0:
             raise RecordError(f"{where} turn {i + 1}: a system turn must come first", "misplaced system turn")
         messages.append((role, content))
+    return messages
+
+
+def parse_sharegpt(record: object, where: str) -> Record:
+    record = _object(record, where, "'conversations' or 'messages'")
+    messages = sharegpt_turns(record, where)
     if messages[-1][0] != "assistant":
         raise RecordError(f"{where}: the conversation ends with a {messages[-1][0]} turn; expected it to "
                           f"end with the assistant", "no final assistant turn")
@@ -181,8 +193,20 @@ PARSERS = {"alpaca": parse_alpaca, "sharegpt": parse_sharegpt, "text": parse_tex
 FORMAT_KEYS = {"alpaca": ("instruction",), "sharegpt": ("conversations", "messages"), "text": ("text",)}
 
 
-def _wrong_format(raw: object, fmt: str, error: RecordError) -> RecordError:
+# The keys that make a record a preference pair (data/pairs.py reads them).
+PAIR_KEYS = ("chosen", "rejected")
+
+
+def is_pair(raw: object) -> bool:
+    return isinstance(raw, dict) and all(key in raw for key in PAIR_KEYS)
+
+
+def _wrong_format(raw: object, fmt: str, error: RecordError, parsers: dict) -> RecordError:
     """`error`, or, when the record carries another format's keys, an error saying so."""
+    if parsers is PARSERS and is_pair(raw):
+        where = str(error).split(": ", 1)[0]
+        return RecordError(f"{where}: the record is a preference pair ('chosen' and 'rejected'), read as SFT data: "
+                           f"set train.objective: dpo to train on pairs", "preference pair read as SFT")
     if not isinstance(raw, dict) or any(key in raw for key in FORMAT_KEYS[fmt]):
         return error
     for other, keys in FORMAT_KEYS.items():
@@ -214,10 +238,12 @@ def detect_format(path: Path) -> str:
     raise RecordError(f"{path}: no records (empty input)")
 
 
-def iter_records(paths, fmt: str) -> Iterator[Record | RecordError]:
+def iter_records(paths, fmt: str, parsers: Optional[dict] = None) -> Iterator[Record | RecordError]:
     """Every record of every file, in order; a bad record is yielded as its RecordError.
-    A missing, empty or undecodable file raises at once."""
-    parse = PARSERS[fmt]
+    A missing, empty or undecodable file raises at once. `parsers`: format -> parse function
+    (PARSERS; data/pairs.py's PAIR_PARSERS for preference pairs)."""
+    parsers = parsers or PARSERS
+    parse = parsers[fmt]
     for path in map(Path, paths):
         if not path.is_file():
             raise RecordError(f"{path}: file not found")
@@ -230,7 +256,7 @@ def iter_records(paths, fmt: str) -> Iterator[Record | RecordError]:
             try:
                 yield parse(raw, f"{path}:{lineno}")
             except RecordError as exc:
-                yield _wrong_format(raw, fmt, exc)
+                yield _wrong_format(raw, fmt, exc, parsers)
         if count == 0:
             raise RecordError(f"{path}: no records (empty input)")
 
@@ -258,11 +284,12 @@ class SkipReport:
                          for reason, e in self.by_reason.items())
 
 
-def read_dataset(paths, fmt: str, on_bad_record: str = "error") -> Tuple[List[Record], SkipReport]:
+def read_dataset(paths, fmt: str, on_bad_record: str = "error",
+                 parsers: Optional[dict] = None) -> Tuple[List[Record], SkipReport]:
     """All good records; a bad one stops the read (error) or is counted and left out (skip).
     prepare-data and train read through here, the pre-flight through iter_records."""
     records, skipped = [], SkipReport()
-    for item in iter_records(paths, fmt):
+    for item in iter_records(paths, fmt, parsers):
         if isinstance(item, RecordError):
             if on_bad_record == "error":
                 raise item

@@ -9,6 +9,7 @@ from ..common.console import note
 from .batches import ListSamples
 from .mindrecord import MindRecordSamples
 from .packing import pack, padding_share
+from .pairs import PAIR_PARSERS, PairSample, no_room_error, tokenize_pairs
 from .readers import RecordError, read_dataset
 from .samples import Sample, tokenize_records
 from .tokenizer import load_tokenizer
@@ -17,18 +18,41 @@ from .tokenizer import load_tokenizer
 def run_samples(recipe) -> tuple[Union[ListSamples, MindRecordSamples], list[Sample]]:
     """(the training set's sample source, the held-out samples), one tokenizer for both.
     A bad record deep in a file stops the run here, before its directory is touched."""
+    if recipe.train.objective == "dpo":  # the pairs are read by pair_samples; the DPO step is issue 31's item 2
+        raise RecordError("train.objective: dpo: `validate` checks preference data, but this version cannot "
+                          "train on it yet; set train.objective: sft")
     tokenizer = load_tokenizer(recipe.data.tokenizer)
     return training_source(recipe, tokenizer), eval_samples(recipe, tokenizer)
 
 
-def _raw_samples(recipe, tokenizer, files: Sequence[str]):
-    records, skipped = read_dataset(files, recipe.data.format, recipe.data.on_bad_record)
+def _read(recipe, files: Sequence[str], parsers=None) -> list:
+    """The good records of `files`; with data.on_bad_record: skip, the others noted."""
+    records, skipped = read_dataset(files, recipe.data.format, recipe.data.on_bad_record, parsers)
     if skipped.total:
         note(f"data.on_bad_record=skip: skipped {skipped.total} of {len(records) + skipped.total} records of "
              f"{', '.join(files)}: {skipped.describe()}")
+    return records
+
+
+def _raw_samples(recipe, tokenizer, files: Sequence[str]):
     # A sample holds max_seq_len + 1 tokens: the model sees max_seq_len positions, each
     # predicting the next token.
-    return tokenize_records(tokenizer, records, recipe.data.max_seq_len + 1, recipe.data.train_on_prompt)
+    return tokenize_records(tokenizer, _read(recipe, files), recipe.data.max_seq_len + 1, recipe.data.train_on_prompt)
+
+
+def pair_samples(recipe, tokenizer, files: Sequence[str]) -> list[PairSample]:
+    """The preference pairs of `files` (train.objective: dpo), tokenized to data.max_seq_len
+    + 1 tokens as samples are; what dpo.on_long_pair cut or dropped is noted."""
+    d = recipe.data
+    pairs, report = tokenize_pairs(tokenizer, _read(recipe, files, PAIR_PARSERS), d.max_seq_len + 1,
+                                   recipe.dpo.on_long_pair)
+    if report.no_room and d.on_bad_record == "error":  # the pre-flight lists them all
+        raise no_room_error(*report.no_room[0], d.max_seq_len)
+    note(f"{', '.join(files)}: {report.describe(d.max_seq_len + 1)}")
+    if not pairs:
+        raise RecordError(f"no preference pair left in {', '.join(files)}: all {report.read} were dropped; raise "
+                          f"data.max_seq_len, or set dpo.on_long_pair: truncate")
+    return pairs
 
 
 def eval_samples(recipe, tokenizer) -> list[Sample]:

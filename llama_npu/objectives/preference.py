@@ -1,5 +1,6 @@
-"""Preference tuning: the recipe's `dpo:` section (DPO, IPO and reference-free SimPO, as TRL
-0.24.0 defines them) and its checks. Pure Python: validate and plan load no MindSpore.
+"""Preference tuning's losses (DPO, IPO and reference-free SimPO, as TRL 0.24.0 defines them)
+and their references: the checks of the `dpo:` section's keys for them (the section itself and
+train.objective: training/objective_config.py). Pure Python: validate and plan load no MindSpore.
 
 Which reference a loss compares with (docs/preference-tuning.md says what each costs):
 - precomputed: the starting weights' log-probs of every training pair, computed before step 1;
@@ -8,33 +9,18 @@ Which reference a loss compares with (docs/preference-tuning.md says what each c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..recipe.problems import Problems, choice, positive
 
-KEY = "dpo"
-OBJECTIVES = ("sft", "dpo")
 LOSSES = ("sigmoid", "ipo", "simpo")
 REFERENCES = ("precomputed", "adapters_off", "none")
 REFERENCE_FREE = ("simpo",)  # trl/trainer/cpo_trainer.py: its losses read no reference model
 LENGTH_NORMALISED = ("ipo", "simpo")  # dpo_trainer.py concatenated_forward (ipo), cpo_trainer.py (average_log_prob)
 
 
-@dataclass
-class DPOSection:
-    beta: float = 0.1  # DPOConfig.beta: how far from the reference a reward counts
-    loss: str = "sigmoid"  # sigmoid | ipo | simpo
-    label_smoothing: float = 0.0  # conservative DPO (sigmoid, simpo): the chance a label is flipped
-    simpo_gamma: float = 0.5  # CPOConfig.simpo_gamma: SimPO's target reward margin
-    reference: str = "precomputed"  # precomputed | adapters_off | none
-
-
 def check(recipe) -> None:
-    """The objective's keys and what they require of the rest of the recipe."""
+    """The loss's keys and what its reference requires of the strategies (DPO runs only)."""
     problems = Problems()
-    problems.check(choice, "train.objective", recipe.train.objective, OBJECTIVES)
     if recipe.train.objective != "dpo":
-        problems.raise_any()
         return
     d = recipe.dpo
     problems.check(positive, "dpo.beta", d.beta)
@@ -52,8 +38,5 @@ def check(recipe) -> None:
     if d.reference == "adapters_off" and not recipe.strategies.lora.enabled:
         problems.append("dpo.reference=adapters_off needs strategies.lora.enabled=true (the reference is the "
                         "policy with its adapters off); use dpo.reference=precomputed for a full fine-tune")
-    if recipe.data.pack:
-        problems.append("data.pack=true with train.objective=dpo: a pair's chosen and rejected replies are rows "
-                        "of their own; set data.pack=false")
     problems.raise_any()
 

@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ..objectives.preference import DPOSection
 from ..strategies import STRATEGIES
+from ..training.objective_config import DpoSection
 
 
 @dataclass
@@ -66,7 +66,7 @@ class TrainSection:
     max_nonfinite_steps: int = 10
     eval_every: int = 0  # 0: evaluate only at the end (when eval files are given)
     mode: str = "graph"  # graph | pynative
-    objective: str = "sft"  # sft | dpo (preference pairs; its keys: the dpo section, objectives/preference.py)
+    objective: str = "sft"  # sft | dpo (preference pairs: the dpo section)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
 
 
@@ -88,7 +88,7 @@ class Recipe:
     train: TrainSection = field(default_factory=TrainSection)
     strategies: StrategiesSection = field(default_factory=StrategiesSection)
     device: DeviceSection = field(default_factory=DeviceSection)
-    dpo: DPOSection = field(default_factory=DPOSection)  # read when train.objective is dpo
+    dpo: DpoSection = field(default_factory=DpoSection)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

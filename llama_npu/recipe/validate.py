@@ -8,6 +8,7 @@ from ..memory.devices import DEVICE_TARGETS, DeviceError, parse_bytes
 from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
 from ..objectives import preference
 from ..strategies import STRATEGIES
+from ..training.objective_config import check_objective
 from .problems import Problems, choice, positive
 
 
@@ -19,6 +20,7 @@ def validate(recipe) -> None:
     passed["sizes"] = problems.passes(check_sizes, recipe)
     problems.check(check_train, recipe.train)
     problems.check(check_device, recipe.device)
+    problems.check(check_objective, recipe)
     for strategy in STRATEGIES:
         ready = all(passed[name] for name in strategy.CHECKED_AFTER)
         passed[strategy.KEY] = ready and problems.passes(strategy.check, recipe)

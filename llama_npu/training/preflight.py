@@ -35,7 +35,7 @@ from ..weights.errors import ConvertError
 # diverged run is recovered (training/nonfinite.py NonFiniteStreak says so), and memory
 # strategies do not change the maths.
 RESULT_KEYS = ("model.", "data.", "train.micro_batch_size", "train.global_batch_size", "train.seed",
-               "strategies.lora.", "strategies.parallel.")
+               "strategies.lora.", "strategies.parallel.", "train.objective", "dpo.")
 NOT_RESULT_KEYS = ("data.eval_files",)  # what is evaluated, not what is trained
 
 
@@ -85,29 +85,45 @@ def check_device(recipe: Recipe) -> list:
 BAD_RECORDS_LISTED = 20
 
 
-def _file_bad_records(path: str, fmt: str) -> list:
-    """Every bad record of one file, read with the reader train uses (data/readers.py); a
-    file of which no record parses (most often another format) is one error instead."""
-    bad, good = [], 0
+def _file_bad_records(path: str, fmt: str, parsers: Optional[dict] = None) -> tuple[list, list]:
+    """(every bad record, every good one) of one file, read with the reader train uses
+    (data/readers.py; `parsers`: data/pairs.py's for preference pairs); a file of which no
+    record parses (most often another format) is one error instead."""
+    bad, good = [], []
     try:
-        for item in iter_records([path], fmt):
-            if isinstance(item, RecordError):
-                bad.append(item)
-            else:
-                good += 1
+        for item in iter_records([path], fmt, parsers):
+            (bad if isinstance(item, RecordError) else good).append(item)
     except OSError as exc:
         raise RecordError(f"{path}: cannot read it ({exc.strerror})") from None
+    if bad and not good and all(error.reason == "not a pair" for error in bad):
+        raise RecordError(f"train.objective=dpo: {path} holds no preference pair (no record has 'chosen' and "
+                          f"'rejected'); DPO trains on pairs, SFT records train with train.objective: sft")
     if bad and not good:
         raise RecordError(f"data.format={fmt}: no record of {path} parses; the first: {bad[0]}")
-    return bad
+    return bad, good
 
 
-def check_records(recipe: Recipe) -> list:
+def _pair_room(recipe: Recipe, tokenizer, pairs: list) -> list:
+    """The pairs whose prompt leaves no reply token within data.max_seq_len, as errors."""
+    from ..data.pairs import no_room_error, tokenize_pairs  # imported here: it loads numpy, only DPO needs it
+
+    max_seq_len = recipe.data.max_seq_len
+    report = tokenize_pairs(tokenizer, pairs, max_seq_len + 1, recipe.dpo.on_long_pair, bar=False)[1]
+    return [no_room_error(where, tokens, max_seq_len) for where, tokens in report.no_room]
+
+
+def check_records(recipe: Recipe, tokenizer=None) -> list:
     """Problems of data.train_files and data.eval_files: each bad record (the first
-    BAD_RECORDS_LISTED, then a count) unless data.on_bad_record is skip."""
-    d, problems, bad = recipe.data, [], []
+    BAD_RECORDS_LISTED, then a count) unless data.on_bad_record is skip. Preference pairs
+    (train.objective: dpo) are tokenized too, with `tokenizer`, for a prompt too long."""
+    d, problems, bad, parsers = recipe.data, [], [], None
+    if recipe.train.objective == "dpo":
+        from ..data.pairs import PAIR_PARSERS  # imported here: it loads numpy, only DPO needs it
+
+        parsers = PAIR_PARSERS
     for path in d.train_files + d.eval_files:
-        bad += _collect(problems, _file_bad_records, path, d.format) or []
+        errors, good = _collect(problems, _file_bad_records, path, d.format, parsers) or ([], [])
+        bad += errors + (_pair_room(recipe, tokenizer, good) if parsers and tokenizer else [])
     if d.on_bad_record == "error":
         problems += [str(error) for error in bad[:BAD_RECORDS_LISTED]]
         if len(bad) > BAD_RECORDS_LISTED:
@@ -135,11 +151,11 @@ def check_prepared(recipe: Recipe, rehearsal: bool = False) -> None:
 
 def check_data(recipe: Recipe, rehearsal: bool = False) -> list:
     d, problems = recipe.data, []
-    _collect(problems, load_tokenizer, d.tokenizer)
+    tokenizer = _collect(problems, load_tokenizer, d.tokenizer)
     if d.prepared:
         if not problems:  # the tokenizer comparison needs the tokenizer
             _collect(problems, check_prepared, recipe, rehearsal)
-    return problems + check_records(recipe)
+    return problems + check_records(recipe, tokenizer)
 
 
 # ---------------------------------------------------------------- pre-trained weights

@@ -1,0 +1,170 @@
+"""Preference pairs (train.objective: dpo): a prompt with a better reply (`chosen`) and a
+worse one (`rejected`), read from the layouts the SFT readers take (data/readers.py), and
+tokenized into two samples that share the prompt.
+
+- alpaca: `instruction`, optional `input` and `system`, `chosen`, `rejected`;
+- sharegpt: `conversations` of {from, value} or `messages` of {role, content} as the prompt
+  history, ending with the user; `chosen` and `rejected` are the last assistant reply.
+
+A reply is a string or an assistant message ({role, content} or {from, value}). A record is
+a pair when it has `chosen` and `rejected`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Sequence, Tuple
+
+from ..common.console import progress_bar
+from .chat_template import Message, assemble_chat, role_headers
+from .readers import (PAIR_KEYS, SHAREGPT_ROLES, RecordError, SkipReport, _object, _string, alpaca_prompt,
+                      read_dataset, sharegpt_turns)
+from .samples import TOKENIZE_BATCH, Sample, fit_length, pad_batch
+
+# Named by every error about a pair's content, as the way to train on the other pairs.
+SKIP_HINT = "data.on_bad_record: skip drops such pairs"
+
+
+@dataclass
+class PairRecord:
+    where: str  # file:line
+    prompt: List[Message]  # the turns before the reply, ending with the user's
+    chosen: str
+    rejected: str
+
+
+@dataclass
+class PairSample:
+    chosen: Sample
+    rejected: Sample
+
+
+def _reply(record: dict, key: str, where: str) -> str:
+    """record[key] as the reply's text: a string, or an assistant message."""
+    holder, text_key, at = record, key, where
+    value = record.get(key)
+    if isinstance(value, dict):
+        role_key, text_key = ("from", "value") if "from" in value or "value" in value else ("role", "content")
+        role = value.get(role_key, "assistant")  # a message without a role is the reply
+        if SHAREGPT_ROLES.get(role) != "assistant":
+            raise RecordError(f"{where}: '{key}' is a message from {role!r}; expected the assistant's reply; "
+                              f"{SKIP_HINT}", f"'{key}' not from the assistant")
+        holder, at = value, f"{where} '{key}'"
+    try:
+        return _string(holder, text_key, at, required=True, what=f"empty '{key}'")
+    except RecordError as exc:
+        raise RecordError(f"{exc}; {SKIP_HINT}", exc.reason) from None
+
+
+def _pair(record: dict, where: str, prompt: List[Message]) -> PairRecord:
+    chosen, rejected = _reply(record, "chosen", where), _reply(record, "rejected", where)
+    if chosen.strip() == rejected.strip():
+        raise RecordError(f"{where}: 'chosen' equals 'rejected'; a pair needs two different replies; {SKIP_HINT}",
+                          "chosen equal to rejected")
+    return PairRecord(where, prompt, chosen, rejected)
+
+
+def _pair_object(raw: object, where: str, prompt_keys: str) -> dict:
+    record = _object(raw, where, f"{prompt_keys}, 'chosen' and 'rejected'")
+    if not any(key in record for key in PAIR_KEYS):
+        raise RecordError(f"{where}: not a preference pair: train.objective: dpo expects 'chosen' and 'rejected' "
+                          f"replies; {SKIP_HINT}", "not a pair")
+    return record
+
+
+def parse_alpaca_pair(raw: object, where: str) -> PairRecord:
+    record = _pair_object(raw, where, "'instruction'")
+    return _pair(record, where, alpaca_prompt(record, where))
+
+
+def parse_sharegpt_pair(raw: object, where: str) -> PairRecord:
+    record = _pair_object(raw, where, "'conversations' or 'messages'")
+    prompt = sharegpt_turns(record, where)
+    if prompt[-1][0] != "user":
+        raise RecordError(f"{where}: the prompt history ends with a {prompt[-1][0]} turn; expected it to end with "
+                          f"the user, whom 'chosen' and 'rejected' answer", "history not ending with the user")
+    return _pair(record, where, prompt)
+
+
+PAIR_PARSERS = {"alpaca": parse_alpaca_pair, "sharegpt": parse_sharegpt_pair}
+
+
+def read_pairs(paths, fmt: str, on_bad_record: str = "error") -> Tuple[List[PairRecord], SkipReport]:
+    """All good pairs of `paths`; a bad record stops the read (error) or is counted (skip)."""
+    return read_dataset(paths, fmt, on_bad_record, PAIR_PARSERS)
+
+
+@dataclass
+class PairReport:
+    read: int = 0
+    kept: int = 0
+    truncated: int = 0  # kept with the longer reply cut at the length (dpo.on_long_pair: truncate)
+    dropped: int = 0  # left out for a reply too long (dpo.on_long_pair: drop)
+    no_room: List[Tuple[str, int]] = field(default_factory=list)  # (file:line, prompt tokens): no reply fits
+    lengths: List[int] = field(default_factory=list)  # the longer row of each pair, before truncation
+
+    def describe(self, max_len: int) -> str:
+        return (f"{self.kept} of {self.read} preference pairs kept ({self.truncated} truncated, {self.dropped} "
+                f"dropped: a reply past {max_len} tokens; {len(self.no_room)} dropped: no room for a reply)")
+
+
+def no_room_error(where: str, prompt_tokens: int, max_seq_len: int) -> RecordError:
+    return RecordError(f"{where}: the prompt takes {prompt_tokens} tokens, which leaves no room for a reply within "
+                       f"data.max_seq_len={max_seq_len}; shorten it or raise data.max_seq_len; {SKIP_HINT}",
+                       "no room for a reply")
+
+
+def _rows(headers, record: PairRecord, contents: list):
+    """(chosen ids, labels), (rejected ids, labels), prompt length: the prompt's turns and
+    each reply as the assistant's closing turn."""
+    roles = [role for role, _ in record.prompt] + ["assistant"]
+    prompt, chosen, rejected = contents[:-2], contents[-2], contents[-1]
+    chosen_row = assemble_chat(roles, prompt + [chosen], headers)
+    rejected_row = assemble_chat(roles, prompt + [rejected], headers)
+    return chosen_row, rejected_row, len(chosen_row[0]) - len(chosen) - 1  # the reply and its <|eot_id|>
+
+
+def _fit_pair(headers, record: PairRecord, contents: list, max_len: int, on_long_pair: str, report: PairReport):
+    """The pair as samples of at most `max_len` tokens, or None (counted in `report`)."""
+    (chosen_ids, chosen_labels), (rejected_ids, rejected_labels), prompt_len = _rows(headers, record, contents)
+    report.read += 1
+    if prompt_len >= max_len:  # labels[prompt_len] is the reply's first target
+        report.no_room.append((record.where, prompt_len))
+        return None
+    longest = max(len(chosen_ids), len(rejected_ids))
+    report.lengths.append(longest)
+    if longest > max_len:
+        if on_long_pair == "drop":
+            report.dropped += 1
+            return None
+        report.truncated += 1
+    report.kept += 1
+    return PairSample(Sample(*fit_length(chosen_ids, chosen_labels, max_len)),
+                      Sample(*fit_length(rejected_ids, rejected_labels, max_len)))
+
+
+def tokenize_pairs(tokenizer, records: Sequence[PairRecord], max_len: int,
+                   on_long_pair: str = "truncate", bar: bool = True) -> Tuple[List[PairSample], PairReport]:
+    """Pairs of samples of at most `max_len` tokens (data.max_seq_len + 1, as for SFT), in
+    the Llama 3 chat format; only the reply tokens and their <|eot_id|> are targets. `bar`:
+    a progress bar (not for `validate`, whose output is its list of problems)."""
+    headers, report, pairs = role_headers(tokenizer), PairReport(), []
+    with progress_bar(len(records), "tokenize", "pair", enabled=bar) as progress:
+        for start in range(0, len(records), TOKENIZE_BATCH):
+            chunk = records[start:start + TOKENIZE_BATCH]
+            texts = [t for r in chunk for t in [c for _, c in r.prompt] + [r.chosen, r.rejected]]
+            encoded = iter(e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False))
+            for record in chunk:
+                contents = [next(encoded) for _ in range(len(record.prompt) + 2)]
+                pair = _fit_pair(headers, record, contents, max_len, on_long_pair, report)
+                if pair is not None:
+                    pairs.append(pair)
+            progress.update(len(chunk))
+    return pairs, report
+
+
+def pad_pair_batch(pairs: Sequence[PairSample], length: int, pad_id: int):
+    """(ids, labels), right-padded (2P, length) int32 arrays: the P chosen rows first, then
+    the P rejected rows in the same order, as TRL 0.24's DPOTrainer.concatenated_inputs
+    (trl/trainer/dpo_trainer.py) stacks them, so that one forward pass scores both halves of
+    every pair."""
+    return pad_batch([p.chosen for p in pairs] + [p.rejected for p in pairs], length, pad_id)
