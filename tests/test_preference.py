@@ -74,7 +74,7 @@ def ours(ms, recipe_sets, checkpoint):
     from llama_npu.strategies.network import build_network
 
     recipe = load_recipe(SMOKE, [f"data.max_seq_len={T}", f"model.checkpoint={checkpoint}", "train.objective=dpo",
-                                 *recipe_sets])
+                                 "data.eval_files=[]", *recipe_sets])
     net, _ = build_network(recipe, on_ascend=False)
     chunk = recipe.strategies.chunked_ce.chunk_size if recipe.strategies.chunked_ce.enabled else None
     return net, PreferenceLoss(net, recipe.dpo, chunk), recipe.dpo
@@ -177,7 +177,7 @@ def test_first_step_and_three_sgd_steps_equal_trl(ms, hf_dir, conversions, sets)
 ])
 def test_bad_preference_recipes_are_refused_naming_the_key(sets, message):
     with pytest.raises(RecipeError) as raised:
-        load_recipe(SMOKE, ["train.objective=dpo", *sets])
+        load_recipe(SMOKE, ["train.objective=dpo", "data.eval_files=[]", *sets])
     assert message in raised.value.problems[0] and len(raised.value.problems) == 1
 
 
@@ -188,5 +188,133 @@ def test_a_bad_objective_is_one_line_exit_2_and_a_good_one_validates():
     result = run_cli("validate", SMOKE, "--set", "train.objective=rlhf")
     assert result.returncode == 2 and result.stderr.strip() == (
         "llama-npu: error: train.objective: expected one of sft, dpo, got 'rlhf'"), result.stderr
-    recipe = load_recipe(SMOKE, ["train.objective=dpo", "dpo.loss=simpo", "dpo.reference=none"])
+    recipe = load_recipe(SMOKE, ["train.objective=dpo", "dpo.loss=simpo", "dpo.reference=none", "data.eval_files=[]"])
     assert (recipe.train.objective, recipe.dpo.loss, recipe.dpo.reference) == ("dpo", "simpo", "none")
+
+
+# ---------------------------------------------------------------- a DPO run through the real CLI
+
+PAIRS = [{"instruction": q, "chosen": good, "rejected": bad} for q, good, bad in (
+    ("一加一等于几？", "一加一等于二。", "等于三。"),
+    ("北京是哪个国家的首都？", "北京是中国的首都。", "不知道。"),
+    ("水的化学式是什么？", "水的化学式是H2O。", "是CO2。"),
+    ("一周有几天？", "一周有七天。", "五天吧。"),
+    ("太阳从哪边升起？", "太阳从东边升起。", "西边。"),
+)]
+# The smoke recipe as a DPO run (sigmoid, beta 0.1, no smoothing, a precomputed reference: the defaults).
+DPO_RUN = ["--set", "train.objective=dpo", "--set", "data.eval_files=[]", "--set", "data.max_seq_len=32", "--set", "train.max_steps=3", "--set", "train.save_every=2",
+           "--set", "train.keep_last=5", "--set", "train.micro_batch_size=1", "--set", "train.global_batch_size=2",
+           "--set", "train.warmup_steps=0"]
+
+
+@pytest.fixture(scope="module")
+def dpo_run(tmp_path_factory):
+    """(pairs file, run dir): 3 steps of 2 micro-batches of one pair, checkpoints at 2 and 3."""
+    import json
+
+    from conftest import run_cli
+
+    root = tmp_path_factory.mktemp("dpo")
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in PAIRS), encoding="utf-8")
+    run_cli("train", SMOKE, "--output-dir", root / "run", "--set", f"data.train_files=[{pairs}]", *DPO_RUN,
+            check=True)
+    return pairs, root / "run"
+
+
+def test_a_dpo_run_starts_at_ln2_with_zero_rewards_and_logs_trl_metrics(dpo_run):
+    from conftest import read_metrics
+
+    records = read_metrics(dpo_run[1])
+    first = records[0]
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-5) and first["target_tokens"] == 2  # pairs
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
+        assert abs(first[name]) < 1e-5, name
+    assert first["logps/chosen"] < 0 and first["logps/rejected"] < 0
+    assert records[2]["loss"] != first["loss"] and records[2]["rewards/margins"] != 0  # it trained
+    assert (dpo_run[1] / "reference_logps.npz").is_file()
+
+
+def test_a_resumed_dpo_run_reuses_its_reference_exactly_and_refuses_another(dpo_run, tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from conftest import assert_same_steps, read_metrics, run_cli
+
+    pairs, run = dpo_run
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_3")
+    result = run_cli("train", SMOKE, "--output-dir", resumed, "--resume", "auto",
+                     "--set", f"data.train_files=[{pairs}]", *DPO_RUN, check=True)
+    assert "reference log-probs of 5 pairs reused" in result.stdout
+    assert_same_steps(resumed, run, [3])
+    assert read_metrics(resumed)[2]["rewards/margins"] == pytest.approx(read_metrics(run)[2]["rewards/margins"],
+                                                                         abs=1e-7)
+    stored = dict(np.load(resumed / "reference_logps.npz"))
+    stored["weights_sha256"] = np.array("0123456789abcdef")
+    np.savez(resumed / "reference_logps.npz", **stored)
+    shutil.rmtree(resumed / "checkpoints" / "step_3")
+    refused = run_cli("train", SMOKE, "--output-dir", resumed, "--resume", "auto",
+                      "--set", f"data.train_files=[{pairs}]", *DPO_RUN)
+    assert refused.returncode == 2, refused.stderr
+    assert "weights sha256 0123456789abcdef (stored) != " in refused.stderr and (
+        "(this run)" in refused.stderr), refused.stderr
+
+
+# ---------------------------------------------------------------- composition with the strategies, in process
+
+def dpo_step(ms, sets, k):
+    """(network, loss cell, TrainStep of k micro-batches) of the tiny random model, SGD."""
+    from llama_npu.strategies.precision import LossScaler
+    from llama_npu.training.optimizer import build_optimizer
+    from llama_npu.training.preference_parts import pairs_of
+    from llama_npu.training.step import TrainStep
+
+    net, cell, _ = ours(ms, ["train.optimizer.name=sgd", "train.optimizer.lr=0.5", *sets], "")
+    recipe = load_recipe(SMOKE, ["train.optimizer.name=sgd", "train.optimizer.lr=0.5", *sets])
+    cell.set_train(True)
+    optimizer = build_optimizer(net.trainable_params(), recipe.train)
+    return net, cell, TrainStep(cell, optimizer, LossScaler(recipe.strategies.precision), 1.0, k, count=pairs_of)
+
+
+def split_pairs(ids, labels, reference):
+    """The 2-pair batch as two micro-batches of one pair each (chosen row, rejected row)."""
+    return [(ids[[i, i + 2]], labels[[i, i + 2]], reference[[i, i + 2]]) for i in (0, 1)]
+
+
+def test_two_micro_batches_of_one_pair_equal_one_batch_of_two(ms):
+    ids, labels = pair_batch()
+    reference = np.array([-40.0, -30.0, -35.0, -20.0], np.float32)
+    ms.set_seed(0)
+    net_1, cell_1, one = dpo_step(ms, [], 1)
+    ms.set_seed(0)
+    net_2, cell_2, two = dpo_step(ms, [], 2)
+    whole = one([(ids, labels, reference)], 0.5)
+    split = two(split_pairs(ids, labels, reference), 0.5)
+    assert (whole.target_tokens, split.target_tokens) == (2, 2)  # pairs
+    assert split.loss == pytest.approx(whole.loss, abs=1e-6) and split.grad_norm == pytest.approx(whole.grad_norm,
+                                                                                                   rel=1e-5)
+    assert cell_2.take_metrics(2) == pytest.approx(cell_1.take_metrics(2), abs=1e-5)
+    for a, b in zip(net_1.trainable_params(), net_2.trainable_params()):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), atol=1e-6)
+
+
+def test_simpo_under_fp16_dynamic_loss_scale_recompute_and_lora_trains(ms):
+    """AMP O2 in float16 with a dynamic loss scale, full recompute and LoRA: the fp32 run's
+    first loss within fp16's reach, then the loss moves."""
+    ids, labels = pair_batch()
+    free = ["dpo.loss=simpo", "dpo.reference=none"]
+    ms.set_seed(0)
+    _, _, fp32 = dpo_step(ms, [*free, "strategies.lora.enabled=true"], 1)
+    first = fp32([(ids, labels, np.zeros(4, np.float32))], 0.5).loss
+    ms.set_seed(0)
+    _, cell, fp16 = dpo_step(ms, [*free, "strategies.lora.enabled=true", "strategies.precision.amp_level=O2",
+                                   "strategies.precision.loss_scale=dynamic", "strategies.recompute.mode=full"], 1)
+    losses = [fp16([(ids, labels, np.zeros(4, np.float32))], 0.5) for _ in range(3)]
+    assert not any(r.overflow for r in losses) and losses[0].loss_scale > 1
+    assert losses[0].loss == pytest.approx(first, rel=2e-2)
+    assert losses[2].loss < losses[0].loss - 1e-3
+    assert set(cell.take_metrics(6)) == {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                         "rewards/margins", "logps/chosen", "logps/rejected"}

@@ -38,5 +38,14 @@ def check(recipe) -> None:
     if d.reference == "adapters_off" and not recipe.strategies.lora.enabled:
         problems.append("dpo.reference=adapters_off needs strategies.lora.enabled=true (the reference is the "
                         "policy with its adapters off); use dpo.reference=precomputed for a full fine-tune")
+    elif d.reference == "adapters_off":
+        problems.append("dpo.reference=adapters_off: not available in this version; use dpo.reference=precomputed")
+    if recipe.data.eval_files:
+        problems.append("data.eval_files with train.objective=dpo: a DPO run scores no held-out data in this version; "
+                        "leave data.eval_files empty")
+    if recipe.strategies.parallel.model > 1 or recipe.strategies.parallel.pipeline > 1 or \
+            recipe.strategies.parallel.optimizer_shard:
+        problems.append("train.objective=dpo with a sharded layout (strategies.parallel model, pipeline or "
+                        "optimizer_shard): DPO runs unsharded or data parallel in this version")
     problems.raise_any()
 

@@ -9,8 +9,10 @@ get_batch_logps(average_log_prob=True), the margin gamma / beta). log sigmoid(x)
 """
 from __future__ import annotations
 
+import numpy as np
+
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import Parameter, nn, ops
 
 from .preference import LENGTH_NORMALISED
 from .sequence_logps import SequenceLogProbs
@@ -45,7 +47,9 @@ class PreferenceLoss(nn.Cell):
     """(input_ids, labels, reference[, embeds]) -> the losses of the batch's P pairs, summed
     (the step divides by the pairs of the whole optimizer step, as it divides the SFT loss by
     its tokens). `reference`: (2P,) the reference's summed reply log-probs of the same rows
-    (zeros under dpo.reference none). `terms` gives every per-pair quantity the metrics need."""
+    (zeros under dpo.reference none). `terms` gives every per-pair quantity the metrics need;
+    each forward also adds its pairs' metric sums (pair_metrics) into `metric_sums`, which the
+    host reads and zeroes once an optimizer step (take_metrics): no second forward for them."""
 
     def __init__(self, llama, section, chunk_size: int | None = None):
         super().__init__(auto_prefix=False)
@@ -53,9 +57,19 @@ class PreferenceLoss(nn.Cell):
         self.backbone = self.sequences.backbone  # the train step looks the embedding up here
         self.pair_loss = PairLoss(section)
         self.normalised = section.loss in LENGTH_NORMALISED
+        self.metric_sums = Parameter(np.zeros(len(METRIC_NAMES), np.float32), name="dpo_metric_sums",
+                                     requires_grad=False)
 
     def construct(self, input_ids, labels, reference, embeds=None):
-        return self.terms(input_ids, labels, reference, embeds)[0].sum()
+        losses, *rest = self.terms(input_ids, labels, reference, embeds)
+        added = ops.assign_add(self.metric_sums, pair_metrics(*rest))
+        return ops.depend(losses.sum(), added)
+
+    def take_metrics(self, pairs: int) -> dict:
+        """The means over the `pairs` summed since the last call, by TRL's names; zeroes the sums."""
+        sums = self.metric_sums.asnumpy()
+        self.metric_sums.set_data(ms.Tensor(np.zeros_like(sums)))
+        return {name: float(value) / max(pairs, 1) for name, value in zip(METRIC_NAMES, sums)}
 
     def terms(self, input_ids, labels, reference, embeds=None):
         """(losses, chosen rewards, rejected rewards, chosen log-probs, rejected log-probs), (P,) each."""
