@@ -202,14 +202,16 @@ PAIRS = [{"instruction": q, "chosen": good, "rejected": bad} for q, good, bad in
     ("太阳从哪边升起？", "太阳从东边升起。", "西边。"),
 )]
 # The smoke recipe as a DPO run (sigmoid, beta 0.1, no smoothing, a precomputed reference: the defaults).
-DPO_RUN = ["--set", "train.objective=dpo", "--set", "data.eval_files=[]", "--set", "data.max_seq_len=32", "--set", "train.max_steps=3", "--set", "train.save_every=2",
+DPO_RUN = ["--set", "train.objective=dpo", "--set", "data.eval_files=[]", "--set", "data.max_seq_len=32",
+           "--set", "train.max_steps=3", "--set", "train.save_every=2",
            "--set", "train.keep_last=5", "--set", "train.micro_batch_size=1", "--set", "train.global_batch_size=2",
            "--set", "train.warmup_steps=0"]
 
 
 @pytest.fixture(scope="module")
-def dpo_run(tmp_path_factory):
-    """(pairs file, run dir): 3 steps of 2 micro-batches of one pair, checkpoints at 2 and 3."""
+def dpo_run(tmp_path_factory, conversions):
+    """(pairs file, run dir): 3 steps of 2 micro-batches of one pair from the tiny Hugging Face
+    model's conversion, checkpoints at 2 and 3."""
     import json
 
     from conftest import run_cli
@@ -217,9 +219,9 @@ def dpo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("dpo")
     pairs = root / "pairs.jsonl"
     pairs.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in PAIRS), encoding="utf-8")
-    run_cli("train", SMOKE, "--output-dir", root / "run", "--set", f"data.train_files=[{pairs}]", *DPO_RUN,
-            check=True)
-    return pairs, root / "run"
+    sets = ["--set", f"data.train_files=[{pairs}]", "--set", f"model.checkpoint={conversions['float32']}", *DPO_RUN]
+    run_cli("train", SMOKE, "--output-dir", root / "run", *sets, check=True)
+    return pairs, root / "run", sets
 
 
 def test_a_dpo_run_starts_at_ln2_with_zero_rewards_and_logs_trl_metrics(dpo_run):
@@ -242,12 +244,11 @@ def test_a_resumed_dpo_run_reuses_its_reference_exactly_and_refuses_another(dpo_
 
     from conftest import assert_same_steps, read_metrics, run_cli
 
-    pairs, run = dpo_run
+    pairs, run, sets = dpo_run
     resumed = tmp_path / "resumed"
     shutil.copytree(run, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_3")
-    result = run_cli("train", SMOKE, "--output-dir", resumed, "--resume", "auto",
-                     "--set", f"data.train_files=[{pairs}]", *DPO_RUN, check=True)
+    result = run_cli("train", SMOKE, "--output-dir", resumed, "--resume", "auto", *sets, check=True)
     assert "reference log-probs of 5 pairs reused" in result.stdout
     assert_same_steps(resumed, run, [3])
     assert read_metrics(resumed)[2]["rewards/margins"] == pytest.approx(read_metrics(run)[2]["rewards/margins"],
@@ -256,8 +257,7 @@ def test_a_resumed_dpo_run_reuses_its_reference_exactly_and_refuses_another(dpo_
     stored["weights_sha256"] = np.array("0123456789abcdef")
     np.savez(resumed / "reference_logps.npz", **stored)
     shutil.rmtree(resumed / "checkpoints" / "step_3")
-    refused = run_cli("train", SMOKE, "--output-dir", resumed, "--resume", "auto",
-                      "--set", f"data.train_files=[{pairs}]", *DPO_RUN)
+    refused = run_cli("train", SMOKE, "--output-dir", resumed, "--resume", "auto", *sets)
     assert refused.returncode == 2, refused.stderr
     assert "weights sha256 0123456789abcdef (stored) != " in refused.stderr and (
         "(this run)" in refused.stderr), refused.stderr
@@ -318,3 +318,24 @@ def test_simpo_under_fp16_dynamic_loss_scale_recompute_and_lora_trains(ms):
     assert losses[2].loss < losses[0].loss - 1e-3
     assert set(cell.take_metrics(6)) == {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
                                          "rewards/margins", "logps/chosen", "logps/rejected"}
+
+
+def test_eval_of_a_dpo_run_on_pairs_scores_against_its_own_reference(dpo_run):
+    """eval rebuilds the reference from the run's starting weights: on the training pairs its
+    reference log-probs (logps - rewards / beta) are the run's precomputed ones."""
+    import json
+
+    import numpy as np
+
+    from conftest import run_cli
+
+    pairs, run, _ = dpo_run
+    result = run_cli("eval", "--checkpoint", run, "--data", pairs, "--json", "--device", "cpu", check=True)
+    scores = json.loads(result.stdout.strip().splitlines()[-1])
+    stored = np.load(run / "reference_logps.npz")["log_probs"]
+    beta = 0.1
+    assert scores["pairs"] == 5 and 0 <= scores["rewards/accuracies"] <= 1
+    assert scores["logps/chosen"] - scores["rewards/chosen"] / beta == pytest.approx(stored[:, 0].mean(), abs=1e-3)
+    assert scores["logps/rejected"] - scores["rewards/rejected"] / beta == pytest.approx(stored[:, 1].mean(),
+                                                                                          abs=1e-3)
+    assert scores["rewards/margins"] != 0 and 0 < scores["loss"] < 2
