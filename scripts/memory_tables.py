@@ -115,7 +115,7 @@ update, and the gradients of a one-micro-batch step do not exist in the forward.
 | forward | weights, optimizer states, half-precision weight copies, activations, logits + loss | the same + the fp32 accumulators |
 | backward, start | the forward's + the LM head's fp32 weight gradient (the tied embedding's); three copies of it with chunked cross-entropy | the same |
 | backward, end | weights, states, copies, every gradient + one copy of the embedding's: the lookup's gradient comes back as one row per token and is added into a copy of the head's part | weights, states, copies, accumulators + a whole micro-batch's gradients not yet added in, and the embedding's copy as at k = 1 (the worst case: `micro_batch_gradients`) |
-| update | weights, states, gradients: unscaled and clipped in place | weights, states, accumulators: unscaled and clipped in place |
+| update | weights, states, gradients: unscaled and clipped in place (910A, O3: into a new set) | weights, states, accumulators: unscaled and clipped in place (910A: into a new set) |
 
 Chunked cross-entropy's backward (model/chunked_loss.py) sums the head's gradient chunk by
 chunk out of place: at each chunk's add the previous sum, the chunk's fp32 product and the
@@ -123,6 +123,16 @@ new sum are alive, three fp32 copies. At k > 1 nothing in the step orders each g
 add right after the backward produces it: MindSpore runs the graph in a topological order
 chosen without regard to memory, so the planner counts a whole micro-batch's gradients
 beside the accumulators, and `plan --json` says so in its `notes`.
+
+The unscale and clip are in place only where the step compiles kernel by kernel (jit level
+O0: the 910B, the CPU). On the 910A MindSpore's default jit level is O2, which sinks the
+graph into GE, and GE has no in-place multiply (training/jit_level.py): the step multiplies
+into new tensors, and the planner counts a whole new set of gradients in the update, the
+worst case, since the graph's order need not free each gradient as its scaled copy is made
+(`plan --json` says so in its `notes`). On the 1B full fine-tune that is 4.60 GB more in the
+update, which stays below the backward's peak. O3's half gradients are multiplied in fp32
+one at a time and cast back (no fp16 underflow of the factor): a new half set, and the
+largest gradient's fp32 cast and product in flight (1.96 GB for the 1B's embedding).
 
 With data parallel, HCCL keeps 2 x 200 MB (2 x HCCL_BUFFSIZE) per communicator outside
 MindSpore's pool: `plan` checks they fit in the HBM the pool leaves (32 GB - 29 GB on a
@@ -194,12 +204,18 @@ INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道
 | 前向 | 权重、优化器状态、半精度权重副本、激活、logits + loss | 同左 + fp32 累积缓冲区 |
 | 反向开始 | 前向的全部 + LM head 的 fp32 权重梯度（即共享的词嵌入的梯度）；分块交叉熵时为它的三份副本 | 同左 |
 | 反向结束 | 权重、状态、副本、全部梯度 + 词嵌入梯度的一份副本：查表的梯度按每个 token 一行返回，加到 head 那部分的副本中 | 权重、状态、副本、累积缓冲区 + 一整个 micro-batch 尚未加进去的梯度，以及与 k = 1 相同的词嵌入副本（最坏情况：`micro_batch_gradients`） |
-| 更新 | 权重、状态、梯度：就地反缩放和裁剪 | 权重、状态、累积缓冲区：就地反缩放和裁剪 |
+| 更新 | 权重、状态、梯度：就地反缩放和裁剪（910A、O3：写入新的一份） | 权重、状态、累积缓冲区：就地反缩放和裁剪（910A：写入新的一份） |
 
 分块交叉熵的反向（model/chunked_loss.py）逐块非就地地累加 head 的梯度：每块相加时，之前的和、该块的 fp32 乘积和
 新的和同时存活，共三份 fp32 副本。k > 1 时，训练步中没有任何东西保证每个梯度一产生就加进累积缓冲区：MindSpore
 按不考虑显存的拓扑顺序执行计算图，因此规划器把一整个 micro-batch 的梯度与累积缓冲区一起计入，`plan --json`
 在 `notes` 中说明这一点。
+
+只有逐算子执行（jit level O0：910B、CPU）时反缩放和裁剪才是就地的。910A 上 MindSpore 默认的 jit level 是 O2，
+整图下沉到 GE，而 GE 没有就地乘法（training/jit_level.py）：训练步把乘积写入新的张量，规划器在更新阶段计入一整份
+新的梯度，这是最坏情况，因为计算图的执行顺序不保证每个梯度在其缩放副本生成后立即释放（`plan --json` 在 `notes`
+中说明）。1B 全参微调时更新阶段因此多 4.60 GB，仍低于反向的峰值。O3 的半精度梯度逐个在 fp32 中相乘再转回
+（因子不会在 fp16 中下溢）：多一份新的半精度梯度，外加最大梯度的 fp32 转换和乘积（1B 的词嵌入为 1.96 GB）。
 
 数据并行时，HCCL 每个通信域在 MindSpore 的内存池之外占 2 × 200 MB（2 × HCCL_BUFFSIZE）：`plan` 检查它们能放进
 内存池之外剩下的 HBM（910A 上为 32 GB - 29 GB），不计入任何阶段。更新阶段还有 all-reduce 的输出，每次一个融合桶

@@ -8,8 +8,8 @@ import yaml
 
 from conftest import REPO, SMOKE, run_cli
 from llama_npu.data.chat_template import render_text
-from llama_npu.data.pairs import PairRecord, pad_pair_batch, read_pairs, tokenize_pairs
-from llama_npu.data.readers import iter_records
+from llama_npu.data.pairs import PAIR_PARSERS, PairRecord, pad_pair_batch, read_pairs, tokenize_pairs
+from llama_npu.data.readers import RecordError, iter_records
 from llama_npu.data.tokenizer import load_tokenizer
 from llama_npu.model.tokens import IGNORE_ID, PAD_ID
 from llama_npu.recipe.load import recipe_from_dict
@@ -62,13 +62,18 @@ def test_both_layouts_read_as_prompt_and_two_replies(tmp_path):
         PairRecord(f"{sharegpt}:1", [("system", "简洁作答。"), ("user", "1+1=?"), ("assistant", "2"),
                                      ("user", "再加1呢？")], "3", "11"),
         PairRecord(f"{sharegpt}:2", [("user", "你好")], "你好！有什么可以帮你？", "嗯。")]
+    answered = write_jsonl(tmp_path / "answered.jsonl", [{"conversations": [
+        {"from": "human", "value": "你好"}, {"from": "gpt", "value": "你好！"}], "chosen": "a", "rejected": "b"}])
+    [error] = list(iter_records([answered], "sharegpt", PAIR_PARSERS))
+    assert str(error) == (f"{answered}:1: the conversation ends with an assistant turn; expected it to end with the "
+                          f"user, whom 'chosen' and 'rejected' answer")
 
 
 def test_a_pair_read_as_sft_data_names_the_objective(tmp_path):
     data = write_jsonl(tmp_path / "pairs.jsonl", [GOOD])
     [error] = list(iter_records([data], "alpaca"))
     assert str(error) == (f"{data}:1: the record is a preference pair ('chosen' and 'rejected'), read as SFT data: "
-                          f"set train.objective: dpo to train on pairs")
+                          f"pairs train with train.objective: dpo, from data.train_files")
 
 
 def test_validate_names_every_bad_pair_once_with_its_line(tmp_path, rendered_length):
@@ -92,8 +97,8 @@ def test_validate_names_every_bad_pair_once_with_its_line(tmp_path, rendered_len
         f"{data}:6: read as alpaca, but the record has 'conversations', a sharegpt field: pass --format sharegpt "
         f"(data.format: sharegpt in a recipe)",
         f"{data}:7: not a preference pair: train.objective: dpo expects 'chosen' and 'rejected' replies; {SKIP}",
-        f"{data}:5: the prompt takes {prompt_tokens} tokens, which leaves no room for a reply within data.max_seq_len=32; "
-        f"shorten it or raise data.max_seq_len; {SKIP}"]]
+        f"{data}:5: the prompt takes {prompt_tokens} tokens, which leaves no room for a reply within "
+        f"data.max_seq_len=32; shorten it or raise data.max_seq_len; {SKIP}"]]
     assert not (tmp_path / "run").exists()
     recipe = recipe_from_dict(yaml.safe_load(SMOKE.read_text()), [a for a in args[1:-2] if a != "--set"])
     assert preflight(recipe, None, None, False)[0]  # the same problems in process, and with skip none:
@@ -161,3 +166,24 @@ def test_the_shipped_preference_sample_reads_whole_and_holds_out_its_eval_prompt
     assert len({r.rejected for r in train}) == len(train)  # each worse reply written for its prompt
     _, report = tokenize_pairs(tokenizer, train + held_out + chat, 1025)
     assert report.kept == len(train) + len(held_out) + len(chat) and report.truncated == 0
+
+
+def test_a_run_reads_its_pairs_counting_what_it_left_out(tmp_path, tokenizer, capsys):
+    from llama_npu.data.source import pair_samples
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", [
+        GOOD, {"instruction": "你好", "chosen": "你好！", "rejected": "你好！"},  # 2: skipped
+        {"instruction": "请详细解释" * 40, "chosen": "好的。", "rejected": "不。"},  # 3: no room
+        {"instruction": "写首诗", "chosen": "短诗。", "rejected": "床前明月光，" * 20}])  # 4: too long
+    recipe = recipe_from_dict(yaml.safe_load(SMOKE.read_text()), [
+        "train.objective=dpo", "data.max_seq_len=32", "data.on_bad_record=skip", "dpo.on_long_pair=drop"])
+    assert [p.chosen.input_ids for p in pair_samples(recipe, tokenizer, [str(data)])] == [
+        p.chosen.input_ids for p in tokenize_pairs(tokenizer, read_pairs([data], "alpaca", "skip")[0][:1], 33)[0]]
+    assert (f"skipped 1 of 4 records of {data}: 1 x chosen equal to rejected (first at {data}:2)\n"
+            f"[llama-npu] {data}: 1 of 3 preference pairs kept (0 truncated, 1 dropped: a row past 33 tokens; "
+            f"1 dropped: no room for a reply)") in capsys.readouterr().out
+    recipe.data.on_bad_record = "error"  # validate has named it; a run without that check still stops on it
+    long_prompt = write_jsonl(tmp_path / "long.jsonl", [GOOD, {"instruction": "请详细解释" * 40, "chosen": "好的。",
+                                                               "rejected": "不。"}])
+    with pytest.raises(RecordError, match=rf"^{long_prompt}:2: the prompt takes \d+ tokens, which leaves no room"):
+        pair_samples(recipe, tokenizer, [str(long_prompt)])

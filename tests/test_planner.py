@@ -6,6 +6,7 @@ import re
 import pytest
 
 from llama_npu.memory.devices import DEVICES
+from llama_npu.memory.plan_report import plan_notes
 from llama_npu.memory.planner import Strategy, estimate, split_params
 from llama_npu.model.architecture import PRESETS
 from llama_npu.model.llama import count_parameters
@@ -298,9 +299,11 @@ def test_inference_plan_counts_weights_by_precision_and_the_kv_cache():
 
 
 @pytest.mark.parametrize("global_batch, data, update_copies", [
-    (1, 1, 0),  # in-place unscale and clip: the update makes nothing
-    (4, 1, 0),
-    (8, 8, 128256 * 2048 * 4),  # the all-reduce output, one bucket (here the embedding's) at a time
+    # the 910A's GE multiplies out of place: a new fp32 set of gradients (the worst case)
+    (1, 1, 4 * P["llama3.2-1b"]),
+    (4, 1, 4 * P["llama3.2-1b"]),
+    # and the all-reduce output, one bucket (here the embedding's) at a time
+    (8, 8, 128256 * 2048 * 4 + 4 * P["llama3.2-1b"]),
 ])
 def test_the_plan_is_the_peak_over_the_step_phases(global_batch, data, update_copies):
     """docs/memory.md's table: the accumulators (k > 1) are alive in every phase, the
@@ -322,7 +325,10 @@ def test_the_plan_is_the_peak_over_the_step_phases(global_batch, data, update_co
         "backward": max(forward + 3 * c["embedding_gradient"], always + c["weight_compute_copies"]
                         + (c["micro_batch_gradients"] if k > 1 else c["gradients"]) + c["embedding_gradient"]),
         "update": always + (0 if k > 1 else c["gradients"]) + c["update_copies"]}
-    assert plan.peak_phase == "backward" and plan.total_bytes == plan.phases["backward"] + c["margin"]
+    # Full recompute and chunked CE leave the k = 1 backward small: there the 910A's new set of
+    # gradients beside the gradients makes the update the peak.
+    peak = "update" if k == 1 else "backward"
+    assert plan.peak_phase == peak and plan.total_bytes == plan.phases[peak] + c["margin"]
 
 
 def test_the_pool_is_max_device_memory_in_mindspores_gb():
@@ -359,7 +365,29 @@ def test_accumulation_is_planned_at_its_worst_case_in_plan_json():
         + c["gradients"] + c["weight_compute_copies"] + c["micro_batch_gradients"] + c["embedding_gradient"]
     assert any(note.startswith("micro_batch_gradients: counted at the worst case") for note in plan["notes"])
     one = json.loads(run_cli("plan", path, "--set", "train.global_batch_size=1", "--json", check=True).stdout)
-    assert one["components"]["micro_batch_gradients"] == 0 and not one["notes"]
+    assert one["components"]["micro_batch_gradients"] == 0
+    assert not any(note.startswith("micro_batch_gradients") for note in one["notes"])
+
+
+@pytest.mark.parametrize("amp_level, optimizer, device, copies", [
+    ("O2", "adamw", "910b", lambda gradients, embedding: 0),  # jit level O0: in place
+    ("O2", "adamw", "910a", lambda gradients, embedding: gradients),  # GE (O2): a new fp32 set
+    # O3's fp16 gradients, multiplied in fp32 one at a time: a new fp16 set and the
+    # embedding's fp32 cast and product in flight
+    ("O3", "sgd", "910b", lambda gradients, embedding: gradients + 8 * embedding),
+    ("O3", "sgd", "910a", lambda gradients, embedding: gradients + 8 * embedding),
+])
+def test_the_update_counts_the_scaling_copies_the_step_makes(amp_level, optimizer, device, copies):
+    """training/step.py multiplies fp32 gradients in place only where it compiles kernel by
+    kernel; on the 910A (GE) and for O3's half gradients the products are new tensors."""
+    s = Strategy(seq_len=512, micro_batch=1, global_batch=1, amp_level=amp_level, optimizer=optimizer)
+    plan = estimate(PRESETS["llama3.2-1b"], P["llama3.2-1b"], DEVICES[device], s)
+    c = plan.components
+    assert c["gradients"] == P["llama3.2-1b"] * (2 if amp_level == "O3" else 4)
+    assert c["update_copies"] == copies(c["gradients"], 128256 * 2048)
+    assert plan.phases["update"] == c["weights"] + c["optimizer_states"] + c["gradients"] + c["update_copies"]
+    notes = plan_notes(plan)
+    assert any(n.startswith("update_copies: counted at the worst case") for n in notes) == (device == "910a")
 
 
 def test_sharded_accumulation_counts_mindformers_out_of_place_scaling():

@@ -78,11 +78,7 @@ def parse_alpaca_pair(raw: object, where: str) -> PairRecord:
 
 def parse_sharegpt_pair(raw: object, where: str) -> PairRecord:
     record = _pair_object(raw, where, "'conversations' or 'messages'")
-    prompt = sharegpt_turns(record, where)
-    if prompt[-1][0] != "user":
-        raise RecordError(f"{where}: the prompt history ends with a {prompt[-1][0]} turn; expected it to end with "
-                          f"the user, whom 'chosen' and 'rejected' answer", "history not ending with the user")
-    return _pair(record, where, prompt)
+    return _pair(record, where, sharegpt_turns(record, where, "user", ", whom 'chosen' and 'rejected' answer"))
 
 
 PAIR_PARSERS = {"alpaca": parse_alpaca_pair, "sharegpt": parse_sharegpt_pair}
@@ -100,11 +96,10 @@ class PairReport:
     truncated: int = 0  # kept with the longer reply cut at the length (dpo.on_long_pair: truncate)
     dropped: int = 0  # left out for a reply too long (dpo.on_long_pair: drop)
     no_room: List[Tuple[str, int]] = field(default_factory=list)  # (file:line, prompt tokens): no reply fits
-    lengths: List[int] = field(default_factory=list)  # the longer row of each pair, before truncation
 
     def describe(self, max_len: int) -> str:
         return (f"{self.kept} of {self.read} preference pairs kept ({self.truncated} truncated, {self.dropped} "
-                f"dropped: a reply past {max_len} tokens; {len(self.no_room)} dropped: no room for a reply)")
+                f"dropped: a row past {max_len} tokens; {len(self.no_room)} dropped: no room for a reply)")
 
 
 def no_room_error(where: str, prompt_tokens: int, max_seq_len: int) -> RecordError:
@@ -130,9 +125,7 @@ def _fit_pair(headers, record: PairRecord, contents: list, max_len: int, on_long
     if prompt_len >= max_len:  # labels[prompt_len] is the reply's first target
         report.no_room.append((record.where, prompt_len))
         return None
-    longest = max(len(chosen_ids), len(rejected_ids))
-    report.lengths.append(longest)
-    if longest > max_len:
+    if max(len(chosen_ids), len(rejected_ids)) > max_len:
         if on_long_pair == "drop":
             report.dropped += 1
             return None

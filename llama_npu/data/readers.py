@@ -145,8 +145,9 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
                   "system": "system"}
 
 
-def sharegpt_turns(record: dict, where: str) -> List[Message]:
-    """The turns of a ShareGPT record's `conversations` or `messages`, each checked."""
+def sharegpt_turns(record: dict, where: str, last: str = "assistant", why: str = "") -> List[Message]:
+    """The turns of a ShareGPT record's `conversations` or `messages`, each checked, the
+    last one `last`'s (a pair's history ends with the user's; `why` says so)."""
     if "conversations" in record:
         turns, role_key, text_key = record["conversations"], "from", "value"
     elif "messages" in record:
@@ -171,16 +172,16 @@ def sharegpt_turns(record: dict, where: str) -> List[Message]:
         if role == "system" and i != 0:
             raise RecordError(f"{where} turn {i + 1}: a system turn must come first", "misplaced system turn")
         messages.append((role, content))
+    if messages[-1][0] != last:
+        article = "an" if messages[-1][0] == "assistant" else "a"
+        raise RecordError(f"{where}: the conversation ends with {article} {messages[-1][0]} turn; expected it to "
+                          f"end with the {last}{why}", f"no final {last} turn")
     return messages
 
 
 def parse_sharegpt(record: object, where: str) -> Record:
     record = _object(record, where, "'conversations' or 'messages'")
-    messages = sharegpt_turns(record, where)
-    if messages[-1][0] != "assistant":
-        raise RecordError(f"{where}: the conversation ends with a {messages[-1][0]} turn; expected it to "
-                          f"end with the assistant", "no final assistant turn")
-    return Record(where, messages=messages)
+    return Record(where, messages=sharegpt_turns(record, where))
 
 
 def parse_text(record: object, where: str) -> Record:
@@ -206,7 +207,8 @@ def _wrong_format(raw: object, fmt: str, error: RecordError, parsers: dict) -> R
     if parsers is PARSERS and is_pair(raw):
         where = str(error).split(": ", 1)[0]
         return RecordError(f"{where}: the record is a preference pair ('chosen' and 'rejected'), read as SFT data: "
-                           f"set train.objective: dpo to train on pairs", "preference pair read as SFT")
+                           f"pairs train with train.objective: dpo, from data.train_files",
+                           "preference pair read as SFT")
     if not isinstance(raw, dict) or any(key in raw for key in FORMAT_KEYS[fmt]):
         return error
     for other, keys in FORMAT_KEYS.items():

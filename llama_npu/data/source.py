@@ -50,8 +50,9 @@ def pair_samples(recipe, tokenizer, files: Sequence[str]) -> list[PairSample]:
         raise no_room_error(*report.no_room[0], d.max_seq_len)
     note(f"{', '.join(files)}: {report.describe(d.max_seq_len + 1)}")
     if not pairs:
+        hint = ", or set dpo.on_long_pair: truncate" if report.dropped else ""
         raise RecordError(f"no preference pair left in {', '.join(files)}: all {report.read} were dropped; raise "
-                          f"data.max_seq_len, or set dpo.on_long_pair: truncate")
+                          f"data.max_seq_len{hint}")
     return pairs
 
 

@@ -21,9 +21,10 @@ from ..model.llama import MAX_POSITIONS
 from ..recipe.load import load_recipe, recipe_from_dict
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe
+from ..strategies import parallel
 from .devices import DEVICE_TARGETS, GB, get_device, parse_bytes
 from .parameter_count import cached_parameter_count
-from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb, strategy_from_recipe
+from .planner import Plan, Strategy, estimate, estimate_inference, fit, gb, scales_out_of_place, strategy_from_recipe
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
 NEVER_RUN_NOTE = ("never run on an NPU: {parts} (semi_auto_parallel: no NPU in CI and the CPU backend "
@@ -74,6 +75,10 @@ def plan_notes(plan: Plan) -> List[str]:
         notes.append("micro_batch_gradients: counted at the worst case, a whole micro-batch's gradients alive "
                      "beside the accumulators before they are added in (MindSpore's execution order does not "
                      "guarantee adding each gradient as the backward produces it)")
+    if scales_out_of_place(plan.device) and not parallel.is_sharded(plan.strategy):
+        notes.append("update_copies: counted at the worst case, a whole new set of gradients, since on "
+                     f"{plan.device.name} the train step compiles for GE (jit level O2), which has no in-place "
+                     "multiply, and the graph's order need not free each gradient as its scaled copy is made")
     if plan.outside_pool_bytes:
         notes.append(f"communication_buffers: HCCL's, outside the {gb(plan.device.usable_bytes)} GB pool, in the "
                      f"{gb(plan.device.hbm_bytes - plan.device.usable_bytes)} GB of HBM it leaves")

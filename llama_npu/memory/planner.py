@@ -29,8 +29,11 @@ tensors are alive in which phase):
 - logits and loss: the LM head output and the cross-entropy's fp32 buffers over the whole
   micro-batch, or over one chunk with chunked cross-entropy;
 - update_copies: what the update makes beside the gradients. Our train step unscales and
-  clips in place (training/step.py), so only data parallel's all-reduce output
-  exists, one fusion bucket at a time (the 64 MB threshold, or the largest gradient);
+  clips fp32 gradients in place (training/step.py), so only data parallel's all-reduce output
+  exists, one fusion bucket at a time (the 64 MB threshold, or the largest gradient); where it
+  multiplies out of place -- on the 910A, whose default jit level O2 compiles for GE, which
+  has no InplaceMul, and O3's half gradients, multiplied in fp32 one at a time -- a whole
+  new set of gradients at the worst case (strategies/precision.py scaling_copies);
   MindFormers' wrappers of the sharded layouts scale the accumulators out of place
   (mindformers/wrapper/wrapper.py MFPipelineWithLossScaleCell): a full fp32 set;
 - communication buffers: HCCL keeps 2 x HCCL_BUFFSIZE (200 MB by default) per communicator,
@@ -50,6 +53,7 @@ from ..model.architecture import LlamaShape
 from ..recipe.schema import Recipe
 from ..strategies import STRATEGIES, chunked_ce, lora, parallel, precision, recompute
 from ..strategies.accumulation import accumulates
+from ..training.jit_level import GE, default_backend
 from .devices import GB, MB, Device, get_device
 
 MARGIN_FRACTION = 0.10
@@ -181,7 +185,7 @@ def logits_loss(shape: LlamaShape, s: Strategy) -> int:
     return buffers + chunked_ce.hidden_gradient(s, tokens, shape.hidden_size)
 
 
-def step_transients(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
+def step_transients(shape: LlamaShape, s: Strategy, device: Device) -> Dict[str, int]:
     """The gradients in flight in the backward and the update's own copies (module docstring)."""
     embedding = 0 if s.lora else split_params(shape)["embedding"] // parallel.vocab_split(s) * 4
     # The largest gradient a one-at-a-time copy holds: the embedding's, or a layer's adapters.
@@ -191,8 +195,15 @@ def step_transients(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
         update = gradients if accumulates(s) else largest
     else:
         update = max(ALLREDUCE_BUCKET, largest) if s.data > 1 else 0
+        update += precision.scaling_copies(s, frozen=s.lora, accumulates=accumulates(s), gradients=gradients,
+                                           largest=largest // 4, out_of_place=scales_out_of_place(device))
     update += precision.half_update_copy(s, frozen=s.lora, accumulates=accumulates(s), gradients=gradients)
     return {"embedding_gradient": embedding, "update_copies": update}
+
+
+def scales_out_of_place(device: Device) -> bool:
+    """Whether our train step unscales and clips into new tensors on `device`: where it compiles for GE."""
+    return default_backend(device.name) == GE
 
 
 def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
@@ -231,7 +242,7 @@ def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Pla
     plan.components.update(model_states(shape, s))
     plan.components["activations"] = activations(shape, s)
     plan.components["logits_loss"] = logits_loss(shape, s)
-    plan.components.update(step_transients(shape, s))
+    plan.components.update(step_transients(shape, s, device))
     # HCCL is Ascend's; the CPU backend's collectives keep no such buffers.
     hccl = 0 if device.name == "cpu" else HCCL_BUFFER
     plan.components["communication_buffers"] = parallel.communicators(s) * hccl

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from ..training.jit_level import backend_of, effective_jit_level
+from ..training.jit_level import backend_of, effective_jit_level, soc_version
 
 
 def jit_level_and_backend(target: str, soc: str, cell_config: Optional[Mapping] = None,
@@ -21,5 +21,5 @@ def jit_level_and_backend(target: str, soc: str, cell_config: Optional[Mapping] 
     cell_level = cell_config.get("jit_level", "") if backend or cell_config.get("jit_level", "O0") != "O0" else ""
     explicit = cell_level or global_config.get("jit_level", "")
     level = effective_jit_level(explicit, "Ascend" if target == "ascend" else "CPU", True,
-                                "ascend910" if soc == "910a" else f"ascend{soc}", os.environ if env is None else env)
+                                soc_version(soc), os.environ if env is None else env)
     return {"jit_level": level, "backend": backend or backend_of(level)}

@@ -147,6 +147,18 @@ def half_update_copy(s, frozen: bool, accumulates: bool, gradients: int) -> int:
     return gradients // 2 if s.amp_level == "O3" and accumulates and not frozen else 0
 
 
+def scaling_copies(s, frozen: bool, accumulates: bool, gradients: int, largest: int, out_of_place: bool) -> int:
+    """What the train step's unscale and clip (training/step.py) make beside `gradients` bytes
+    of gradients whose largest tensor has `largest` elements: nothing where fp32 gradients are
+    multiplied in place. A whole new set where the products are new tensors -- on GE, which has
+    no InplaceMul (`out_of_place`: the 910A's default jit level O2, training/jit_level.py), and
+    for O3's half gradients -- counted at the worst case, since the graph's execution order
+    need not consume each product before making the next. O3's half gradients are multiplied
+    in fp32 and cast back one at a time: the largest one's fp32 cast and product in flight."""
+    half = gradient_bytes(s, frozen, accumulates) == 2
+    return (gradients if half or out_of_place else 0) + (8 * largest if half else 0)
+
+
 class LossScaler:
     """The loss is multiplied by the scale before backward and the gradients divided after;
     the train step keeps the scale on the device (its `scale_sense` Parameter).

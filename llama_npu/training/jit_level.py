@@ -43,6 +43,19 @@ def backend_of(level: str) -> str:
     return GE if level == "O2" else MS_BACKEND
 
 
+def soc_version(device_name: str) -> str:
+    """The SoC string MSContext.get_ascend_soc_version returns for a device catalogue name."""
+    return "ascend910" if device_name == "910a" else f"ascend{device_name}"
+
+
+def default_backend(device_name: str) -> str:
+    """The backend the train step compiles for on a catalogue device ("cpu", "910a", ...) as
+    llama-npu launches it: graph mode, no jit level set, msrun's dynamic cluster."""
+    if device_name == "cpu":
+        return MS_BACKEND
+    return backend_of(effective_jit_level("", "Ascend", True, soc_version(device_name), env={}))
+
+
 def current_jit_level() -> str:
     """effective_jit_level for the MindSpore context as it is set now (device, mode, SoC)."""
     # imported here: the selftest's dry run imports this module without loading MindSpore
