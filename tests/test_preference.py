@@ -339,3 +339,30 @@ def test_eval_of_a_dpo_run_on_pairs_scores_against_its_own_reference(dpo_run):
     assert scores["logps/rejected"] - scores["rewards/rejected"] / beta == pytest.approx(stored[:, 1].mean(),
                                                                                           abs=1e-3)
     assert scores["rewards/margins"] != 0 and 0 < scores["loss"] < 2
+
+
+def test_the_planner_counts_two_sequences_a_pair_and_no_reference_weights():
+    """A DPO micro-batch of 2 pairs plans as an SFT micro-batch of 4 sequences: the same
+    activations and logits; the weights, gradients and optimizer states are the SFT run's."""
+    from dataclasses import replace
+
+    from llama_npu.memory.devices import DEVICES
+    from llama_npu.memory.planner import estimate, strategy_from_recipe
+    from llama_npu.model.architecture import PRESETS
+    from llama_npu.model.llama import count_parameters
+
+    sets = ["model.preset=llama3.2-1b", "data.eval_files=[]", "train.micro_batch_size=2",
+            "train.global_batch_size=8", "device.target=ascend", "device.name=910a"]
+    dpo = load_recipe(SMOKE, [*sets, "train.objective=dpo"])
+    sft = load_recipe(SMOKE, sets)
+    shape, device = PRESETS["llama3.2-1b"], DEVICES["910a"]
+    params = count_parameters(shape)
+    plan = estimate(shape, params, device, strategy_from_recipe(dpo, "910a"))
+    same_rows = estimate(shape, params, device, replace(strategy_from_recipe(sft, "910a"), micro_batch=4,
+                                                        global_batch=16))
+    as_sft = estimate(shape, params, device, strategy_from_recipe(sft, "910a"))
+    assert plan.strategy.accumulation == as_sft.strategy.accumulation == 4  # pairs: 8 / 2
+    for part in ("activations", "logits_loss"):
+        assert plan.components[part] == same_rows.components[part] > as_sft.components[part], part
+    for part in ("weights", "gradients", "optimizer_states"):
+        assert plan.components[part] == as_sft.components[part], part
