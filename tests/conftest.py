@@ -25,7 +25,8 @@ SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 # order measured in a fresh clone), so that the two processes finish together.
 JOINED = {"test_parallel.py": "dp2_launch", "test_reliability.py": "dp2_launch",
           "test_convert.py": "conversions", "test_exams.py": "conversions", "test_chat_export.py": "conversions",
-          "test_int8.py": "conversions"}
+          "test_int8.py": "conversions",
+          "test_preference.py": "conversions"}
 HEAVIEST_FIRST = ["dp2_launch", "conversions", "test_shipped_recipes.py", "test_train.py", "test_strategies.py",
                   "test_benchmarks.py", "test_selftest.py", "test_planner.py"]
 

@@ -115,7 +115,7 @@ def test_dpo_refuses_sft_only_data_and_packing():
         "'rejected'); DPO trains on pairs, SFT records train with train.objective: sft"]
     with pytest.raises(RecipeError) as refused:
         recipe_from_dict(yaml.safe_load(SMOKE.read_text()), ["train.objective=dpo", "data.pack=true",
-                                                             "dpo.on_long_pair=cut"])
+                                                             "dpo.on_long_pair=cut", "data.eval_files=[]"])
     assert refused.value.problems == [
         "dpo.on_long_pair: expected one of truncate, drop, got 'cut'",
         "data.pack: true with train.objective: dpo; a pair's chosen and rejected rows are scored one sequence a "
@@ -177,7 +177,8 @@ def test_a_run_reads_its_pairs_counting_what_it_left_out(tmp_path, tokenizer, ca
         {"instruction": "请详细解释" * 40, "chosen": "好的。", "rejected": "不。"},  # 3: no room
         {"instruction": "写首诗", "chosen": "短诗。", "rejected": "床前明月光，" * 20}])  # 4: too long
     recipe = recipe_from_dict(yaml.safe_load(SMOKE.read_text()), [
-        "train.objective=dpo", "data.max_seq_len=32", "data.on_bad_record=skip", "dpo.on_long_pair=drop"])
+        "train.objective=dpo", "data.max_seq_len=32", "data.on_bad_record=skip", "dpo.on_long_pair=drop",
+        "data.eval_files=[]"])
     assert [p.chosen.input_ids for p in pair_samples(recipe, tokenizer, [str(data)])] == [
         p.chosen.input_ids for p in tokenize_pairs(tokenizer, read_pairs([data], "alpaca", "skip")[0][:1], 33)[0]]
     assert (f"skipped 1 of 4 records of {data}: 1 x chosen equal to rejected (first at {data}:2)\n"

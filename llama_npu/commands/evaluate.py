@@ -63,6 +63,11 @@ def run(args) -> int:
     given = [f"--{name.replace('_', '-')}" for name in EXAM_OPTIONS if getattr(args, name) is not None]
     if given:
         raise RecordError(f"{', '.join(given)}: only with --task ceval|cmmlu|mmlu")
+    # imported here: it loads MindSpore, which --help must not (eval's other paths load it later)
+    from ..evaluation.preference_eval import evaluate_pairs, is_pair_file
+
+    if all(Path(f).is_file() and is_pair_file(Path(f)) for f in args.data):  # preference pairs: a DPO run's scores
+        return run_pairs(args, evaluate_pairs)
     result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size, args.device,
                                  args.weights)
     if args.json:
@@ -72,6 +77,20 @@ def run(args) -> int:
               f"{result['target_tokens']} target tokens of {result['evaluated']} records "
               f"({result['truncated']} truncated at {result['max_seq_len']} tokens, {result['max_seq_len_from']}; "
               f"{result['dropped']} dropped)")
+    return 0
+
+
+def run_pairs(args, evaluate_pairs) -> int:
+    """eval of a DPO run on preference pairs, at the run's own data.max_seq_len."""
+    if args.max_seq_len is not None:
+        raise RecordError("--max-seq-len: preference pairs are scored at the run's own data.max_seq_len")
+    result = evaluate_pairs(Path(args.checkpoint), args.data, args.batch_size, args.device)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"DPO loss {result['loss']:.4f} ({result['dpo_loss']}), reward accuracy "
+              f"{result['rewards/accuracies']:.3f}, margin {result['rewards/margins']:.4f} over {result['pairs']} "
+              f"pairs, against the reference {result['reference']}")
     return 0
 
 

@@ -7,6 +7,7 @@ from typing import Sequence, Union
 
 from ..common.console import note
 from .batches import ListSamples
+from .pair_source import PairSource
 from .mindrecord import MindRecordSamples
 from .packing import pack, padding_share
 from .pairs import PAIR_PARSERS, PairSample, no_room_error, tokenize_pairs
@@ -19,10 +20,9 @@ from .tokenizer import load_tokenizer
 def run_samples(recipe) -> tuple[Union[ListSamples, MindRecordSamples], list[Sample]]:
     """(the training set's sample source, the held-out samples), one tokenizer for both.
     A bad record deep in a file stops the run here, before its directory is touched."""
-    if recipe.train.objective == "dpo":  # the pairs are read by pair_samples; the DPO step is issue 31's item 2
-        raise RecordError("train.objective: dpo: `validate` checks preference data, but this version cannot "
-                          "train on it yet; set train.objective: sft")
     tokenizer = load_tokenizer(recipe.data.tokenizer)
+    if recipe.train.objective == "dpo":  # pairs; a DPO run takes no eval_files (objectives/preference.py)
+        return PairSource(pair_samples(recipe, tokenizer, recipe.data.train_files)), []
     return training_source(recipe, tokenizer), eval_samples(recipe, tokenizer)
 
 

@@ -94,10 +94,18 @@ class Strategy:
     optimizer_shard: bool = False
     sequence_parallel: bool = False
     vocab_emb_dp: bool = True
+    # Rows a sample is: 2 for a DPO pair (its chosen and rejected reply run in one forward
+    # pass, objectives/preference_loss.py), whose micro_batch and global_batch count pairs.
+    sequences_per_sample: int = 1
 
     @property
     def devices(self) -> int:
         return self.data * self.model * self.pipeline
+
+    @property
+    def rows(self) -> int:
+        """Sequences of one micro-batch: what its activations and logits scale with."""
+        return self.micro_batch * self.sequences_per_sample
 
     @property
     def accumulation(self) -> int:
@@ -167,7 +175,7 @@ def model_states(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
 def layer_activations(shape: LlamaShape, s: Strategy) -> int:
     """Bytes one decoder layer keeps for the backward pass for one micro-batch."""
     c = precision.activation_bytes(s)
-    b, t = s.micro_batch, s.seq_len
+    b, t = s.rows, s.seq_len
     tokens = b * t
     h, f, a = shape.hidden_size, shape.intermediate_size, shape.num_heads
     kv = shape.num_kv_heads * shape.head_dim
@@ -186,13 +194,13 @@ def layer_activations(shape: LlamaShape, s: Strategy) -> int:
 
 def activations(shape: LlamaShape, s: Strategy) -> int:
     layers = parallel.layers_on_device(shape, s)
-    layer_input = s.micro_batch * s.seq_len * shape.hidden_size * precision.activation_bytes(s)
+    layer_input = s.rows * s.seq_len * shape.hidden_size * precision.activation_bytes(s)
     kept = recompute.kept_activations(s, layers, layer_activations(shape, s), layer_input)
     return kept * parallel.micro_batches_in_flight(s) + 2 * layer_input  # + embedding output and final norm
 
 
 def logits_loss(shape: LlamaShape, s: Strategy) -> int:
-    tokens = s.micro_batch * s.seq_len
+    tokens = s.rows * s.seq_len
     vocab = shape.vocab_size // parallel.vocab_split(s)
     # head output in the compute dtype, its fp32 cast, exp/softmax and the gradient of the logits
     buffers = chunked_ce.logits_rows(s, tokens) * vocab * (precision.activation_bytes(s) + 12)
@@ -248,11 +256,14 @@ def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
 
 def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
     """The recipe's settings as a Strategy: the sequence, the micro-batch and the optimizer,
-    and each strategy's own keys."""
+    and each strategy's own keys. A DPO run's micro-batch of P pairs is 2P rows. Its reference
+    adds no term: dpo.reference precomputed keeps no second model, and its pass before step 1
+    (training/reference_pass.py) is a forward of the same rows without gradients or optimizer
+    states (built after it), below the training step's forward phase."""
     settings = {key: value for strategy in STRATEGIES for key, value in strategy.plan_settings(recipe).items()}
     return Strategy(seq_len=recipe.data.max_seq_len, micro_batch=recipe.train.micro_batch_size,
                     optimizer=recipe.train.optimizer.name, flash_attention=get_device(device_name).flash_attention,
-                    **settings)
+                    sequences_per_sample=2 if recipe.train.objective == "dpo" else 1, **settings)
 
 
 def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Plan:
@@ -280,7 +291,7 @@ def tokens_per_second(shape: LlamaShape, params: int, s: Strategy) -> float:
     for strategy in STRATEGIES:
         if hasattr(strategy, "extra_flops"):
             flops += strategy.extra_flops(shape, params, s)
-    efficiency = parallel.layout_efficiency(s) * min(1.0, (s.micro_batch * s.seq_len / 4096) ** 0.15)
+    efficiency = parallel.layout_efficiency(s) * min(1.0, (s.rows * s.seq_len / 4096) ** 0.15)
     return s.devices * efficiency / flops
 
 

@@ -12,26 +12,29 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from .loss import token_cross_entropy_sum
+from .loss import token_log_probs
 from .tokens import IGNORE_ID
 
 
-class ChunkedCrossEntropy(nn.Cell):
-    """(hidden (N, H), weight (V, H), targets (N,)) -> summed loss, chunked in both passes."""
+class ChunkedTokenLogProbs(nn.Cell):
+    """(hidden (N, H), weight (V, H), targets (N,)) -> (N,) log-probs of the targets (0 where
+    IGNORE_ID), chunked in both passes: the per-token form that preference objectives sum per
+    sequence (objectives/sequence_logps.py) and cross-entropy sums over the batch."""
 
     def __init__(self, chunk_size: int):
         super().__init__()
         self.chunk_size = chunk_size
 
     def construct(self, hidden, weight, targets):
-        total = ops.zeros((), ms.float32)
+        pieces = ()
         for start in range(0, hidden.shape[0], self.chunk_size):
             end = start + self.chunk_size
             logits = ops.matmul(hidden[start:end], weight.T).astype(ms.float32)  # (C, V)
-            total = total + token_cross_entropy_sum(logits, targets[start:end])
-        return total
+            pieces += (token_log_probs(logits, targets[start:end]),)
+        return ops.concat(pieces, 0)
 
     def bprop(self, hidden, weight, targets, out, dout):
+        """d log p(target) / d logits = onehot - softmax, times each token's own dout (N,)."""
         one, zero = Tensor(1.0, ms.float32), Tensor(0.0, ms.float32)
         d_hidden = ()
         d_weight = ops.zeros(weight.shape, ms.float32)
@@ -40,11 +43,22 @@ class ChunkedCrossEntropy(nn.Cell):
             h, t = hidden[start:end], targets[start:end]
             logits = ops.matmul(h, weight.T).astype(ms.float32)  # recomputed, (C, V)
             onehot = ops.one_hot(ops.maximum(t, 0), logits.shape[-1], one, zero)
-            mask = (t != IGNORE_ID).astype(ms.float32).reshape(-1, 1)
-            d_logits = ((ops.softmax(logits, -1) - onehot) * mask * dout).astype(hidden.dtype)
+            scale = ((t != IGNORE_ID).astype(ms.float32) * dout[start:end]).reshape(-1, 1)
+            d_logits = ((onehot - ops.softmax(logits, -1)) * scale).astype(hidden.dtype)
             d_hidden += (ops.matmul(d_logits, weight),)
             d_weight = d_weight + ops.matmul(d_logits.T, h).astype(ms.float32)
         return ops.concat(d_hidden, 0), d_weight.astype(weight.dtype), ops.zeros_like(targets)
+
+
+class ChunkedCrossEntropy(nn.Cell):
+    """(hidden (N, H), weight (V, H), targets (N,)) -> summed loss, chunked in both passes."""
+
+    def __init__(self, chunk_size: int):
+        super().__init__()
+        self.log_probs = ChunkedTokenLogProbs(chunk_size)
+
+    def construct(self, hidden, weight, targets):
+        return -self.log_probs(hidden, weight, targets).sum()
 
 
 class ChunkedHeadLoss(nn.Cell):

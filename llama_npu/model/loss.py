@@ -12,9 +12,9 @@ from mindspore import nn, ops
 from .tokens import IGNORE_ID
 
 
-def token_cross_entropy_sum(logits, targets):
-    """Sum of -log softmax(logits)[target] over rows whose target is not IGNORE_ID.
-    logits (N, V) fp32, targets (N,) int32."""
+def token_log_probs(logits, targets):
+    """log softmax(logits)[target] of each row, 0 where the target is IGNORE_ID.
+    logits (N, V) fp32, targets (N,) int32 -> (N,) fp32."""
     mask = (targets != IGNORE_ID).astype(ms.float32)
     safe_targets = ops.maximum(targets, 0).reshape(-1, 1)
     picked = ops.gather_elements(logits, 1, safe_targets).reshape(-1)
@@ -24,7 +24,13 @@ def token_cross_entropy_sum(logits, targets):
     # of this form at 256 x 128,256 logits on the CPU backend (forward and backward).
     peak = ops.stop_gradient(logits.max(-1, keepdims=True))
     log_sum_exp = ops.log(ops.exp(logits - peak).sum(-1)) + peak.reshape(-1)
-    return ((log_sum_exp - picked) * mask).sum()
+    return (picked - log_sum_exp) * mask
+
+
+def token_cross_entropy_sum(logits, targets):
+    """Sum of -log softmax(logits)[target] over rows whose target is not IGNORE_ID.
+    logits (N, V) fp32, targets (N,) int32."""
+    return -token_log_probs(logits, targets).sum()
 
 
 class FullHeadLoss(nn.Cell):

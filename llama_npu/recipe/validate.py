@@ -9,6 +9,7 @@ import re
 from ..data.formats import FORMATS, ON_BAD_RECORD
 from ..memory.devices import DEVICE_TARGETS
 from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
+from ..objectives import preference
 from ..strategies import STRATEGIES
 from ..training.objective_config import check_objective
 from .problems import Problems, RecipeError, choice, positive
@@ -26,6 +27,7 @@ def validate(recipe) -> None:
     for strategy in STRATEGIES:
         ready = all(passed[name] for name in strategy.CHECKED_AFTER)
         passed[strategy.KEY] = ready and problems.passes(strategy.check, recipe)
+    problems.check(preference.check, recipe)
     problems.raise_any()
 
 

@@ -58,7 +58,7 @@ def hidden_gradient(s, tokens: int, hidden_size: int) -> int:
 
 def head_gradient_copies(s) -> int:
     """fp32 copies of the LM head's weight gradient alive at once in the backward. Chunked:
-    ChunkedCrossEntropy.bprop (model/chunked_loss.py) computes `d_weight = d_weight +
+    ChunkedTokenLogProbs.bprop (model/chunked_loss.py) computes `d_weight = d_weight +
     matmul(...).astype(fp32)`, out of place, so at each chunk's add the previous sum, the
     chunk's fp32 product and the new sum are alive: three (the product's half-precision
     original is freed by its cast, before the add). Unchunked, autodiff's one. Under LoRA the

@@ -2,7 +2,6 @@
 step to train.max_steps or a stop request, then write the run's summary."""
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from contextlib import nullcontext
@@ -16,6 +15,7 @@ from ..memory.measure import current_rss, peak_memory
 from ..strategies.accumulation import accumulation_steps
 from .nonfinite import NonFiniteStreak, all_finite
 from .optimizer import lr_at
+from .reference_pass import weights_digest
 from .session import Session
 from .step import StepResult
 
@@ -39,14 +39,6 @@ def save(session: Session, step: int) -> Path:
                          f"--resume auto") from exc
 
 
-def weights_digest(params) -> str:
-    """SHA-256 of the trained weights' bytes: equal digests mean bit-identical weights."""
-    digest = hashlib.sha256()
-    for p in params:
-        digest.update(p.asnumpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 def step_record(s: Session, step: int, result: StepResult, tokens_per_s: float, seconds: float,
                 nonfinite_in_a_row: int) -> dict:
     """metrics.jsonl's line of `step`, with the held-out loss on train.eval_every's steps."""
@@ -58,6 +50,8 @@ def step_record(s: Session, step: int, result: StepResult, tokens_per_s: float, 
               "overflow": result.overflow, "nonfinite_in_a_row": nonfinite_in_a_row,
               "samples_consumed": s.stream.samples_consumed, "peak_memory_bytes": peak,
               "memory_source": source, "planned_peak_bytes": s.planned_peak, "host_rss_bytes": current_rss()}
+    if s.pair_metrics is not None:  # the preference objective's rewards/* and logps/* (TRL's names)
+        record.update(s.pair_metrics())
     if s.eval_samples and t.eval_every and step % t.eval_every == 0:
         record["eval_loss"] = evaluate(s.eval_cell, s.eval_samples, s.eval_batch, s.recipe.data.max_seq_len + 1)[0]
     return record

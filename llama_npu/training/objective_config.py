@@ -16,6 +16,12 @@ class DpoSection:
     # A pair whose longer reply does not fit data.max_seq_len: cut both replies there, or
     # leave the pair out; the run counts both.
     on_long_pair: str = "truncate"  # truncate | drop
+    # The loss and its reference (objectives/preference.py checks them; TRL 0.24.0's meanings).
+    beta: float = 0.1  # DPOConfig.beta: how far from the reference a reward counts
+    loss: str = "sigmoid"  # sigmoid | ipo | simpo
+    label_smoothing: float = 0.0  # conservative DPO (sigmoid, simpo): the chance a label is flipped
+    simpo_gamma: float = 0.5  # CPOConfig.simpo_gamma: SimPO's target reward margin
+    reference: str = "precomputed"  # precomputed | adapters_off | none
 
 
 def check_objective(recipe) -> None:

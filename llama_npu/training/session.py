@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from mindspore import Parameter, nn
 
@@ -27,7 +27,8 @@ from ..weights.pretrained import pretrained_hf_config
 from .metrics import MetricLogger
 from .optimizer import build_optimizer
 from .sharded_step import EvalKeepingTrainStrategy, ShardedStep, eval_layout
-from .step import TrainStep
+from .preference_parts import pairs_of, preference_parts
+from .step import TrainStep, target_tokens
 
 if TYPE_CHECKING:  # for the annotation only: MindFormers is imported by mute_mindformers_info, stdout captured
     from mindformers.models.llama import LlamaForCausalLM
@@ -55,6 +56,8 @@ class Session:
     planned_peak: int
     start_step: int = 0
     rehearsal: Optional[dict] = None  # what training.rehearse shrank and could not rehearse
+    # train.objective dpo: the step's TRL metrics over this rank's pairs (PreferenceLoss.take_metrics)
+    pair_metrics: Optional[Callable[[], dict]] = None
 
 
 def model_description(recipe: Recipe, shape: LlamaShape, params: list, run_dir: Path, world: World) -> Optional[dict]:
@@ -77,11 +80,15 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
     scaler, k = LossScaler(recipe.strategies.precision), accumulation_steps(recipe)
     note(f"building the model{' and loading ' + recipe.model.checkpoint if recipe.model.checkpoint else ''}")
     net, loss_cell = build_network(recipe, on_ascend)
+    pair_metrics, count = None, target_tokens
+    if recipe.train.objective == "dpo":  # before a resume loads trained weights: the reference's are the start's
+        loss_cell = preference_parts(recipe, run_dir, net, train_source, world.is_main)
+        pair_metrics, count = partial(loss_cell.take_metrics, t.micro_batch_size * k), pairs_of
     params, shape = net.trainable_params(), resolve_shape(recipe.model)
     # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
     optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
     step_fn = ShardedStep(net, optimizer, scaler, recipe, k) if world.sharded else TrainStep(
-        loss_cell, optimizer, scaler, t.grad_clip, k)  # sharded: MindFormers' wrapper chain, one semi-auto graph
+        loss_cell, optimizer, scaler, t.grad_clip, k, count=count)  # sharded: MindFormers' wrapper chain
     eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
     description = model_description(recipe, shape, params, run_dir, world)
     checkpointer = Checkpointer(run_dir, world, t.keep_last, description)
@@ -95,4 +102,4 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
     note(f"model {recipe.model.preset} ({shape.describe()}); {sum(p.size for p in params):,} trainable "
          f"parameters{'' if world.size == 1 else f' (rank {world.rank} of {world.size})'}")
     return Session(recipe, run_dir, world, on_ascend, net, params, optimizer, scaler, step_fn, stream, eval_cell,
-                   eval_batch, eval_samples, checkpointer, metrics, planned_peak, start_step, rehearsal)
+                   eval_batch, eval_samples, checkpointer, metrics, planned_peak, start_step, rehearsal, pair_metrics)

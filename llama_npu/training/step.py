@@ -345,14 +345,20 @@ class StepResult:
     lr: float  # the learning rate of this step's update (the one it would have had, when skipped)
 
 
+def target_tokens(batch) -> int:
+    """The tokens a micro-batch's summed SFT loss is divided by (over the whole step)."""
+    return int((batch[1][:, 1:] != IGNORE_ID).sum())
+
+
 class TrainStep:
     """One optimizer step over a list of micro-batches: len(micro_batches) must be the
     `accumulation_steps` the step was built for."""
 
     def __init__(self, loss_cell, optimizer, scaler, grad_clip: float, accumulation_steps: int = 1,
-                 in_place: bool | None = None):
+                 in_place: bool | None = None, count=target_tokens):
         """`in_place`: unscale, clip and copy with in-place kernels; by default where the jit
-        level MindSpore will compile with allows them (jit_level.in_place_kernels)."""
+        level MindSpore will compile with allows them (jit_level.in_place_kernels). `count`:
+        what a micro-batch's summed loss is a sum over (target tokens; a preference loss's pairs)."""
         in_place = in_place_kernels() if in_place is None else in_place
         self.final = FinalMicroStep(loss_cell, optimizer, scaler.sense(), grad_clip, accumulation_steps > 1, in_place)
         self.accumulating = (AccumulatingMicroStep(loss_cell, optimizer, self.final.carry, in_place)
@@ -360,13 +366,14 @@ class TrainStep:
         self.optimizer = optimizer
         self.scaler = scaler
         self.accumulation_steps = accumulation_steps
+        self.count = count
 
     def __call__(self, micro_batches, lr: float, stop_requested: bool = False) -> StepResult:
         if len(micro_batches) != self.accumulation_steps:
             raise ValueError(f"{len(micro_batches)} micro-batches for a step built for {self.accumulation_steps}")
         # Dividing by the step's token count inside the backward pass keeps fp16 gradients
         # at the magnitude of a mean loss (a sum over thousands of tokens would overflow).
-        tokens = Tensor(sum(int((b[1][:, 1:] != IGNORE_ID).sum()) for b in micro_batches), ms.float32)
+        tokens = Tensor(sum(self.count(b) for b in micro_batches), ms.float32)
         for batch in micro_batches[:-1]:  # (input_ids, labels[, segment_ids]) numpy arrays
             self.accumulating(tokens, *map(Tensor, batch))
         out = self.final(Tensor(lr, ms.float32), tokens, Tensor(float(stop_requested), ms.float32),

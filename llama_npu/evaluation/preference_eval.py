@@ -1,0 +1,74 @@
+"""`llama-npu eval --checkpoint RUN --data PAIRS` of a DPO run on preference pairs: the run's
+loss, reward accuracy and margin over held-out pairs, against the run's own reference -- its
+starting weights (model.checkpoint), as its precomputed reference was (training/reference_pass.py).
+The losses are the run's own cells (objectives/preference_loss.py), so eval and training agree."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+import mindspore as ms
+
+from ..common.console import note
+from ..data.pairs import read_pairs, tokenize_pairs
+from ..data.readers import RecordError, detect_format
+from ..data.tokenizer import load_tokenizer
+from ..model.tokens import IGNORE_ID
+from ..objectives.preference_loss import METRIC_NAMES, PairLoss, pair_metrics
+from ..objectives.preference import LENGTH_NORMALISED
+from ..objectives.sequence_logps import SequenceLogProbs
+from ..recipe.stored import stored_recipe
+from ..training.reference_pass import reference_log_probs
+from .loaded_model import EVAL_CHUNK, build_from_checkpoint
+
+def is_pair_file(path: Path) -> bool:
+    """Whether an eval --data file holds preference pairs (its first record has 'chosen')."""
+    import json
+
+    text = Path(path).read_text(encoding="utf-8").lstrip()
+    first = json.loads(text.splitlines()[0]) if not text.startswith("[") else json.loads(text)[0]
+    return isinstance(first, dict) and "chosen" in first and "rejected" in first
+
+
+def run_recipe(checkpoint: Path):
+    """The DPO run `checkpoint` is, or belongs to (a run or step directory), and its recipe."""
+    for run_dir in (Path(checkpoint), Path(checkpoint).parent.parent):
+        recipe = stored_recipe(run_dir)
+        if recipe is not None and recipe.train.objective == "dpo":
+            return recipe
+    raise RecordError(f"--data holds preference pairs, but {checkpoint} is not a DPO run's directory or step; "
+                      f"pairs are scored against a run's own reference")
+
+
+def log_probs(checkpoint: Path, pairs, batch_size: int, length: int, device: str) -> np.ndarray:
+    """(N, 2) summed reply log-probs of the model in `checkpoint` (LoRA adapters folded in)."""
+    net, _, _ = build_from_checkpoint(checkpoint, length - 1, 2 * batch_size, device)
+    return reference_log_probs(SequenceLogProbs(net, EVAL_CHUNK), pairs, batch_size, length)
+
+
+def evaluate_pairs(checkpoint: Path, data_files, batch_size: int = 4, device: str = "auto") -> dict:
+    """The DPO loss, the metrics (TRL's names) and the pair count over `data_files`, at the
+    run's data.max_seq_len."""
+    recipe = run_recipe(checkpoint)
+    d = recipe.dpo
+    if d.reference != "none" and not recipe.model.checkpoint:
+        raise RecordError(f"{checkpoint}: the run started from random weights (no model.checkpoint), so its "
+                          f"reference cannot be built again to score held-out pairs")
+    length = recipe.data.max_seq_len + 1
+    records = [r for f in data_files for r in read_pairs([f], detect_format(Path(f)))[0]]
+    pairs, report = tokenize_pairs(load_tokenizer(recipe.data.tokenizer), records, length, d.on_long_pair)
+    note(report.describe(length))
+    policy = log_probs(Path(checkpoint), pairs, batch_size, length, device)
+    reference = (np.zeros_like(policy) if d.reference == "none" else
+                 log_probs(Path(recipe.model.checkpoint), pairs, batch_size, length, device))
+    if d.loss in LENGTH_NORMALISED:
+        lengths = np.array([[sum(t != IGNORE_ID for t in s.labels) for s in (p.chosen, p.rejected)] for p in pairs],
+                           np.float32)  # reply tokens: the targets SequenceLogProbs sums
+        policy, reference = policy / lengths, reference / lengths
+    losses, *rest = PairLoss(d)(*(ms.Tensor(a) for a in (policy[:, 0], policy[:, 1], reference[:, 0],
+                                                          reference[:, 1])))
+    sums = pair_metrics(*rest[:2], ms.Tensor(policy[:, 0]), ms.Tensor(policy[:, 1])).asnumpy()
+    return {"checkpoint": str(checkpoint), "pairs": len(pairs), "loss": float(losses.asnumpy().mean()),
+            **{name: float(v) / len(pairs) for name, v in zip(METRIC_NAMES, sums)}, "dpo_loss": d.loss,
+            "reference": d.reference if d.reference == "none" else recipe.model.checkpoint}

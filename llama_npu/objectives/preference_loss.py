@@ -1,0 +1,95 @@
+"""The preference losses of TRL 0.24.0, in MindSpore ops, and the loss cell of a DPO step.
+
+Followed: trl/trainer/dpo_trainer.py DPOTrainer.dpo_loss (sigmoid with label smoothing, ipo)
+and concatenated_forward (ipo's log-probs divided by the reply length);
+trl/trainer/cpo_trainer.py CPOTrainer.cpo_loss (simpo: the length-averaged log-probs of
+get_batch_logps(average_log_prob=True), the margin gamma / beta). log sigmoid(x) is
+-softplus(-x). A batch holds 2P rows: the P chosen replies, then the P rejected ones
+(TRL's concatenated order), so a pair's two rows run in one forward pass.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, nn, ops
+
+from .preference import LENGTH_NORMALISED
+from .sequence_logps import SequenceLogProbs
+
+
+class PairLoss(nn.Cell):
+    """(chosen, rejected, ref_chosen, ref_rejected) log-probs, each (P,), already length-
+    normalised where the loss is -> (losses, chosen rewards, rejected rewards), each (P,)."""
+
+    def __init__(self, section):
+        super().__init__()
+        self.loss, self.beta = section.loss, float(section.beta)
+        self.smoothing, self.gamma = float(section.label_smoothing), float(section.simpo_gamma)
+
+    def construct(self, chosen, rejected, ref_chosen, ref_rejected):
+        if self.loss == "simpo":
+            logits = (chosen - rejected) - self.gamma / self.beta
+            ref_chosen, ref_rejected = ops.zeros_like(chosen), ops.zeros_like(rejected)
+        else:
+            logits = (chosen - rejected) - (ref_chosen - ref_rejected)
+        if self.loss == "ipo":
+            losses = ops.square(logits - 1.0 / (2.0 * self.beta))
+        else:  # sigmoid, simpo: -log sigmoid(beta x) (1 - ls) - log sigmoid(-beta x) ls
+            scaled = self.beta * logits
+            losses = ops.softplus(-scaled) * (1.0 - self.smoothing) + ops.softplus(scaled) * self.smoothing
+        chosen_rewards = ops.stop_gradient(self.beta * (chosen - ref_chosen))
+        rejected_rewards = ops.stop_gradient(self.beta * (rejected - ref_rejected))
+        return losses, chosen_rewards, rejected_rewards
+
+
+class PreferenceLoss(nn.Cell):
+    """(input_ids, labels, reference[, embeds]) -> the losses of the batch's P pairs, summed
+    (the step divides by the pairs of the whole optimizer step, as it divides the SFT loss by
+    its tokens). `reference`: (2P,) the reference's summed reply log-probs of the same rows
+    (zeros under dpo.reference none). `terms` gives every per-pair quantity the metrics need;
+    each forward also adds its pairs' metric sums (pair_metrics) into `metric_sums`, which the
+    host reads and zeroes once an optimizer step (take_metrics): no second forward for them."""
+
+    def __init__(self, llama, section, chunk_size: int | None = None):
+        super().__init__(auto_prefix=False)
+        self.sequences = SequenceLogProbs(llama, chunk_size)
+        self.backbone = self.sequences.backbone  # the train step looks the embedding up here
+        self.pair_loss = PairLoss(section)
+        self.normalised = section.loss in LENGTH_NORMALISED
+        self.metric_sums = Parameter(np.zeros(len(METRIC_NAMES), np.float32), name="dpo_metric_sums",
+                                     requires_grad=False)
+
+    def construct(self, input_ids, labels, reference, embeds=None):
+        losses, *rest = self.terms(input_ids, labels, reference, embeds)
+        added = ops.assign_add(self.metric_sums, pair_metrics(*rest))
+        return ops.depend(losses.sum(), added)
+
+    def take_metrics(self, pairs: int) -> dict:
+        """The means over the `pairs` summed since the last call, by TRL's names; zeroes the sums."""
+        sums = self.metric_sums.asnumpy()
+        self.metric_sums.set_data(ms.Tensor(np.zeros_like(sums)))
+        return {name: float(value) / max(pairs, 1) for name, value in zip(METRIC_NAMES, sums)}
+
+    def terms(self, input_ids, labels, reference, embeds=None):
+        """(losses, chosen rewards, rejected rewards, chosen log-probs, rejected log-probs), (P,) each."""
+        policy, lengths = self.sequences(input_ids, labels, embeds)
+        if self.normalised:
+            policy, reference = policy / lengths, reference / lengths
+        pairs = policy.shape[0] // 2
+        chosen, rejected = policy[:pairs], policy[pairs:]
+        losses, chosen_rewards, rejected_rewards = self.pair_loss(chosen, rejected, reference[:pairs],
+                                                                  reference[pairs:])
+        return losses, chosen_rewards, rejected_rewards, chosen, rejected
+
+
+def pair_metrics(chosen_rewards, rejected_rewards, chosen, rejected):
+    """TRL's metric names (dpo_trainer.py get_batch_loss_metrics), summed over the pairs, (6,)."""
+    return ops.stack([chosen_rewards.sum(), rejected_rewards.sum(),
+                      (chosen_rewards > rejected_rewards).astype(ms.float32).sum(),
+                      (chosen_rewards - rejected_rewards).sum(),
+                      ops.stop_gradient(chosen).sum(), ops.stop_gradient(rejected).sum()])
+
+
+METRIC_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                "logps/chosen", "logps/rejected")

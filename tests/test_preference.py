@@ -1,0 +1,368 @@
+"""Preference tuning (train.objective dpo): the objective against TRL 0.24.0, and its recipe checks.
+
+TRL's trainers tokenize text themselves (DPOTrainer.tokenize_row), so the same token ids are
+given to TRL's own log-prob and loss functions instead (CPOTrainer.get_batch_logps,
+DPOTrainer.dpo_loss, CPOTrainer.cpo_loss) on the tiny Hugging Face Llama's logits, and our
+objective runs on its conversion (tests/conftest.py hf_dir, conversions)."""
+from __future__ import annotations
+
+import copy
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from llama_npu.model.tokens import IGNORE_ID
+from llama_npu.recipe.load import load_recipe
+from llama_npu.recipe.problems import RecipeError
+
+from conftest import SMOKE
+
+T = 12  # positions a row's model input holds; a row is T + 1 tokens
+PROMPTS = ((5, 4, 3), (3, 6, 2))  # (prompt, chosen reply, rejected reply) tokens of each pair
+
+
+def pair_batch():
+    """(input_ids, labels), (4, T + 1): the 2 chosen rows, then the 2 rejected (TRL's order),
+    right-padded, labels IGNORE_ID except the reply tokens."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for prompt_len, chosen_len, rejected_len in PROMPTS:
+        prompt = rng.integers(0, 128000, prompt_len)
+        rows.append((prompt, rng.integers(0, 128000, chosen_len)))
+        rows.append((prompt, rng.integers(0, 128000, rejected_len)))
+    rows = rows[0::2] + rows[1::2]
+    ids = np.full((4, T + 1), 128009, np.int32)
+    labels = np.full((4, T + 1), IGNORE_ID, np.int32)
+    for i, (prompt, reply) in enumerate(rows):
+        ids[i, :len(prompt) + len(reply)] = np.concatenate([prompt, reply])
+        labels[i, len(prompt):len(prompt) + len(reply)] = reply
+    return ids, labels
+
+
+def trl_logps(model, ids, labels, average):
+    """TRL's per-row reply log-probs of the Hugging Face model (CPOTrainer.get_batch_logps)."""
+    import torch  # the test extra's (imported here: the quick tests here need neither torch nor trl)
+    from trl.trainer.cpo_trainer import CPOTrainer
+
+    logits = model(torch.from_numpy(ids.astype(np.int64))).logits
+    return CPOTrainer.get_batch_logps(logits, torch.from_numpy(labels.astype(np.int64)), average_log_prob=average,
+                                      label_pad_token_id=IGNORE_ID)
+
+
+def trl_terms(section, model, ids, labels, reference):
+    """(mean loss, chosen rewards, rejected rewards, chosen logps, rejected logps) as TRL computes them."""
+    from trl.trainer.cpo_trainer import CPOTrainer  # the test extra's, as in trl_logps
+    from trl.trainer.dpo_trainer import DPOTrainer, FDivergenceType
+
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(device="cpu"), beta=section.beta,
+                              label_smoothing=section.label_smoothing, simpo_gamma=section.simpo_gamma,
+                              loss_type=section.loss, alpha=0.0, reference_free=reference is None,
+                              f_divergence_type=FDivergenceType.REVERSE_KL)
+    logps = trl_logps(model, ids, labels, average=section.loss in ("ipo", "simpo"))
+    chosen, rejected = logps[:2], logps[2:]
+    if section.loss == "simpo":
+        losses, cr, rr = CPOTrainer.cpo_loss(trainer, chosen, rejected)
+    else:
+        losses, cr, rr = DPOTrainer.dpo_loss(trainer, chosen, rejected, reference[:2], reference[2:], section.loss)
+    return losses.mean(), cr, rr, chosen, rejected
+
+
+def ours(ms, recipe_sets, checkpoint):
+    """(the converted network, its PreferenceLoss) for the smoke recipe with `recipe_sets`."""
+    from llama_npu.objectives.preference_loss import PreferenceLoss
+    from llama_npu.strategies.network import build_network
+
+    recipe = load_recipe(SMOKE, [f"data.max_seq_len={T}", f"model.checkpoint={checkpoint}", "train.objective=dpo",
+                                 "data.eval_files=[]", *recipe_sets])
+    net, _ = build_network(recipe, on_ascend=False)
+    chunk = recipe.strategies.chunked_ce.chunk_size if recipe.strategies.chunked_ce.enabled else None
+    return net, PreferenceLoss(net, recipe.dpo, chunk), recipe.dpo
+
+
+class Terms:
+    """Our (mean loss, chosen rewards, rejected rewards, chosen logps, rejected logps) as numpy."""
+
+    def __init__(self, ms, loss_cell):
+        from mindspore import nn
+
+        class Cell(nn.Cell):
+            def __init__(self):
+                super().__init__(auto_prefix=False)
+                self.loss = loss_cell
+
+            def construct(self, ids, labels, reference):
+                losses, *rest = self.loss.terms(ids, labels, reference)
+                return (losses.mean(), *rest)
+
+        self.cell, self.ms = Cell(), ms
+
+    def __call__(self, ids, labels, reference):
+        out = self.cell(*(self.ms.Tensor(a) for a in (ids, labels, reference)))
+        return [t.asnumpy() for t in out]
+
+
+def sgd_losses_ours(ms, loss_cell, ids, labels, reference, lr, steps):
+    from mindspore import nn
+
+    class Mean(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.loss = loss_cell
+
+        def construct(self, ids, labels, reference):
+            return self.loss(ids, labels, reference) / 2
+
+    params = [p for p in loss_cell.trainable_params()]
+    step = nn.TrainOneStepCell(Mean(), nn.SGD(params, learning_rate=lr))
+    step.set_train(True)
+    batch = [ms.Tensor(a) for a in (ids, labels, reference)]
+    return [float(step(*batch).asnumpy()) for _ in range(steps)]
+
+
+def sgd_losses_trl(section, model, ids, labels, reference, lr, steps):
+    import torch  # the test extra's, as in trl_logps
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = trl_terms(section, model, ids, labels, reference)[0]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    return losses
+
+
+@pytest.mark.parametrize("sets", [["dpo.loss=sigmoid", "dpo.label_smoothing=0.1", "dpo.beta=0.5"],
+                                  ["dpo.loss=simpo", "dpo.reference=none", "dpo.beta=2.0", "dpo.simpo_gamma=0.6",
+                                   "strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=5"]],
+                         ids=["sigmoid", "simpo-chunked"])
+def test_first_step_and_three_sgd_steps_equal_trl(ms, hf_dir, conversions, sets):
+    """The first step's loss, rewards and log-probs within 1e-4 of TRL's, three SGD steps'
+    losses within 1e-3; the reference is the starting weights' own log-probs (precomputed)."""
+    import torch  # the test extra's, as in trl_logps
+
+    ids, labels = pair_batch()
+    net, loss_cell, section = ours(ms, sets, conversions["float32"])
+    terms = Terms(ms, loss_cell)
+    model = copy.deepcopy(hf_dir[1]).float()
+    with torch.no_grad():
+        trl_reference = trl_logps(model, ids, labels, average=False)
+    # The starting weights' log-probs, as dpo.reference precomputed stores them: the policy's
+    # own, read with a zero reference (for simpo, length-averaged: it reads no reference).
+    reference = np.concatenate(terms(ids, labels, np.zeros(4, np.float32))[3:5])
+    if section.loss != "simpo":
+        np.testing.assert_allclose(reference, trl_reference.numpy(), atol=1e-4)
+    with torch.no_grad():
+        theirs = trl_terms(section, model, ids, labels, None if section.loss == "simpo" else trl_reference)
+    mine = terms(ids, labels, reference)
+    for a, b in zip(mine, theirs):
+        np.testing.assert_allclose(a, b.numpy(), atol=1e-4)
+    if section.loss == "sigmoid":  # the policy is its reference: ln 2 whatever the smoothing
+        assert mine[0] == pytest.approx(math.log(2), abs=1e-5) and np.abs(mine[1:3]).max() < 1e-5
+    lr = 2.0
+    ours_sgd = sgd_losses_ours(ms, loss_cell, ids, labels, reference, lr, 3)
+    trl_sgd = sgd_losses_trl(section, model, ids, labels, None if section.loss == "simpo" else trl_reference, lr, 3)
+    assert abs(ours_sgd[2] - ours_sgd[0]) > 1e-2  # the steps moved the loss: the comparison below means something
+    np.testing.assert_allclose(ours_sgd, trl_sgd, atol=1e-3)
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["dpo.reference=adapters_off"], "dpo.reference=adapters_off needs strategies.lora.enabled=true"),
+    (["dpo.reference=none"], "dpo.reference=none with dpo.loss=sigmoid"),
+    (["dpo.loss=ipo", "dpo.reference=none"], "dpo.reference=none with dpo.loss=ipo"),
+    (["dpo.loss=simpo"], "dpo.loss=simpo with dpo.reference=precomputed"),
+    (["dpo.beta=0"], "dpo.beta: expected a value > 0"),
+])
+def test_bad_preference_recipes_are_refused_naming_the_key(sets, message):
+    with pytest.raises(RecipeError) as raised:
+        load_recipe(SMOKE, ["train.objective=dpo", "data.eval_files=[]", *sets])
+    assert message in raised.value.problems[0] and len(raised.value.problems) == 1
+
+
+@pytest.mark.quick
+def test_a_bad_objective_is_one_line_exit_2_and_a_good_one_validates():
+    from conftest import run_cli
+
+    result = run_cli("validate", SMOKE, "--set", "train.objective=rlhf")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "llama-npu: error: train.objective: expected one of sft, dpo, got 'rlhf'"), result.stderr
+    recipe = load_recipe(SMOKE, ["train.objective=dpo", "dpo.loss=simpo", "dpo.reference=none", "data.eval_files=[]"])
+    assert (recipe.train.objective, recipe.dpo.loss, recipe.dpo.reference) == ("dpo", "simpo", "none")
+
+
+# ---------------------------------------------------------------- a DPO run through the real CLI
+
+PAIRS = [{"instruction": q, "chosen": good, "rejected": bad} for q, good, bad in (
+    ("一加一等于几？", "一加一等于二。", "等于三。"),
+    ("北京是哪个国家的首都？", "北京是中国的首都。", "不知道。"),
+    ("水的化学式是什么？", "水的化学式是H2O。", "是CO2。"),
+    ("一周有几天？", "一周有七天。", "五天吧。"),
+    ("太阳从哪边升起？", "太阳从东边升起。", "西边。"),
+)]
+# The smoke recipe as a DPO run (sigmoid, beta 0.1, no smoothing, a precomputed reference: the defaults).
+DPO_RUN = ["--set", "train.objective=dpo", "--set", "data.eval_files=[]", "--set", "data.max_seq_len=32",
+           "--set", "train.max_steps=3", "--set", "train.save_every=2",
+           "--set", "train.keep_last=5", "--set", "train.micro_batch_size=1", "--set", "train.global_batch_size=2",
+           "--set", "train.warmup_steps=0"]
+
+
+@pytest.fixture(scope="module")
+def dpo_run(tmp_path_factory, conversions):
+    """(pairs file, run dir): 3 steps of 2 micro-batches of one pair from the tiny Hugging Face
+    model's conversion, checkpoints at 2 and 3."""
+    import json
+
+    from conftest import run_cli
+
+    root = tmp_path_factory.mktemp("dpo")
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in PAIRS), encoding="utf-8")
+    sets = ["--set", f"data.train_files=[{pairs}]", "--set", f"model.checkpoint={conversions['float32']}", *DPO_RUN]
+    run_cli("train", SMOKE, "--output-dir", root / "run", *sets, check=True)
+    return pairs, root / "run", sets
+
+
+def test_a_dpo_run_starts_at_ln2_with_zero_rewards_and_logs_trl_metrics(dpo_run):
+    from conftest import read_metrics
+
+    records = read_metrics(dpo_run[1])
+    first = records[0]
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-5) and first["target_tokens"] == 2  # pairs
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
+        assert abs(first[name]) < 1e-5, name
+    assert first["logps/chosen"] < 0 and first["logps/rejected"] < 0
+    assert records[2]["loss"] != first["loss"] and records[2]["rewards/margins"] != 0  # it trained
+    assert (dpo_run[1] / "reference_logps.npz").is_file()
+
+
+def test_a_resumed_dpo_run_reuses_its_reference_exactly_and_refuses_another(dpo_run, tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from conftest import assert_same_steps, read_metrics, run_cli
+
+    pairs, run, sets = dpo_run
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_3")
+    result = run_cli("train", SMOKE, "--output-dir", resumed, "--resume", "auto", *sets, check=True)
+    assert "reference log-probs of 5 pairs reused" in result.stdout
+    assert_same_steps(resumed, run, [3])
+    assert read_metrics(resumed)[2]["rewards/margins"] == pytest.approx(read_metrics(run)[2]["rewards/margins"],
+                                                                         abs=1e-7)
+    stored = dict(np.load(resumed / "reference_logps.npz"))
+    stored["weights_sha256"] = np.array("0123456789abcdef")
+    np.savez(resumed / "reference_logps.npz", **stored)
+    shutil.rmtree(resumed / "checkpoints" / "step_3")
+    refused = run_cli("train", SMOKE, "--output-dir", resumed, "--resume", "auto", *sets)
+    assert refused.returncode == 2, refused.stderr
+    assert "weights sha256 0123456789abcdef (stored) != " in refused.stderr and (
+        "(this run)" in refused.stderr), refused.stderr
+
+
+# ---------------------------------------------------------------- composition with the strategies, in process
+
+def dpo_step(ms, sets, k):
+    """(network, loss cell, TrainStep of k micro-batches) of the tiny random model, SGD."""
+    from llama_npu.strategies.precision import LossScaler
+    from llama_npu.training.optimizer import build_optimizer
+    from llama_npu.training.preference_parts import pairs_of
+    from llama_npu.training.step import TrainStep
+
+    net, cell, _ = ours(ms, ["train.optimizer.name=sgd", "train.optimizer.lr=0.5", *sets], "")
+    recipe = load_recipe(SMOKE, ["train.optimizer.name=sgd", "train.optimizer.lr=0.5", *sets])
+    cell.set_train(True)
+    optimizer = build_optimizer(net.trainable_params(), recipe.train)
+    return net, cell, TrainStep(cell, optimizer, LossScaler(recipe.strategies.precision), 1.0, k, count=pairs_of)
+
+
+def split_pairs(ids, labels, reference):
+    """The 2-pair batch as two micro-batches of one pair each (chosen row, rejected row)."""
+    return [(ids[[i, i + 2]], labels[[i, i + 2]], reference[[i, i + 2]]) for i in (0, 1)]
+
+
+def test_two_micro_batches_of_one_pair_equal_one_batch_of_two(ms):
+    ids, labels = pair_batch()
+    reference = np.array([-40.0, -30.0, -35.0, -20.0], np.float32)
+    ms.set_seed(0)
+    net_1, cell_1, one = dpo_step(ms, [], 1)
+    ms.set_seed(0)
+    net_2, cell_2, two = dpo_step(ms, [], 2)
+    whole = one([(ids, labels, reference)], 0.5)
+    split = two(split_pairs(ids, labels, reference), 0.5)
+    assert (whole.target_tokens, split.target_tokens) == (2, 2)  # pairs
+    assert split.loss == pytest.approx(whole.loss, abs=1e-6) and split.grad_norm == pytest.approx(whole.grad_norm,
+                                                                                                   rel=1e-5)
+    assert cell_2.take_metrics(2) == pytest.approx(cell_1.take_metrics(2), abs=1e-5)
+    for a, b in zip(net_1.trainable_params(), net_2.trainable_params()):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), atol=1e-6)
+
+
+def test_simpo_under_fp16_dynamic_loss_scale_recompute_and_lora_trains(ms):
+    """AMP O2 in float16 with a dynamic loss scale, full recompute and LoRA: the fp32 run's
+    first loss within fp16's reach, then the loss moves."""
+    ids, labels = pair_batch()
+    free = ["dpo.loss=simpo", "dpo.reference=none"]
+    ms.set_seed(0)
+    _, _, fp32 = dpo_step(ms, [*free, "strategies.lora.enabled=true"], 1)
+    first = fp32([(ids, labels, np.zeros(4, np.float32))], 0.5).loss
+    ms.set_seed(0)
+    _, cell, fp16 = dpo_step(ms, [*free, "strategies.lora.enabled=true", "strategies.precision.amp_level=O2",
+                                   "strategies.precision.loss_scale=dynamic", "strategies.recompute.mode=full"], 1)
+    losses = [fp16([(ids, labels, np.zeros(4, np.float32))], 0.5) for _ in range(3)]
+    assert not any(r.overflow for r in losses) and losses[0].loss_scale > 1
+    assert losses[0].loss == pytest.approx(first, rel=2e-2)
+    assert losses[2].loss < losses[0].loss - 1e-3
+    assert set(cell.take_metrics(6)) == {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                         "rewards/margins", "logps/chosen", "logps/rejected"}
+
+
+def test_eval_of_a_dpo_run_on_pairs_scores_against_its_own_reference(dpo_run):
+    """eval rebuilds the reference from the run's starting weights: on the training pairs its
+    reference log-probs (logps - rewards / beta) are the run's precomputed ones."""
+    import json
+
+    import numpy as np
+
+    from conftest import run_cli
+
+    pairs, run, _ = dpo_run
+    result = run_cli("eval", "--checkpoint", run, "--data", pairs, "--json", "--device", "cpu", check=True)
+    scores = json.loads(result.stdout.strip().splitlines()[-1])
+    stored = np.load(run / "reference_logps.npz")["log_probs"]
+    beta = 0.1
+    assert scores["pairs"] == 5 and 0 <= scores["rewards/accuracies"] <= 1
+    assert scores["logps/chosen"] - scores["rewards/chosen"] / beta == pytest.approx(stored[:, 0].mean(), abs=1e-3)
+    assert scores["logps/rejected"] - scores["rewards/rejected"] / beta == pytest.approx(stored[:, 1].mean(),
+                                                                                          abs=1e-3)
+    assert scores["rewards/margins"] != 0 and 0 < scores["loss"] < 2
+
+
+def test_the_planner_counts_two_sequences_a_pair_and_no_reference_weights():
+    """A DPO micro-batch of 2 pairs plans as an SFT micro-batch of 4 sequences: the same
+    activations and logits; the weights, gradients and optimizer states are the SFT run's."""
+    from dataclasses import replace
+
+    from llama_npu.memory.devices import DEVICES
+    from llama_npu.memory.planner import estimate, strategy_from_recipe
+    from llama_npu.model.architecture import PRESETS
+    from llama_npu.model.llama import count_parameters
+
+    sets = ["model.preset=llama3.2-1b", "data.eval_files=[]", "train.micro_batch_size=2",
+            "train.global_batch_size=8", "device.target=ascend", "device.name=910a"]
+    dpo = load_recipe(SMOKE, [*sets, "train.objective=dpo"])
+    sft = load_recipe(SMOKE, sets)
+    shape, device = PRESETS["llama3.2-1b"], DEVICES["910a"]
+    params = count_parameters(shape)
+    plan = estimate(shape, params, device, strategy_from_recipe(dpo, "910a"))
+    same_rows = estimate(shape, params, device, replace(strategy_from_recipe(sft, "910a"), micro_batch=4,
+                                                        global_batch=16))
+    as_sft = estimate(shape, params, device, strategy_from_recipe(sft, "910a"))
+    assert plan.strategy.accumulation == as_sft.strategy.accumulation == 4  # pairs: 8 / 2
+    for part in ("activations", "logits_loss"):
+        assert plan.components[part] == same_rows.components[part] > as_sft.components[part], part
+    for part in ("weights", "gradients", "optimizer_states"):
+        assert plan.components[part] == as_sft.components[part], part
