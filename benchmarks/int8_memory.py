@@ -8,7 +8,7 @@ its own child process each. The embedding and norms are fp16 in the int8 child, 
 `quantize` stores them and eval holds them. LoRA: `llama-npu train` in process, O2 fp16,
 over the 1B shape cut to a few layers so that it trains on this machine.
 
-Each child runs in PYNATIVE_MODE: the CPU backend frees a kernel's transient buffers there,
+Each eval child runs in PYNATIVE_MODE: the CPU backend frees a kernel's transient buffers there,
 while a GRAPH_MODE graph keeps every buffer it allocates (docs/profiling-and-benchmarks.md:
 chunked CE peaked at 4.59 GiB in PyNative against 13.70 GiB in GRAPH mode), which would hide
 one layer's transient dequantized weight under everything else. Each child records its own
@@ -107,7 +107,9 @@ def eval_child(weights: str, seq: int) -> dict:
 
 
 def lora_child(base: str, layers: int, seq: int, steps: int) -> dict:
-    """`llama-npu train` of LoRA over an fp16 or int8 base of the 1B shape cut to `layers`."""
+    """`llama-npu train` of LoRA over an fp16 or int8 base of the 1B shape cut to `layers`, in the
+    train step's GRAPH_MODE: its PyNative step stopped on MindSpore 2.9.0's CPU backend ("All input
+    must have the same data type", a Stack of a Ref and a Tensor) with the fp16 base too."""
     _, _, baseline = child_setup()
     from llama_npu.cli import main
     from llama_npu.common.console import note
@@ -115,7 +117,7 @@ def lora_child(base: str, layers: int, seq: int, steps: int) -> dict:
 
     sets = ["model.preset=llama3.2-1b", f"model.num_layers={layers}", f"data.max_seq_len={seq}",
             "data.eval_files=[]", "train.micro_batch_size=1", "train.global_batch_size=1", f"train.max_steps={steps}",
-            f"train.save_every={steps}", "train.warmup_steps=1", "train.mode=pynative",
+            f"train.save_every={steps}", "train.warmup_steps=1",
             "strategies.precision.amp_level=O2", "strategies.lora.enabled=true",
             f"strategies.lora.base_dtype={'int8' if base == 'int8' else 'compute'}"]
     with tempfile.TemporaryDirectory() as out:
@@ -175,7 +177,7 @@ def main() -> None:
     for line in planner_lines(args.seq):
         print(line)
     print(f"LoRA rank 8 (wq wk wv wo), O2 fp16, {args.lora_layers} of the 1B shape's layers, 1 x {args.lora_seq} "
-          f"tokens, {args.lora_steps} steps, PYNATIVE_MODE:")
+          f"tokens, {args.lora_steps} steps, GRAPH_MODE (the train step's):")
     loras = {b: run_child("lora", b, "--lora-layers", args.lora_layers, "--lora-seq", args.lora_seq,
                           "--lora-steps", args.lora_steps) for b in ("float16", "int8")}
     for b, r in loras.items():
