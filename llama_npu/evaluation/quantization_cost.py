@@ -11,7 +11,8 @@ from typing import Optional
 from ..data.readers import RecordError, read_records
 from .exams.layouts import read_exam
 from .exams.report import format_summary
-from .exams.run import chat_default, run_exam
+from .exams.prompt_format import chat_default
+from .exams.run import run_exam
 from .perplexity import DEFAULT_MAX_SEQ_LEN, detect_format, evaluate_checkpoint
 
 
