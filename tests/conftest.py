@@ -89,7 +89,8 @@ def wait_until(condition, proc, what: str, timeout: float = 400) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if proc.poll() is not None:
-            raise AssertionError(f"training ended (exit {proc.returncode}) before {what}")
+            stderr = proc.stderr.read()[-2000:] if getattr(proc.stderr, "read", None) else ""
+            raise AssertionError(f"training ended (exit {proc.returncode}) before {what}: {stderr}")
         if time.monotonic() > deadline:
             proc.kill()
             raise AssertionError(f"timed out waiting for {what}")

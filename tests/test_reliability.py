@@ -273,7 +273,8 @@ def test_validate_without_the_device_checks_the_rest_at_the_recipes_layout():
     recipe = REPO / "recipes" / "llama3_2_3b_zh_full_8x910b.yaml"
     proc = run_cli("validate", recipe)
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
+    # the tokenizing notes of the data-size check ("[llama-npu] ..."), then the verdict and the device line
+    lines = [line for line in proc.stdout.strip().splitlines() if not line.startswith("[llama-npu]")]
     assert len(lines) == 2 and lines[0].startswith(f"{recipe}: valid; 8 worker(s)")
     assert lines[1].startswith("llama-npu: device check left for a host with the device: this host has no Ascend "
                                "NPU (no /dev/davinci*) for device.name=910b; everything else was checked for 8 worker")
@@ -345,18 +346,19 @@ def test_launch_checks_the_output_directory_before_msrun(six_step_run, tmp_path)
     assert not (tmp_path / "logs").exists()  # msrun never started
 
 
-def test_a_worker_failing_after_start_ends_the_launch_with_its_error(tmp_path):
-    # Records that parse (the pre-flight passes) but whose prompts fill the 33 tokens: no
-    # sample is left once a worker has tokenized them.
+def test_data_that_leaves_no_sample_ends_the_launch_before_any_worker_starts(tmp_path):
+    # Records that parse but whose prompts fill the 33 tokens: the pre-flight tokenizes them
+    # (its data-size check, as train does) and finds no sample left, before msrun starts.
     data = tmp_path / "long_prompts.jsonl"
     data.write_text("".join(json.dumps({"instruction": "长城" * 40, "output": "好。"}, ensure_ascii=False) + "\n"
                             for _ in range(4)), encoding="utf-8")
     # CLUSTER_TIME_OUT is left at its default, 600 s: the launch must not wait it out.
     proc = run_launch(SMOKE, 2, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", "strategies.parallel.data=2",
                       "--set", f"data.train_files=[{data}]", log_dir=tmp_path / "logs")
-    assert proc.returncode == 2  # the worker's own exit status
-    assert re.fullmatch(rf"launch: rank [01] failed: no training sample left in {re.escape(str(data))}: all 4 "
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert re.fullmatch(rf"llama-npu: error: no training sample left in {re.escape(str(data))}: all 4 "
                         rf"records were dropped, .*", proc.stderr.strip().splitlines()[-1])
+    assert not (tmp_path / "logs" / "worker_0.log").exists()  # no worker started
     assert not (tmp_path / "run").exists()
 
 
