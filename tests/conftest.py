@@ -5,7 +5,7 @@ import fcntl
 import importlib.util
 import json
 import os
-import random
+import socket
 import subprocess
 import sys
 import time
@@ -85,6 +85,14 @@ def start_training(out, *args, log_dir):
                              *map(str, args)], cwd=REPO, stdout=stdout, stderr=stderr)
 
 
+def free_port() -> int:
+    """A port nothing listens on now, chosen by the kernel. A random draw from 20000-40000 was
+    found taken in CI (by another test's process), and launch.sh refuses a taken MASTER_PORT."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def wait_until(condition, proc, what: str, timeout: float = 400) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -142,7 +150,7 @@ def six_step_run(request, tmp_path_factory):
 def run_launch(recipe, workers, *args, log_dir, env=None, timeout=300) -> subprocess.CompletedProcess:
     """scripts/launch.sh on CPU workers; the timeout is far below msrun's default cluster
     time-out (600 s), so a launch that waits it out fails the test."""
-    env = {**os.environ, "MASTER_PORT": str(random.randint(20000, 40000)), "LOG_DIR": str(log_dir), **(env or {})}
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "LOG_DIR": str(log_dir), **(env or {})}
     return subprocess.run(["bash", "scripts/launch.sh", str(recipe), str(workers), *map(str, args)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=timeout)
 

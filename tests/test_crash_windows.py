@@ -1,12 +1,11 @@
 """What a save killed outright leaves behind, and a second signal to scripts/launch.sh: the
 next start repairs the run directory before it chooses the step to resume (#32)."""
 import os
-import random
 import shutil
 import signal
 import subprocess
 
-from conftest import REPO, run_cli, wait_until
+from conftest import REPO, free_port, run_cli, wait_until
 
 
 def dead_pid() -> int:
@@ -76,7 +75,7 @@ def test_a_second_signal_to_launch_sh_ends_everything_at_once_and_keeps_the_last
     out = tmp_path / "run"
     shutil.copytree(six_step_run[0], out)
     logs = tmp_path / "logs"
-    env = {**os.environ, "MASTER_PORT": str(random.randint(20000, 40000)), "LOG_DIR": str(logs)}
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "LOG_DIR": str(logs)}
     launch = subprocess.Popen(["bash", "scripts/launch.sh", str(out / "recipe.yaml"), "1", "--output-dir", str(out),
                                "--resume", "auto", "--set", "train.max_steps=1000", "--set", "train.save_every=1"],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

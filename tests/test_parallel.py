@@ -3,7 +3,6 @@ through the configuration they generate, the MindFormers wrapper chain they buil
 msrun, without compiling) and their validation messages."""
 import json
 import os
-import random
 import re
 import subprocess
 
@@ -15,7 +14,7 @@ from llama_npu.recipe.problems import RecipeError
 from llama_npu.strategies.parallel import (World, auto_parallel_context, check_workers, is_sharded,
                                            mindformers_parallel_config, stream_layout)
 
-from conftest import EIGHT_STEPS, REPO, SMOKE, read_metrics, run_cli, run_launch
+from conftest import EIGHT_STEPS, REPO, SMOKE, free_port, read_metrics, run_cli, run_launch
 
 
 def weights_at_step_3(ms, run_dir):
@@ -213,7 +212,7 @@ def sharded_chains(tmp_path_factory):
     out = tmp_path_factory.mktemp("chains")
     env = {**os.environ, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([str(REPO / ".venv" / "bin" / "msrun"), "--worker_num=2", "--local_worker_num=2",
-                           f"--master_port={random.randint(20000, 40000)}", f"--log_dir={out / 'logs'}", "--join=True",
+                           f"--master_port={free_port()}", f"--log_dir={out / 'logs'}", "--join=True",
                            "--cluster_time_out=60", str(REPO / "tests" / "sharded_chain.py"), str(out)],
                           cwd=out, env=env, capture_output=True, text=True, timeout=600)
     logs = "".join(p.read_text()[-3000:] for p in (out / "logs").glob("*.log"))

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 from llama_npu.memory.devices import DEVICE_TARGETS
 
 
@@ -82,13 +82,12 @@ def test_launch_selftest_runs_the_multi_card_checks_on_two_workers(tmp_path):
     sharded layouts are built through train.setup and the reference stepped; comparing them
     needs a card, so that check and the sharded export are skips saying what ran."""
     import os
-    import random
     import subprocess
 
     from conftest import REPO
 
     out = tmp_path / "parallel.json"
-    env = {**os.environ, "LOG_DIR": str(tmp_path / "logs"), "MASTER_PORT": str(random.randint(20000, 40000))}
+    env = {**os.environ, "LOG_DIR": str(tmp_path / "logs"), "MASTER_PORT": str(free_port())}
     proc = subprocess.run(["bash", "scripts/launch.sh", "--selftest", "2", "--json", str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
