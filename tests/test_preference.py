@@ -265,14 +265,15 @@ def test_a_resumed_dpo_run_reuses_its_reference_exactly_and_refuses_another(dpo_
 
 # ---------------------------------------------------------------- composition with the strategies, in process
 
-def dpo_step(ms, sets, k):
-    """(network, loss cell, TrainStep of k micro-batches) of the tiny random model, SGD."""
+def dpo_step(ms, sets, k, checkpoint=""):
+    """(network, loss cell, TrainStep of k micro-batches) of the tiny random model (or of
+    `checkpoint`), SGD."""
     from llama_npu.strategies.precision import LossScaler
     from llama_npu.training.optimizer import build_optimizer
     from llama_npu.training.preference_parts import pairs_of
     from llama_npu.training.step import TrainStep
 
-    net, cell, _ = ours(ms, ["train.optimizer.name=sgd", "train.optimizer.lr=0.5", *sets], "")
+    net, cell, _ = ours(ms, ["train.optimizer.name=sgd", "train.optimizer.lr=0.5", *sets], checkpoint)
     recipe = load_recipe(SMOKE, ["train.optimizer.name=sgd", "train.optimizer.lr=0.5", *sets])
     cell.set_train(True)
     optimizer = build_optimizer(net.trainable_params(), recipe.train)
@@ -366,3 +367,55 @@ def test_the_planner_counts_two_sequences_a_pair_and_no_reference_weights():
         assert plan.components[part] == same_rows.components[part] > as_sft.components[part], part
     for part in ("weights", "gradients", "optimizer_states"):
         assert plan.components[part] == as_sft.components[part], part
+
+
+
+def test_adapters_off_reference_equals_the_precomputed_one_at_every_step(ms):
+    """LoRA over a frozen base: the adapters-off network is the base, which is also the
+    starting policy (LoRA B = 0), so the in-graph reference equals the precomputed one at
+    every step: ln 2 and zero rewards at step 1, then the same losses and metrics."""
+    from llama_npu.objectives.sequence_logps import SequenceLogProbs
+
+    ids, labels = pair_batch()
+    ms.set_seed(0)
+    net, pre_cell, pre = dpo_step(ms, ["strategies.lora.enabled=true"], 1)
+    reference = SequenceLogProbs(net)(ms.Tensor(ids), ms.Tensor(labels))[0].asnumpy()  # as reference_pass does
+    ms.set_seed(0)
+    _, off_cell, off = dpo_step(ms, ["strategies.lora.enabled=true", "dpo.reference=adapters_off"], 1)
+    ignored = np.full(4, -1e3, np.float32)  # adapters_off reads no reference from the batch
+    for step in range(3):
+        a, b = pre([(ids, labels, reference)], 0.5), off([(ids, labels, ignored)], 0.5)
+        metrics_a, metrics_b = pre_cell.take_metrics(2), off_cell.take_metrics(2)
+        if step == 0:
+            assert b.loss == pytest.approx(math.log(2), abs=1e-5)
+            assert all(abs(metrics_b[f"rewards/{n}"]) < 1e-5 for n in ("chosen", "rejected", "margins"))
+        assert b.loss == pytest.approx(a.loss, abs=1e-5), step
+        assert metrics_b == pytest.approx(metrics_a, abs=1e-5), step
+    assert b.loss < math.log(2) - 1e-3 and metrics_b["rewards/margins"] > 0  # the adapters trained
+
+
+@pytest.mark.parametrize("reference", ["adapters_off", "precomputed"])
+def test_dpo_over_an_int8_lora_base_with_accumulation_recompute_chunked_ce_and_fp16(ms, conversions, reference):
+    """An int8 LoRA base (the tiny conversion), k = 2 micro-batches of one pair, full
+    recompute, chunked CE and AMP O2 fp16 with a dynamic loss scale: step 1 is ln 2 with zero
+    rewards, and the reference the metrics imply (logps - rewards / beta) stays the base's
+    own log-probs while the adapters train."""
+    from llama_npu.objectives.sequence_logps import SequenceLogProbs
+
+    ids, labels = pair_batch()
+    sets = ["strategies.lora.enabled=true", "strategies.lora.base_dtype=int8", "strategies.recompute.mode=full",
+            "strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=5",
+            "strategies.precision.amp_level=O2", "strategies.precision.loss_scale=dynamic",
+            f"dpo.reference={reference}"]
+    net, cell, step = dpo_step(ms, sets, 2, checkpoint=conversions["float32"])
+    base = SequenceLogProbs(net, 5)(ms.Tensor(ids), ms.Tensor(labels))[0].asnumpy()  # as reference_pass does
+    given = base if reference == "precomputed" else np.full(4, -1e3, np.float32)  # adapters_off reads none
+    for i in range(3):
+        result, metrics = step(split_pairs(ids, labels, given), 0.5), cell.take_metrics(2)
+        if i == 0:
+            assert result.loss == pytest.approx(math.log(2), abs=1e-5)
+            assert all(abs(metrics[f"rewards/{n}"]) < 1e-5 for n in ("chosen", "rejected", "margins"))
+        for side, j in (("chosen", slice(0, 2)), ("rejected", slice(2, 4))):
+            implied = metrics[f"logps/{side}"] - metrics[f"rewards/{side}"] / 0.1
+            assert implied == pytest.approx(base[j].mean(), abs=1e-3), (i, side)
+    assert not result.overflow and result.loss < math.log(2) - 1e-3  # the adapters trained

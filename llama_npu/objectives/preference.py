@@ -1,11 +1,11 @@
-"""Preference tuning's losses (DPO, IPO and reference-free SimPO, as TRL 0.24.0 defines them)
+"""Preference tuning's losses (DPO, IPO and reference-free SimPO and ORPO, as TRL 0.24.0 defines them)
 and their references: the checks of the `dpo:` section's keys for them (the section itself and
 train.objective: training/objective_config.py). Pure Python: validate and plan load no MindSpore.
 
 Which reference a loss compares with (docs/preference-tuning.md says what each costs):
 - precomputed: the starting weights' log-probs of every training pair, computed before step 1;
 - adapters_off: the LoRA policy with its adapters switched off (no second copy);
-- none: no reference; only the reference-free SimPO.
+- none: no reference; only the reference-free SimPO and ORPO.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def check(recipe) -> None:
     if not 0.0 <= d.label_smoothing < 0.5:
         problems.append(f"dpo.label_smoothing: expected a value in [0, 0.5), got {d.label_smoothing}")
     problems.check(positive, "dpo.simpo_gamma", d.simpo_gamma, True)
+    problems.check(positive, "dpo.orpo_lambda", d.orpo_lambda)
     if d.reference == "none" and d.loss in LOSSES and d.loss not in REFERENCE_FREE:
         problems.append(f"dpo.reference=none with dpo.loss={d.loss}: {d.loss} compares with a reference; "
                         f"use dpo.reference precomputed or adapters_off, or dpo.loss simpo")
@@ -38,8 +39,6 @@ def check(recipe) -> None:
     if d.reference == "adapters_off" and not recipe.strategies.lora.enabled:
         problems.append("dpo.reference=adapters_off needs strategies.lora.enabled=true (the reference is the "
                         "policy with its adapters off); use dpo.reference=precomputed for a full fine-tune")
-    elif d.reference == "adapters_off":
-        problems.append("dpo.reference=adapters_off: not available in this version; use dpo.reference=precomputed")
     if recipe.data.eval_files:
         problems.append("data.eval_files with train.objective=dpo: a DPO run scores no held-out data in this version; "
                         "leave data.eval_files empty")

@@ -7,7 +7,7 @@ ChunkedTokenLogProbs), so the vocabulary-wide logits of the whole batch never ex
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import nn
+from mindspore import nn, ops
 
 from ..model.chunked_loss import ChunkedTokenLogProbs
 from ..model.loss import CausalLMLoss, token_log_probs
@@ -50,11 +50,29 @@ class SequenceLogProbs(CausalLMLoss):
         super().__init__(llama, token_log_probs_cell(llama.lm_head, chunk_size))
 
     def construct(self, input_ids, labels, embeds=None):
-        tokens = input_ids[:, :-1]  # (B, T)
         targets = labels[:, 1:]  # (B, T)
+        per_token = self.per_token(input_ids, targets, embeds)
+        lengths = (targets != IGNORE_ID).astype(ms.float32).sum(-1)
+        return per_token.sum(-1), lengths
+
+    def with_whole_rows(self, input_ids, labels, embeds=None):
+        """ORPO's: (reply sums, reply tokens, whole-row sums, whole-row tokens), (B,) each, from one
+        head pass. The whole row is every token after the first up to the reply's last (prompt
+        and reply, not the padding), as ORPOTrainer.concatenated_forward scores its chosen NLL
+        ("computed over the full prompt and response": the attention mask's tokens)."""
+        replies = labels[:, 1:]  # (B, T)
+        reply = (replies != IGNORE_ID).astype(ms.float32)
+        positions = ops.arange(replies.shape[1], dtype=ms.float32).reshape(1, -1)  # (1, T)
+        last = (positions * reply).max(-1, keepdims=True)  # (B, 1): the row's last reply target
+        real = (positions <= last).astype(ms.float32)  # (B, T)
+        targets = ops.select(real > 0, input_ids[:, 1:], ops.full_like(replies, IGNORE_ID))
+        per_token = self.per_token(input_ids, targets, embeds)
+        return (per_token * reply).sum(-1), reply.sum(-1), per_token.sum(-1), real.sum(-1)
+
+    def per_token(self, input_ids, targets, embeds):
+        """(B, T) log-probs of `targets` (0 where IGNORE_ID) after input_ids[:, :-1]."""
+        tokens = input_ids[:, :-1]  # (B, T)
         if embeds is None:
             embeds = self.backbone.tok_embeddings(tokens)
         hidden = self.backbone(tokens, input_embeds=embeds)
-        per_token = self.head_loss(hidden.reshape(-1, self.hidden_size), targets.reshape(-1))
-        lengths = (targets != IGNORE_ID).astype(ms.float32).sum(-1)
-        return per_token.reshape(targets.shape).sum(-1), lengths
+        return self.head_loss(hidden.reshape(-1, self.hidden_size), targets.reshape(-1)).reshape(targets.shape)

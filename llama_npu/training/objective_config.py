@@ -18,9 +18,10 @@ class DpoSection:
     on_long_pair: str = "truncate"  # truncate | drop
     # The loss and its reference (objectives/preference.py checks them; TRL 0.24.0's meanings).
     beta: float = 0.1  # DPOConfig.beta: how far from the reference a reward counts
-    loss: str = "sigmoid"  # sigmoid | ipo | simpo
+    loss: str = "sigmoid"  # sigmoid | ipo | simpo | orpo
     label_smoothing: float = 0.0  # conservative DPO (sigmoid, simpo): the chance a label is flipped
     simpo_gamma: float = 0.5  # CPOConfig.simpo_gamma: SimPO's target reward margin
+    orpo_lambda: float = 0.1  # ORPOConfig.beta: the odds-ratio term's weight beside the NLL (orpo reads no dpo.beta)
     reference: str = "precomputed"  # precomputed | adapters_off | none
 
 
