@@ -50,10 +50,37 @@ def trl_logps(model, ids, labels, average):
                                       label_pad_token_id=IGNORE_ID)
 
 
+def trl_orpo_terms(section, model, ids, labels):
+    """ORPOTrainer's own forward and loss (concatenated_forward, odds_ratio_loss, combined as
+    get_batch_loss_metrics does) on the batch as TRL's chosen_* / rejected_* tensors: (loss,
+    chosen rewards, rejected rewards, chosen logps, rejected logps, chosen NLL)."""
+    from functools import partial
+
+    import torch  # the test extra's, as in trl_logps
+    from trl.trainer.orpo_trainer import ORPOTrainer
+
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(device="cpu"), beta=section.orpo_lambda,
+                              is_encoder_decoder=False, label_pad_token_id=IGNORE_ID, padding_value=0,
+                              aux_loss_enabled=False, concatenated_inputs=ORPOTrainer.concatenated_inputs,
+                              get_batch_logps=ORPOTrainer.get_batch_logps)
+    trainer.concatenated_forward = partial(ORPOTrainer.concatenated_forward, trainer)
+    # Rows are right-padded and end at their reply's last token: the attention mask is 1 up to there.
+    real = np.cumsum((labels != IGNORE_ID)[:, ::-1], axis=1)[:, ::-1] > 0
+    tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a).astype(np.int64))  # noqa: E731
+    batch = {f"{side}_{key}": tensor(value[rows]) for side, rows in (("chosen", slice(0, 2)), ("rejected", slice(2, 4)))
+             for key, value in (("input_ids", ids), ("attention_mask", real), ("labels", labels))}
+    chosen, rejected, _, _, nll = trainer.concatenated_forward(model, batch)
+    losses, chosen_rewards, rejected_rewards, _, _ = ORPOTrainer.odds_ratio_loss(trainer, chosen, rejected)
+    return nll - losses.mean(), chosen_rewards, rejected_rewards, chosen, rejected, nll
+
+
 def trl_terms(section, model, ids, labels, reference):
     """(mean loss, chosen rewards, rejected rewards, chosen logps, rejected logps) as TRL computes them."""
     from trl.trainer.cpo_trainer import CPOTrainer  # the test extra's, as in trl_logps
     from trl.trainer.dpo_trainer import DPOTrainer, FDivergenceType
+
+    if section.loss == "orpo":
+        return trl_orpo_terms(section, model, ids, labels)[:5]
 
     trainer = SimpleNamespace(accelerator=SimpleNamespace(device="cpu"), beta=section.beta,
                               label_smoothing=section.label_smoothing, simpo_gamma=section.simpo_gamma,
@@ -136,11 +163,15 @@ def sgd_losses_trl(section, model, ids, labels, reference, lr, steps):
 
 @pytest.mark.parametrize("sets", [["dpo.loss=sigmoid", "dpo.label_smoothing=0.1", "dpo.beta=0.5"],
                                   ["dpo.loss=simpo", "dpo.reference=none", "dpo.beta=2.0", "dpo.simpo_gamma=0.6",
-                                   "strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=5"]],
-                         ids=["sigmoid", "simpo-chunked"])
+                                   "strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=5"],
+                                  ["dpo.loss=orpo", "dpo.reference=none", "dpo.orpo_lambda=0.5"]],
+                         ids=["sigmoid", "simpo-chunked", "orpo"])
 def test_first_step_and_three_sgd_steps_equal_trl(ms, hf_dir, conversions, sets):
     """The first step's loss, rewards and log-probs within 1e-4 of TRL's, three SGD steps'
-    losses within 1e-3; the reference is the starting weights' own log-probs (precomputed)."""
+    losses within 1e-3; the reference is the starting weights' own log-probs (precomputed).
+    ORPO against ORPOTrainer's own forward and loss: its NLL term is TRL's mean over the batch's
+    chosen tokens, ours the mean of each chosen row's (equal for one pair a micro-batch, and
+    here, where both chosen rows are 9 tokens)."""
     import torch  # the test extra's, as in trl_logps
 
     ids, labels = pair_batch()
@@ -151,19 +182,24 @@ def test_first_step_and_three_sgd_steps_equal_trl(ms, hf_dir, conversions, sets)
         trl_reference = trl_logps(model, ids, labels, average=False)
     # The starting weights' log-probs, as dpo.reference precomputed stores them: the policy's
     # own, read with a zero reference (for simpo, length-averaged: it reads no reference).
+    free = section.loss in ("simpo", "orpo")
     reference = np.concatenate(terms(ids, labels, np.zeros(4, np.float32))[3:5])
-    if section.loss != "simpo":
+    if not free:
         np.testing.assert_allclose(reference, trl_reference.numpy(), atol=1e-4)
     with torch.no_grad():
-        theirs = trl_terms(section, model, ids, labels, None if section.loss == "simpo" else trl_reference)
+        theirs = trl_terms(section, model, ids, labels, None if free else trl_reference)
     mine = terms(ids, labels, reference)
     for a, b in zip(mine, theirs):
         np.testing.assert_allclose(a, b.numpy(), atol=1e-4)
+    if section.loss == "orpo":  # ORPOTrainer's nll_loss metric
+        with torch.no_grad():
+            nll = trl_orpo_terms(section, model, ids, labels)[5]
+        assert mine[5].mean() == pytest.approx(float(nll), abs=1e-4)
     if section.loss == "sigmoid":  # the policy is its reference: ln 2 whatever the smoothing
         assert mine[0] == pytest.approx(math.log(2), abs=1e-5) and np.abs(mine[1:3]).max() < 1e-5
     lr = 2.0
     ours_sgd = sgd_losses_ours(ms, loss_cell, ids, labels, reference, lr, 3)
-    trl_sgd = sgd_losses_trl(section, model, ids, labels, None if section.loss == "simpo" else trl_reference, lr, 3)
+    trl_sgd = sgd_losses_trl(section, model, ids, labels, None if free else trl_reference, lr, 3)
     assert abs(ours_sgd[2] - ours_sgd[0]) > 1e-2  # the steps moved the loss: the comparison below means something
     np.testing.assert_allclose(ours_sgd, trl_sgd, atol=1e-3)
 
@@ -174,6 +210,8 @@ def test_first_step_and_three_sgd_steps_equal_trl(ms, hf_dir, conversions, sets)
     (["dpo.loss=ipo", "dpo.reference=none"], "dpo.reference=none with dpo.loss=ipo"),
     (["dpo.loss=simpo"], "dpo.loss=simpo with dpo.reference=precomputed"),
     (["dpo.beta=0"], "dpo.beta: expected a value > 0"),
+    (["dpo.loss=orpo"], "dpo.loss=orpo with dpo.reference=precomputed: orpo is reference-free"),
+    (["dpo.loss=orpo", "dpo.reference=none", "dpo.orpo_lambda=0"], "dpo.orpo_lambda: expected a value > 0"),
 ])
 def test_bad_preference_recipes_are_refused_naming_the_key(sets, message):
     with pytest.raises(RecipeError) as raised:
@@ -394,22 +432,21 @@ def test_adapters_off_reference_equals_the_precomputed_one_at_every_step(ms):
     assert b.loss < math.log(2) - 1e-3 and metrics_b["rewards/margins"] > 0  # the adapters trained
 
 
-@pytest.mark.parametrize("reference", ["adapters_off", "precomputed"])
-def test_dpo_over_an_int8_lora_base_with_accumulation_recompute_chunked_ce_and_fp16(ms, conversions, reference):
+def test_dpo_over_an_int8_lora_base_with_accumulation_recompute_chunked_ce_and_fp16(ms, conversions):
     """An int8 LoRA base (the tiny conversion), k = 2 micro-batches of one pair, full
     recompute, chunked CE and AMP O2 fp16 with a dynamic loss scale: step 1 is ln 2 with zero
     rewards, and the reference the metrics imply (logps - rewards / beta) stays the base's
-    own log-probs while the adapters train."""
+    own log-probs while the adapters train. (dpo.reference=precomputed passes the same test.)"""
     from llama_npu.objectives.sequence_logps import SequenceLogProbs
 
     ids, labels = pair_batch()
     sets = ["strategies.lora.enabled=true", "strategies.lora.base_dtype=int8", "strategies.recompute.mode=full",
             "strategies.chunked_ce.enabled=true", "strategies.chunked_ce.chunk_size=5",
             "strategies.precision.amp_level=O2", "strategies.precision.loss_scale=dynamic",
-            f"dpo.reference={reference}"]
+            "dpo.reference=adapters_off"]
     net, cell, step = dpo_step(ms, sets, 2, checkpoint=conversions["float32"])
     base = SequenceLogProbs(net, 5)(ms.Tensor(ids), ms.Tensor(labels))[0].asnumpy()  # as reference_pass does
-    given = base if reference == "precomputed" else np.full(4, -1e3, np.float32)  # adapters_off reads none
+    given = np.full(4, -1e3, np.float32)  # adapters_off reads no reference from the batch
     for i in range(3):
         result, metrics = step(split_pairs(ids, labels, given), 0.5), cell.take_metrics(2)
         if i == 0:

@@ -15,9 +15,9 @@ from ..data.pairs import read_pairs, tokenize_pairs
 from ..data.readers import RecordError, detect_format
 from ..data.tokenizer import load_tokenizer
 from ..model.tokens import IGNORE_ID
-from ..objectives.preference_loss import METRIC_NAMES, PairLoss, pair_metrics
+from ..objectives.preference_loss import PairLoss, metric_names, pair_metrics
 from ..objectives.preference import LENGTH_NORMALISED
-from ..objectives.sequence_logps import SequenceLogProbs
+from ..objectives.sequence_logps import SequenceLogProbs, WholeRowMeans
 from ..recipe.stored import stored_recipe
 from ..training.reference_pass import reference_log_probs
 from .loaded_model import EVAL_CHUNK, build_from_checkpoint
@@ -41,10 +41,15 @@ def run_recipe(checkpoint: Path):
                       f"pairs are scored against a run's own reference")
 
 
-def log_probs(checkpoint: Path, pairs, batch_size: int, length: int, device: str) -> np.ndarray:
-    """(N, 2) summed reply log-probs of the model in `checkpoint` (LoRA adapters folded in)."""
+def log_probs(checkpoint: Path, pairs, batch_size: int, length: int, device: str, orpo: bool = False):
+    """(N, 2) summed reply log-probs of the model in `checkpoint` (LoRA adapters folded in);
+    `orpo`: and (N,) the chosen rows' NLL over their whole tokens (ORPO's term)."""
     net, _, _ = build_from_checkpoint(checkpoint, length - 1, 2 * batch_size, device)
-    return reference_log_probs(SequenceLogProbs(net, EVAL_CHUNK), pairs, batch_size, length)
+    sequences = SequenceLogProbs(net, EVAL_CHUNK)
+    summed = reference_log_probs(sequences, pairs, batch_size, length)
+    if not orpo:
+        return summed
+    return summed, -reference_log_probs(WholeRowMeans(sequences), pairs, batch_size, length)[:, 0]
 
 
 def evaluate_pairs(checkpoint: Path, data_files, batch_size: int = 4, device: str = "auto") -> dict:
@@ -59,16 +64,22 @@ def evaluate_pairs(checkpoint: Path, data_files, batch_size: int = 4, device: st
     records = [r for f in data_files for r in read_pairs([f], detect_format(Path(f)))[0]]
     pairs, report = tokenize_pairs(load_tokenizer(recipe.data.tokenizer), records, length, d.on_long_pair)
     note(report.describe(length))
-    policy = log_probs(Path(checkpoint), pairs, batch_size, length, device)
+    nll = None
+    if d.loss == "orpo":
+        policy, nll = log_probs(Path(checkpoint), pairs, batch_size, length, device, orpo=True)
+    else:
+        policy = log_probs(Path(checkpoint), pairs, batch_size, length, device)
     reference = (np.zeros_like(policy) if d.reference == "none" else
                  log_probs(Path(recipe.model.checkpoint), pairs, batch_size, length, device))
     if d.loss in LENGTH_NORMALISED:
         lengths = np.array([[sum(t != IGNORE_ID for t in s.labels) for s in (p.chosen, p.rejected)] for p in pairs],
                            np.float32)  # reply tokens: the targets SequenceLogProbs sums
         policy, reference = policy / lengths, reference / lengths
-    losses, *rest = PairLoss(d)(*(ms.Tensor(a) for a in (policy[:, 0], policy[:, 1], reference[:, 0],
-                                                          reference[:, 1])))
-    sums = pair_metrics(*rest[:2], ms.Tensor(policy[:, 0]), ms.Tensor(policy[:, 1])).asnumpy()
+    losses, chosen_rewards, rejected_rewards, extra = PairLoss(d)(
+        *(ms.Tensor(a) for a in (policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1])),
+        None if nll is None else ms.Tensor(nll))
+    sums = pair_metrics(chosen_rewards, rejected_rewards, ms.Tensor(policy[:, 0]), ms.Tensor(policy[:, 1]),
+                        *extra).asnumpy()
     return {"checkpoint": str(checkpoint), "pairs": len(pairs), "loss": float(losses.asnumpy().mean()),
-            **{name: float(v) / len(pairs) for name, v in zip(METRIC_NAMES, sums)}, "dpo_loss": d.loss,
+            **{name: float(v) / len(pairs) for name, v in zip(metric_names(d.loss), sums)}, "dpo_loss": d.loss,
             "reference": d.reference if d.reference == "none" else recipe.model.checkpoint}

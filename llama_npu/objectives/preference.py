@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from ..recipe.problems import Problems, choice, positive
 
-LOSSES = ("sigmoid", "ipo", "simpo")
+LOSSES = ("sigmoid", "ipo", "simpo", "orpo")
 REFERENCES = ("precomputed", "adapters_off", "none")
-REFERENCE_FREE = ("simpo",)  # trl/trainer/cpo_trainer.py: its losses read no reference model
-LENGTH_NORMALISED = ("ipo", "simpo")  # dpo_trainer.py concatenated_forward (ipo), cpo_trainer.py (average_log_prob)
+# trl/trainer/cpo_trainer.py and orpo_trainer.py: their losses read no reference model
+REFERENCE_FREE = ("simpo", "orpo")
+# dpo_trainer.py concatenated_forward (ipo); cpo_trainer.py and orpo_trainer.py (average_log_prob=True)
+LENGTH_NORMALISED = ("ipo", "simpo", "orpo")
 
 
 def check(recipe) -> None:

@@ -76,3 +76,16 @@ class SequenceLogProbs(CausalLMLoss):
             embeds = self.backbone.tok_embeddings(tokens)
         hidden = self.backbone(tokens, input_embeds=embeds)
         return self.head_loss(hidden.reshape(-1, self.hidden_size), targets.reshape(-1)).reshape(targets.shape)
+
+
+class WholeRowMeans(nn.Cell):
+    """(input_ids, labels) -> ((B,) mean log-prob of each row's whole tokens,): ORPO's chosen
+    NLL (negated) for eval, through reference_pass.reference_log_probs' batching."""
+
+    def __init__(self, sequences: SequenceLogProbs):
+        super().__init__(auto_prefix=False)
+        self.sequences = sequences
+
+    def construct(self, input_ids, labels):
+        _, _, whole, count = self.sequences.with_whole_rows(input_ids, labels)
+        return (whole / ops.maximum(count, 1.0),)
