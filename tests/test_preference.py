@@ -456,3 +456,24 @@ def test_dpo_over_an_int8_lora_base_with_accumulation_recompute_chunked_ce_and_f
             implied = metrics[f"logps/{side}"] - metrics[f"rewards/{side}"] / 0.1
             assert implied == pytest.approx(base[j].mean(), abs=1e-3), (i, side)
     assert not result.overflow and result.loss < math.log(2) - 1e-3  # the adapters trained
+
+
+def test_the_planner_counts_the_adapters_off_reference_forward_as_its_own_phase():
+    """dpo.reference adapters_off: no reference weights, and a no-grad forward of the pair's
+    rows in every micro-step, a phase of its own beside the model states."""
+    from llama_npu.memory.devices import DEVICES
+    from llama_npu.memory.planner import estimate, strategy_from_recipe
+    from llama_npu.model.architecture import PRESETS
+    from llama_npu.model.llama import count_parameters
+
+    sets = ["model.preset=llama3.2-1b", "data.eval_files=[]", "train.micro_batch_size=2", "train.objective=dpo",
+            "train.global_batch_size=8", "device.target=ascend", "device.name=910a", "strategies.lora.enabled=true"]
+    shape, device = PRESETS["llama3.2-1b"], DEVICES["910a"]
+    plans = {ref: estimate(shape, count_parameters(shape), device, strategy_from_recipe(
+        load_recipe(SMOKE, [*sets, f"dpo.reference={ref}"]), "910a")) for ref in ("precomputed", "adapters_off")}
+    pre, off = plans["precomputed"], plans["adapters_off"]
+    assert "reference" not in pre.phases and 0 < off.components["reference_forward"]
+    assert off.phases["reference"] > off.phases["update"]  # the model states and a forward's buffers
+    for part in ("weights", "gradients", "optimizer_states", "activations", "logits_loss"):
+        assert off.components[part] == pre.components[part], part
+    assert off.total_bytes == max(pre.total_bytes, off.phases["reference"] + off.components["margin"])

@@ -42,8 +42,12 @@ tensors are alive in which phase):
 - dequantized_weight (an int8 base only): one linear weight dequantized in the forward
   and again in the backward, never kept across the step; none on the 910B, whose kernel
   dequantizes inside the matmul (memory/int8_weights.py);
+- reference_forward (dpo.reference adapters_off only): the reference's forward without
+  gradients in the train step, before the policy's (objectives/adapters_off.py): one decoder
+  layer's activations at a time, the layer input and output, and the head's log-prob buffers
+  without the logits' gradient; its own phase, "reference";
 - margin: 10% of the usable memory, kept free for the runtime and fragmentation.
-The plan's total is the largest phase (forward, backward, update) plus the margin; it fits
+The plan's total is the largest phase (forward, backward, update, reference) plus the margin; it fits
 when that total fits the pool and the communication buffers fit beside it.
 """
 from __future__ import annotations
@@ -97,6 +101,8 @@ class Strategy:
     # Rows a sample is: 2 for a DPO pair (its chosen and rejected reply run in one forward
     # pass, objectives/preference_loss.py), whose micro_batch and global_batch count pairs.
     sequences_per_sample: int = 1
+    # dpo.reference adapters_off: a forward without gradients before the policy's, each micro-step.
+    reference_forward: bool = False
 
     @property
     def devices(self) -> int:
@@ -207,6 +213,18 @@ def logits_loss(shape: LlamaShape, s: Strategy) -> int:
     return buffers + chunked_ce.hidden_gradient(s, tokens, shape.hidden_size)
 
 
+def reference_forward(shape: LlamaShape, s: Strategy) -> int:
+    """The adapters-off reference forward's peak beside the model states: it keeps nothing for
+    a backward, so one layer's activations (as if not recomputed) at a time, its input and
+    output, and the head's output, fp32 cast and exp (or one chunk's) with no logits' gradient."""
+    tokens = s.rows * s.seq_len
+    layer_input = tokens * shape.hidden_size * precision.activation_bytes(s)
+    one_layer = layer_activations(shape, replace(s, recompute="none"))
+    vocab = shape.vocab_size // parallel.vocab_split(s)
+    head = chunked_ce.logits_rows(s, tokens) * vocab * (precision.activation_bytes(s) + 8)
+    return one_layer + 2 * layer_input + head
+
+
 def step_transients(shape: LlamaShape, s: Strategy, device: Device) -> Dict[str, int]:
     """The gradients in flight in the backward and the update's own copies (module docstring)."""
     embedding = 0 if s.lora else split_params(shape)["embedding"] // parallel.vocab_split(s) * 4
@@ -251,19 +269,25 @@ def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
     end = always + c["weight_compute_copies"] + (c["micro_batch_gradients"] if accumulating else c["gradients"]) \
         + dense_parts * c["embedding_gradient"] + dequantized
     update = always + (0 if accumulating else c["gradients"]) + c["update_copies"]
-    return {"forward": forward, "backward": max(start, end), "update": update}
+    peaks = {"forward": forward, "backward": max(start, end), "update": update}
+    if "reference_forward" in c:  # before the policy's forward: its buffers are freed by then
+        peaks["reference"] = always + c["weight_compute_copies"] + c["reference_forward"] + dequantized
+    return peaks
 
 
 def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
     """The recipe's settings as a Strategy: the sequence, the micro-batch and the optimizer,
     and each strategy's own keys. A DPO run's micro-batch of P pairs is 2P rows. Its reference
-    adds no term: dpo.reference precomputed keeps no second model, and its pass before step 1
+    keeps no second model: dpo.reference precomputed's pass before step 1
     (training/reference_pass.py) is a forward of the same rows without gradients or optimizer
-    states (built after it), below the training step's forward phase."""
+    states (built after it), below the training step's forward phase; adapters_off's forward
+    runs in every micro-step, beside the optimizer states: its own phase (reference_forward)."""
     settings = {key: value for strategy in STRATEGIES for key, value in strategy.plan_settings(recipe).items()}
     return Strategy(seq_len=recipe.data.max_seq_len, micro_batch=recipe.train.micro_batch_size,
                     optimizer=recipe.train.optimizer.name, flash_attention=get_device(device_name).flash_attention,
-                    sequences_per_sample=2 if recipe.train.objective == "dpo" else 1, **settings)
+                    sequences_per_sample=2 if recipe.train.objective == "dpo" else 1,
+                    reference_forward=recipe.train.objective == "dpo" and recipe.dpo.reference == "adapters_off",
+                    **settings)
 
 
 def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Plan:
@@ -274,6 +298,8 @@ def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Pla
     plan.components["activations"] = activations(shape, s)
     plan.components["logits_loss"] = logits_loss(shape, s)
     plan.components.update(step_transients(shape, s, device))
+    if s.reference_forward:
+        plan.components["reference_forward"] = reference_forward(shape, s)
     # HCCL is Ascend's; the CPU backend's collectives keep no such buffers.
     hccl = 0 if device.name == "cpu" else HCCL_BUFFER
     plan.components["communication_buffers"] = parallel.communicators(s) * hccl
@@ -288,6 +314,8 @@ def tokens_per_second(shape: LlamaShape, params: int, s: Strategy) -> float:
     the layout's losses (pipeline bubble, model-parallel communication), and small
     micro-batches using the matmul units less well."""
     flops = lora.flops_per_parameter(s) * params
+    if s.reference_forward:  # dpo.reference adapters_off: a second forward, 2 FLOPs per parameter and token
+        flops += 2 * params
     for strategy in STRATEGIES:
         if hasattr(strategy, "extra_flops"):
             flops += strategy.extra_flops(shape, params, s)
@@ -309,6 +337,8 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
                               ("none", "selective", "full"), (False, True), precisions, lora_choices(base, allow_lora)):
         if shard and data == 1:
             continue
+        if base.reference_forward and not with_lora:
+            continue  # dpo.reference adapters_off is the LoRA policy's own base
         if base_dtype == "int8" and model > 1:
             continue  # the int8 base is not sharded (strategies/lora.py refuses it)
         if chunked and (shard or model > 1 or pipeline > 1):
