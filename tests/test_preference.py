@@ -66,8 +66,8 @@ def trl_orpo_terms(section, model, ids, labels):
     trainer.concatenated_forward = partial(ORPOTrainer.concatenated_forward, trainer)
     # Rows are right-padded and end at their reply's last token: the attention mask is 1 up to there.
     real = np.cumsum((labels != IGNORE_ID)[:, ::-1], axis=1)[:, ::-1] > 0
-    tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a).astype(np.int64))  # noqa: E731
-    batch = {f"{side}_{key}": tensor(value[rows]) for side, rows in (("chosen", slice(0, 2)), ("rejected", slice(2, 4)))
+    batch = {f"{side}_{key}": torch.from_numpy(value[rows].astype(np.int64))
+             for side, rows in (("chosen", slice(0, 2)), ("rejected", slice(2, 4)))
              for key, value in (("input_ids", ids), ("attention_mask", real), ("labels", labels))}
     chosen, rejected, _, _, nll = trainer.concatenated_forward(model, batch)
     losses, chosen_rewards, rejected_rewards, _, _ = ORPOTrainer.odds_ratio_loss(trainer, chosen, rejected)
