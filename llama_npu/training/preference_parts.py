@@ -1,7 +1,8 @@
 """What train.objective dpo changes in a run's set-up (training/session.py): the loss cell is
 the preference objective's (objectives/preference_loss.py), a step's loss is a mean over its
 pairs, and under dpo.reference precomputed the pairs carry the starting weights' log-probs
-(training/reference_pass.py)."""
+(training/reference_pass.py); under adapters_off the loss cell computes them in the step
+(objectives/adapters_off.py)."""
 from __future__ import annotations
 
 from pathlib import Path
