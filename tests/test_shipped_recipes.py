@@ -26,13 +26,16 @@ def shrunk(path, *overrides) -> Recipe:
     return rehearse(load_recipe(path, list(overrides)))[0]
 
 
-def test_the_seven_ascend_recipes_are_shipped():
+def test_the_eight_ascend_recipes_and_the_two_cpu_ones_are_shipped():
     assert [p.name for p in ASCEND_RECIPES] == [
-        "llama3_2_1b_zh_full_8x910a_dp.yaml", "llama3_2_1b_zh_full_910a.yaml", "llama3_2_1b_zh_full_910b.yaml",
-        "llama3_2_1b_zh_lora_910a.yaml", "llama3_2_3b_zh_full_8x910b.yaml", "llama3_2_3b_zh_lora_910a.yaml",
-        "llama3_2_3b_zh_lora_int8_910a.yaml"]
+        "llama3_2_1b_zh_dpo_lora_910a.yaml", "llama3_2_1b_zh_full_8x910a_dp.yaml", "llama3_2_1b_zh_full_910a.yaml",
+        "llama3_2_1b_zh_full_910b.yaml", "llama3_2_1b_zh_lora_910a.yaml", "llama3_2_3b_zh_full_8x910b.yaml",
+        "llama3_2_3b_zh_lora_910a.yaml", "llama3_2_3b_zh_lora_int8_910a.yaml"]
     for path in ASCEND_RECIPES:
         assert path.read_text().startswith("# Llama 3.2"), f"{path.name} needs its header comment"
+    assert sorted(p.name for p in (REPO / "recipes").glob("cpu_*.yaml")) == ["cpu_dpo_smoke.yaml", "cpu_smoke.yaml"]
+    assert [p.name for p in ASCEND_RECIPES if load_recipe(p).train.objective == "dpo"] == [
+        "llama3_2_1b_zh_dpo_lora_910a.yaml"]
 
 
 @pytest.mark.parametrize("path", ASCEND_RECIPES, ids=lambda p: p.stem)
@@ -61,10 +64,16 @@ def test_recipe_rehearses_on_cpu_with_its_strategies(tmp_path, path):
     assert [r["step"] for r in rows] == [1, 2, 3] and all(np.isfinite(r["loss"]) for r in rows)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["memory_source"] == "host_rss" and summary["peak_memory_bytes"] < 4 * 2**30
-    assert "eval_loss" in summary  # evaluation is rehearsed too
     original, saved = load_recipe(path), yaml.safe_load((out / "recipe.yaml").read_text())
+    dpo = original.train.objective == "dpo"
+    assert ("eval_loss" in summary) != dpo  # evaluation is rehearsed too (a DPO run scores pairs with eval after)
     assert saved == with_absolute_paths(shrunk(path)).to_dict()  # its files named from any directory
-    assert (saved["model"]["preset"], saved["device"]["target"], saved["data"]["max_seq_len"]) == ("tiny", "cpu", 32)
+    # DPO: the shortest multiple of 32 at which every shipped pair's prompt (up to 121 tokens) leaves a reply
+    assert (saved["model"]["preset"], saved["device"]["target"], saved["data"]["max_seq_len"]) == (
+        "tiny", "cpu", 128 if dpo else 32)
+    if dpo:  # pairs: the policy is its own reference at step 1 (ln 2), TRL's metrics
+        assert rows[0]["loss"] == pytest.approx(np.log(2), abs=1e-3) and rows[0]["target_tokens"] == 2
+        assert all("rewards/margins" in r for r in rows)
     s, kept = original.strategies, saved["strategies"]
     assert kept["lora"] == dataclasses.asdict(s.lora) and kept["recompute"]["mode"] == s.recompute.mode
     assert kept["precision"]["amp_level"] == s.precision.amp_level
@@ -76,6 +85,9 @@ def test_recipe_rehearses_on_cpu_with_its_strategies(tmp_path, path):
     # What was shrunk and what was not rehearsed, in the summary and the printed report.
     report = summary["rehearsal"]
     assert f"model.preset '{original.model.preset}' -> 'tiny'" in report["shrunk"]
+    if dpo:
+        assert (f"data.max_seq_len {original.data.max_seq_len} -> 128 (the shortest multiple of 32 at which every "
+                f"training pair's prompt (up to 121 tokens) leaves room for a reply)") in report["shrunk"]
     assert any(item.startswith(f"the {original.device.name}'s kernels") for item in report["not_rehearsed"])
     if s.precision.amp_level != "O0" and s.precision.dtype == "bfloat16":
         assert "strategies.precision.dtype 'bfloat16' -> 'float16' (the CPU has no BF16 kernels)" in report["shrunk"]
