@@ -3,7 +3,8 @@ CPU, with every strategy the CPU can run kept as the recipe sets it.
 
 Shrunk: the model (the tiny preset), the sequence (a data.prepared directory is kept, its
 rows read as windows of the short sequence; preference pairs: a length that leaves their
-prompts room for a reply, and as many pairs as the steps read, training/rehearse_pairs.py), the batch, the steps, the device.
+prompts room for a reply, and as many pairs as the steps read, training/rehearse_pairs.py),
+the batch, the steps, the device.
 Kept: precision and loss scaling (BF16 becomes FP16: the CPU has no BF16 kernels), LoRA,
 recompute, chunked cross-entropy (in chunks smaller than the short sequence), gradient
 accumulation (at most 2 micro-batches), evaluation, the optimizer and its schedule.
