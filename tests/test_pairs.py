@@ -189,3 +189,29 @@ def test_a_run_reads_its_pairs_counting_what_it_left_out(tmp_path, tokenizer, ca
                                                                "rejected": "不。"}])
     with pytest.raises(RecordError, match=rf"^{long_prompt}:2: the prompt takes \d+ tokens, which leaves no room"):
         pair_samples(recipe, tokenizer, [str(long_prompt)])
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".xlsx"])
+def test_pairs_from_a_spreadsheet_by_data_columns_validate_and_equal_their_jsonl_form(tmp_path, tokenizer, suffix,
+                                                                                      capsys):
+    """A lab's pairs in a spreadsheet with its own headers (data/tables.py), data.columns
+    mapping chosen and rejected too: validate accepts the recipe, and the run's tokenized
+    pairs are the JSONL form's, row for row."""
+    from llama_npu.cli import build_parser
+    from llama_npu.data.source import pair_samples
+    from test_tables import write_table
+
+    shipped = [json.loads(line) for line in (REPO / "data" / "zh_pref_train.jsonl").read_text().splitlines()[:6]]
+    keys = ["instruction", "input", "chosen", "rejected"]  # replies over several lines, empty inputs
+    header = ["问题", "补充", "较好的回答", "较差的回答"]
+    table = write_table(tmp_path / f"偏好{suffix}", header, [[r.get(k, "") for k in keys] for r in shipped])
+    twin = write_jsonl(tmp_path / "pairs.jsonl", shipped)
+    columns = "data.columns={" + ", ".join(f"{k}: {h}" for k, h in zip(keys, header)) + "}"
+    dpo_smoke = REPO / "recipes" / "cpu_dpo_smoke.yaml"
+    args = build_parser().parse_args(["validate", str(dpo_smoke), "--output-dir", str(tmp_path / "run"), "--set",
+                                      f"data.train_files=[{table}]", "--set", columns])
+    assert args.func(args) == 0, capsys.readouterr().err
+    recipe = recipe_from_dict(yaml.safe_load(dpo_smoke.read_text()), [columns])
+    from_table, from_jsonl = (pair_samples(recipe, tokenizer, [str(path)]) for path in (table, twin))
+    assert len(from_table) == 6 and [(p.chosen, p.rejected) for p in from_table] == [
+        (p.chosen, p.rejected) for p in from_jsonl]

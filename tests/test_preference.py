@@ -301,6 +301,58 @@ def test_a_resumed_dpo_run_reuses_its_reference_exactly_and_refuses_another(dpo_
         "(this run)" in refused.stderr), refused.stderr
 
 
+def test_a_run_stopped_during_its_reference_pass_keeps_nothing_and_its_rerun_is_exact(dpo_run, tmp_path):
+    """SIGTERM while the reference pass runs (a preempted job that always runs `--resume
+    auto`): one line, exit 143, the run directory removed with no partial reference file; the
+    same command then computes the reference again and trains the uninterrupted run's steps."""
+    import signal
+
+    from conftest import assert_same_steps, read_metrics, run_cli, start_training, wait_until
+
+    _, run, sets = dpo_run
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    proc = start_training(out, "--resume", "auto", *sets, log_dir=logs)
+    wait_until(lambda: "reference pass: " in (logs / "stdout").read_text(), proc, "the reference pass")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    stderr = (logs / "stderr").read_text()
+    assert stderr.strip().splitlines()[-1] == ("llama-npu: error: SIGTERM received during start-up, before the first "
+                                               "step; nothing of this run was kept")
+    assert "reference:   0%" in stderr and "reference: 100%" not in stderr  # stopped inside the pass
+    assert "Traceback" not in stderr
+    assert not out.exists()
+    result = run_cli("train", SMOKE, "--output-dir", out, "--resume", "auto", *sets, check=True)
+    assert "reference pass: the starting weights' log-probs of 5 pairs" in result.stdout
+    assert_same_steps(out, run, [1, 2, 3])
+    assert [r["rewards/margins"] for r in read_metrics(out)] == pytest.approx(
+        [r["rewards/margins"] for r in read_metrics(run)], abs=1e-7)
+
+
+def test_dpo_data_parallel_over_two_launched_workers_equals_one_process(dpo_run, tmp_path):
+    """scripts/launch.sh over 2 CPU workers (data: auto -> 2), one pair a rank and step,
+    against the one-process run's 2 micro-batches of one pair: the same 2 pairs a step, the
+    loss a mean over both ranks' pairs; both ranks computed the same reference."""
+    import re
+
+    from conftest import read_metrics, run_launch
+
+    pairs, run, sets = dpo_run
+    out = tmp_path / "run"
+    proc = run_launch(SMOKE, 2, "--output-dir", out, *sets, log_dir=tmp_path / "logs",
+                      env={"CLUSTER_TIME_OUT": "60"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 worker(s), data parallel: data 2 x model 1 x pipeline 1" in proc.stdout
+    digests = re.findall(r"rank \d weights sha256 (\w+)", proc.stdout)
+    assert len(digests) == 2 and len(set(digests)) == 1
+    launched, single = read_metrics(out), read_metrics(run)
+    assert [r["step"] for r in launched] == [1, 2, 3] and launched[0]["target_tokens"] == 2  # pairs of both ranks
+    for a, b in zip(launched, single):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["samples_consumed"] == b["samples_consumed"]
+    assert launched[2]["loss"] != launched[0]["loss"]  # it trained: the comparison means something
+    np.testing.assert_array_equal(np.load(out / "reference_logps.npz")["log_probs"],
+                                  np.load(run / "reference_logps.npz")["log_probs"])
+
+
 # ---------------------------------------------------------------- composition with the strategies, in process
 
 def dpo_step(ms, sets, k, checkpoint=""):

@@ -26,13 +26,16 @@ def shrunk(path, *overrides) -> Recipe:
     return rehearse(load_recipe(path, list(overrides)))[0]
 
 
-def test_the_seven_ascend_recipes_are_shipped():
+def test_the_eight_ascend_recipes_and_the_two_cpu_ones_are_shipped():
     assert [p.name for p in ASCEND_RECIPES] == [
-        "llama3_2_1b_zh_full_8x910a_dp.yaml", "llama3_2_1b_zh_full_910a.yaml", "llama3_2_1b_zh_full_910b.yaml",
-        "llama3_2_1b_zh_lora_910a.yaml", "llama3_2_3b_zh_full_8x910b.yaml", "llama3_2_3b_zh_lora_910a.yaml",
-        "llama3_2_3b_zh_lora_int8_910a.yaml"]
+        "llama3_2_1b_zh_dpo_lora_910a.yaml", "llama3_2_1b_zh_full_8x910a_dp.yaml", "llama3_2_1b_zh_full_910a.yaml",
+        "llama3_2_1b_zh_full_910b.yaml", "llama3_2_1b_zh_lora_910a.yaml", "llama3_2_3b_zh_full_8x910b.yaml",
+        "llama3_2_3b_zh_lora_910a.yaml", "llama3_2_3b_zh_lora_int8_910a.yaml"]
     for path in ASCEND_RECIPES:
         assert path.read_text().startswith("# Llama 3.2"), f"{path.name} needs its header comment"
+    assert sorted(p.name for p in (REPO / "recipes").glob("cpu_*.yaml")) == ["cpu_dpo_smoke.yaml", "cpu_smoke.yaml"]
+    assert [p.name for p in ASCEND_RECIPES if load_recipe(p).train.objective == "dpo"] == [
+        "llama3_2_1b_zh_dpo_lora_910a.yaml"]
 
 
 @pytest.mark.parametrize("path", ASCEND_RECIPES, ids=lambda p: p.stem)
@@ -61,10 +64,15 @@ def test_recipe_rehearses_on_cpu_with_its_strategies(tmp_path, path):
     assert [r["step"] for r in rows] == [1, 2, 3] and all(np.isfinite(r["loss"]) for r in rows)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["memory_source"] == "host_rss" and summary["peak_memory_bytes"] < 4 * 2**30
-    assert "eval_loss" in summary  # evaluation is rehearsed too
     original, saved = load_recipe(path), yaml.safe_load((out / "recipe.yaml").read_text())
+    dpo = original.train.objective == "dpo"
+    assert ("eval_loss" in summary) != dpo  # evaluation is rehearsed too (a DPO run scores pairs with eval after)
     assert saved == with_absolute_paths(shrunk(path)).to_dict()  # its files named from any directory
     assert (saved["model"]["preset"], saved["device"]["target"], saved["data"]["max_seq_len"]) == ("tiny", "cpu", 32)
+    if dpo:  # pairs: the policy is its own reference at step 1 (ln 2), TRL's metrics
+        assert rows[0]["loss"] == pytest.approx(np.log(2), abs=1e-3) and rows[0]["target_tokens"] == 2
+        assert all("rewards/margins" in r for r in rows)
+        assert_a_dpo_rehearsal(proc.stdout, summary)
     s, kept = original.strategies, saved["strategies"]
     assert kept["lora"] == dataclasses.asdict(s.lora) and kept["recompute"]["mode"] == s.recompute.mode
     assert kept["precision"]["amp_level"] == s.precision.amp_level
@@ -85,6 +93,29 @@ def test_recipe_rehearses_on_cpu_with_its_strategies(tmp_path, path):
         assert any(item.startswith("the sharded layout") for item in report["not_rehearsed"])
     for item in report["not_rehearsed"]:
         assert f"not rehearsed  {item}" in proc.stdout
+
+
+def assert_a_dpo_rehearsal(stdout, summary):
+    """A DPO rehearsal on the shipped pairs at 32 tokens: the pairs whose prompt leaves no room
+    for a reply there are skipped, and the reference pass covers only the 6 pairs its 3 steps
+    of 2 read (training/rehearse_pairs.py), both in the printed change list."""
+    shrunk = summary["rehearsal"]["shrunk"]
+    assert ("data.on_bad_record 'error' -> 'skip' (51 of 200 training pairs have a prompt of more than 32 tokens, "
+            "no room for a reply: left out of the rehearsal)") in shrunk
+    assert "the first 6 training pairs only, what 3 steps read: the reference pass is over them" in shrunk
+    assert "reference pass: the starting weights' log-probs of 6 pairs, before step 1" in stdout
+    assert f"rehearsal      on the CPU; shrunk: {'; '.join(shrunk)}" in stdout
+
+
+def test_the_cpu_dpo_smoke_recipe_rehearses_on_the_shipped_pairs(tmp_path):
+    """`train recipes/cpu_dpo_smoke.yaml --rehearse`: 3 steps of DPO on the CPU, starting at
+    ln 2 with rewards of 0 (fp32: the policy is exactly its own reference)."""
+    out = tmp_path / "run"
+    proc = run_cli("train", REPO / "recipes" / "cpu_dpo_smoke.yaml", "--rehearse", "--output-dir", out, check=True)
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["target_tokens"] == 2
+    assert rows[0]["loss"] == pytest.approx(np.log(2), abs=1e-5) and abs(rows[0]["rewards/margins"]) < 1e-5
+    assert_a_dpo_rehearsal(proc.stdout, json.loads((out / "summary.json").read_text()))
 
 
 def test_the_int8_lora_recipe_spends_what_its_base_frees():

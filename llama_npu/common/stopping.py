@@ -74,7 +74,8 @@ class StopSignals:
     def _end_startup(self, number: int) -> None:
         if self._created is not None:
             shutil.rmtree(self._created, ignore_errors=True)
-        print(f"llama-npu: error: {self.received} received during start-up, before the first step; nothing "
+        # On a line of its own: a progress bar (tokenizing, the reference pass) may be drawn there.
+        print(f"\nllama-npu: error: {self.received} received during start-up, before the first step; nothing "
               f"of this run was kept", file=sys.stderr, flush=True)
         os._exit(128 + number)
 

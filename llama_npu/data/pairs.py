@@ -143,18 +143,33 @@ def tokenize_pairs(tokenizer, records: Sequence[PairRecord], max_len: int,
     the Llama 3 chat format; only the reply tokens and their <|eot_id|> are targets. `bar`:
     a progress bar (not for `validate`, whose output is its list of problems)."""
     headers, report, pairs = role_headers(tokenizer), PairReport(), []
+    for record, contents in _encoded(tokenizer, records, bar):
+        pair = _fit_pair(headers, record, contents, max_len, on_long_pair, report)
+        if pair is not None:
+            pairs.append(pair)
+    return pairs, report
+
+
+def _encoded(tokenizer, records: Sequence[PairRecord], bar: bool):
+    """(record, the token ids of its prompt turns, chosen and rejected reply), encoded in batches."""
     with progress_bar(len(records), "tokenize", "pair", enabled=bar) as progress:
         for start in range(0, len(records), TOKENIZE_BATCH):
             chunk = records[start:start + TOKENIZE_BATCH]
             texts = [t for r in chunk for t in [c for _, c in r.prompt] + [r.chosen, r.rejected]]
             encoded = iter(e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False))
             for record in chunk:
-                contents = [next(encoded) for _ in range(len(record.prompt) + 2)]
-                pair = _fit_pair(headers, record, contents, max_len, on_long_pair, report)
-                if pair is not None:
-                    pairs.append(pair)
+                yield record, [next(encoded) for _ in range(len(record.prompt) + 2)]
             progress.update(len(chunk))
-    return pairs, report
+
+
+def pair_lengths(tokenizer, records: Sequence[PairRecord]) -> List[Tuple[int, int]]:
+    """(prompt tokens, tokens of the longer row) of each pair, untruncated: what a length must
+    hold for the pair to keep a reply (more than the prompt) or to stay whole (the row)."""
+    headers, lengths = role_headers(tokenizer), []
+    for record, contents in _encoded(tokenizer, records, bar=False):
+        chosen_row, rejected_row, prompt_len = _rows(headers, record, contents)
+        lengths.append((prompt_len, max(len(chosen_row[0]), len(rejected_row[0]))))
+    return lengths
 
 
 def pad_pair_batch(pairs: Sequence[PairSample], length: int, pad_id: int):

@@ -37,9 +37,9 @@ def warn_data_size(recipe, rows: int) -> None:
 
 
 def check_data_size(recipe) -> None:
-    """`validate`'s warning: the rows train would have, tokenized (and packed) as train does."""
+    """`validate`'s warning: the rows train would have, tokenized (and packed) as train does;
+    under train.objective dpo the preference pairs, which the batch sizes count."""
     # imported here: tokenizing loads numpy, which the recipe checks before it do not need
-    from ..data.source import training_source
-    from ..data.tokenizer import load_tokenizer
+    from ..data.source import run_samples
 
-    warn_data_size(recipe, len(training_source(recipe, load_tokenizer(recipe.data.tokenizer))))
+    warn_data_size(recipe, len(run_samples(recipe)[0]))

@@ -2,7 +2,9 @@
 CPU, with every strategy the CPU can run kept as the recipe sets it.
 
 Shrunk: the model (the tiny preset), the sequence (a data.prepared directory is kept, its
-rows read as windows of the short sequence), the batch, the steps, the device.
+rows read as windows of the short sequence; preference pairs: a length that leaves their
+prompts room for a reply, and as many pairs as the steps read, training/rehearse_pairs.py),
+the batch, the steps, the device.
 Kept: precision and loss scaling (BF16 becomes FP16: the CPU has no BF16 kernels), LoRA,
 recompute, chunked cross-entropy (in chunks smaller than the short sequence), gradient
 accumulation (at most 2 micro-batches), evaluation, the optimizer and its schedule.
@@ -21,6 +23,8 @@ from ..recipe.base_weights import random_base_reason
 from ..recipe.load import recipe_from_dict
 from ..recipe.schema import Recipe
 from ..strategies import STRATEGIES
+from ..strategies.accumulation import MAX_REHEARSED
+from .rehearse_pairs import rehearsed_pairs, shrink_pair_length
 
 SEQ_LEN = 32
 STEPS = 3
@@ -70,7 +74,11 @@ def rehearse(recipe: Recipe, workers: int = 1) -> tuple[Recipe, list, list]:
     for strategy in STRATEGIES:
         if hasattr(strategy, "rehearse"):  # LoRA rehearses as the recipe sets it
             strategy.rehearse(r)
-    return recipe_from_dict(r.tree, workers=workers), r.changed, r.not_rehearsed
+    rehearsal = recipe_from_dict(r.tree, workers=workers)
+    if recipe.train.objective == "dpo":  # training/run.py takes them (first_pairs)
+        r.changed.append(f"the first {rehearsed_pairs(rehearsal)} training pairs only, what {STEPS} steps read: "
+                         f"the reference pass is over them")
+    return rehearsal, r.changed, r.not_rehearsed
 
 
 def _shrink_model(r: Rehearsal) -> None:
@@ -105,6 +113,8 @@ def _shrink_device(r: Rehearsal) -> None:
 def _shrink_data(r: Rehearsal) -> None:
     d = r.recipe.data
     seq_len = min(d.max_seq_len, SEQ_LEN)
+    if r.recipe.train.objective == "dpo":  # a pair's prompt must leave room for its reply
+        seq_len = shrink_pair_length(r, seq_len, STEPS * MAX_REHEARSED * r.workers)
     r.change("data.max_seq_len", seq_len)
     if d.prepared and seq_len < d.max_seq_len:
         r.changed.append(f"data.prepared={d.prepared}: its {d.max_seq_len + 1}-token rows read as windows of "

@@ -24,6 +24,7 @@ from ..recipe.schema import Recipe, with_absolute_paths
 from ..recipe.stored import STORED_RECIPE
 from .data_size import warn_data_size
 from .preflight import checked_start
+from .rehearse_pairs import first_pairs
 from .runtime import init_runtime
 
 
@@ -54,6 +55,8 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     resume_candidates, warn_recipe_hash = checked_start(recipe, run_dir, resume, overwrite, force,
                                                         launched_workers(), rank == 0, rehearsal is not None)
     train_source, eval_samples = run_samples(recipe)
+    if rehearsal is not None and recipe.train.objective == "dpo":  # a reference pass as short as the rehearsal
+        train_source = first_pairs(train_source, recipe)
     if rehearsal is None and rank == 0:  # a rehearsal's few short steps say nothing of the recipe's schedule
         warn_data_size(recipe, len(train_source))
     # Under msrun only rank 0 clears and writes the run directory; the others read.

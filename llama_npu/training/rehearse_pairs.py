@@ -1,0 +1,73 @@
+"""A DPO recipe's rehearsal (training/rehearse.py): its sequence length and its pairs.
+
+An SFT rehearsal trains 32-token sequences. A preference pair is refused when its prompt
+leaves no reply token within data.max_seq_len (data/pairs.py), and the Llama 3 chat
+template's headers alone take 15 tokens: at 32 a quarter of the shipped
+data/zh_pref_train.jsonl has no room (its prompts run to 121 tokens). So a DPO rehearsal
+takes the shortest multiple of 32 at which enough pairs for its steps keep a reply (and, under
+dpo.on_long_pair: drop, stay whole), never more than the recipe's own length nor CAP (a CPU
+step's logits are 128,256 fp32 values a token), and leaves the other pairs out
+(data.on_bad_record: skip), saying how many. It trains on the first pairs only, as many as
+its steps read, so that the reference pass (training/reference_pass.py: a forward pass over
+every training pair) is as short as the rehearsal, not hours over a large data set.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from .data_size import step_rows
+
+CAP = 256
+
+
+def _lengths(recipe) -> Optional[List[Tuple[int, int]]]:
+    """(prompt tokens, longer row's tokens) of each readable training pair, or None when the
+    files cannot be read: the rehearsal's pre-flight then says why, against its own recipe."""
+    # imported here: tokenizing loads the tokenizer and numpy, needless for the SFT rehearsal
+    from ..data.pairs import pair_lengths, read_pairs
+    from ..data.readers import RecordError
+    from ..data.tables import ReadOptions
+    from ..data.tokenizer import load_tokenizer
+
+    d = recipe.data
+    try:
+        records = read_pairs(d.train_files, d.format, "skip", ReadOptions.of(d.columns, d.encoding))[0]
+        return pair_lengths(load_tokenizer(d.tokenizer), records) or None
+    except (OSError, RecordError, ValueError):
+        return None
+
+
+def shrink_pair_length(r, shortest: int, pairs_needed: int) -> int:
+    """The rehearsal's data.max_seq_len for a DPO recipe: from `shortest` (the SFT
+    rehearsal's) up in steps of it, the first at which `pairs_needed` pairs keep a reply;
+    the pairs without room there are skipped (data.on_bad_record: skip)."""
+    d = r.recipe.data
+    lengths = _lengths(r.recipe)
+    longest = min(d.max_seq_len, CAP)
+    if lengths is None or shortest >= longest:
+        return min(shortest, d.max_seq_len)
+    needed = min(pairs_needed, len(lengths))
+    for length in [*range(shortest, longest, shortest), longest]:
+        # a pair keeps a reply when its prompt is shorter than the row of length + 1 tokens
+        room = sum(prompt <= length for prompt, _ in lengths)
+        whole = sum(prompt <= length and row <= length + 1 for prompt, row in lengths)
+        if (room if r.recipe.dpo.on_long_pair == "truncate" else whole) >= needed:
+            break
+    r.change("data.max_seq_len", length, f"the shortest multiple of {shortest} at which {needed} training pairs "
+             f"keep a reply" if length > shortest else "")
+    if room < len(lengths):
+        r.change("data.on_bad_record", "skip", f"{len(lengths) - room} of {len(lengths)} training pairs have a "
+                 f"prompt of more than {length} tokens, no room for a reply: left out of the rehearsal")
+    return length
+
+
+def rehearsed_pairs(recipe) -> int:
+    """The pairs a rehearsal trains on (its first ones): what its steps read."""
+    return step_rows(recipe) * recipe.train.max_steps
+
+
+def first_pairs(source, recipe):
+    """The rehearsal's training pairs: the first `rehearsed_pairs`, whose reference pass is short."""
+    from ..data.pair_source import PairSource  # imported here: it loads numpy, needless for validate
+
+    return PairSource(source.pairs[:rehearsed_pairs(recipe)])
