@@ -212,6 +212,10 @@ def test_first_step_and_three_sgd_steps_equal_trl(ms, hf_dir, conversions, sets)
     (["dpo.beta=0"], "dpo.beta: expected a value > 0"),
     (["dpo.loss=orpo"], "dpo.loss=orpo with dpo.reference=precomputed: orpo is reference-free"),
     (["dpo.loss=orpo", "dpo.reference=none", "dpo.orpo_lambda=0"], "dpo.orpo_lambda: expected a value > 0"),
+    (["device.target=ascend", "device.name=910b", "strategies.parallel.model=2"],
+     "train.objective=dpo with strategies.parallel model=2, pipeline=1: DPO's pair loss splits only the batch"),
+    (["device.target=ascend", "device.name=910b", "strategies.parallel.optimizer_shard=true", "strategies.lora.enabled=true",
+      "dpo.reference=adapters_off"], "dpo.reference=adapters_off with strategies.parallel.optimizer_shard=true"),
 ])
 def test_bad_preference_recipes_are_refused_naming_the_key(sets, message):
     with pytest.raises(RecipeError) as raised:
@@ -530,3 +534,58 @@ def test_the_planner_counts_the_adapters_off_reference_forward_as_its_own_phase(
     for part in ("weights", "gradients", "optimizer_states", "activations", "logits_loss"):
         assert off.components[part] == pre.components[part], part
     assert off.total_bytes == max(pre.total_bytes, off.phases["reference"] + off.components["margin"])
+
+
+def test_the_sharded_pair_loss_on_interleaved_rows_equals_the_unsharded_step(ms):
+    """What the CPU can run of the sharded DPO step (stand-alone: semi-auto parallel needs
+    Ascend; _VirtualDatasetCell, which has no CPU kernel, left out): MindFormers' accumulation
+    cell around the pair loss, fed 2 micro-batches of 2 pairs interleaved as ShardedStep feeds them, give as numerator the
+    summed pair losses, as denominator the 4 pairs, the gradients of the sum and the metrics
+    of the unsharded loss cell on the same pairs in TRL's order."""
+    from mindformers.wrapper.wrapper import GradAccumulationCellWithTwoOutput
+    from mindspore import ParameterTuple
+
+    from llama_npu.objectives.preference_loss import PreferenceLoss
+    from llama_npu.training.sharded_preference import PairLossTwoOutputs, interleave
+    from llama_npu.training.sharded_step import step_inputs
+
+    ids, labels = pair_batch()
+    micro_batches = [(ids, labels, np.array([-40.0, -30.0, -35.0, -20.0], np.float32)),
+                     (ids[[1, 0, 3, 2]], labels[[1, 0, 3, 2]], np.array([-31.0, -42.0, -22.0, -33.0], np.float32))]
+    net, unsharded, section = ours(ms, [], "")
+    unsharded.set_train(True)
+    weights = ParameterTuple(net.trainable_params())
+    sums, expected = zip(*(ms.value_and_grad(unsharded, None, weights)(*map(ms.Tensor, batch))
+                           for batch in micro_batches))
+    expected_metrics = unsharded.take_metrics(4)
+
+    cell = PreferenceLoss(net, section, None, data_parallel=2)
+    cell.set_train(True)
+    network = GradAccumulationCellWithTwoOutput(PairLossTwoOutputs(cell), 2)
+    inputs = step_inputs(micro_batches, interleave)
+    assert inputs[0].shape == (8, T + 1)
+    numerator, denominator, grads = forward_then_gradients(network, weights)(*inputs)
+    assert float(denominator.asnumpy()) == 4.0
+    assert float(numerator.asnumpy()) == pytest.approx(sum(float(s.asnumpy()) for s in sums), rel=1e-5)
+    for got, *parts in zip(grads, *expected):
+        np.testing.assert_allclose(got.asnumpy(), sum(p.asnumpy() for p in parts), rtol=1e-4, atol=1e-6)
+    assert cell.take_metrics(4) == pytest.approx(expected_metrics, abs=1e-4)
+
+
+def forward_then_gradients(network, weights):
+    """MindFormers' grads_for_legacy as one graph (mindformers/wrapper/wrapper.py): the
+    two-output network's forward, then the gradients of its numerator alone (sens 1 and 0)."""
+    from mindspore import nn, ops
+
+    class ForwardThenGradients(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.network, self.weights = network, weights
+            self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+
+        def construct(self, *inputs):
+            numerator, denominator = self.network(*inputs)
+            sens = (ops.ones_like(numerator), ops.zeros_like(denominator))
+            return numerator, denominator, self.grad(self.network, self.weights)(*inputs, sens)
+
+    return ForwardThenGradients()

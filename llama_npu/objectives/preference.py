@@ -44,9 +44,18 @@ def check(recipe) -> None:
     if recipe.data.eval_files:
         problems.append("data.eval_files with train.objective=dpo: a DPO run scores no held-out data in this version; "
                         "leave data.eval_files empty")
-    if recipe.strategies.parallel.model > 1 or recipe.strategies.parallel.pipeline > 1 or \
-            recipe.strategies.parallel.optimizer_shard:
-        problems.append("train.objective=dpo with a sharded layout (strategies.parallel model, pipeline or "
-                        "optimizer_shard): DPO runs unsharded or data parallel in this version")
+    par = recipe.strategies.parallel
+    if par.model > 1 or par.pipeline > 1:
+        # Under semi-auto parallel the pair loss's ops split the batch axis only (InterleavedPairs'
+        # strategy, and the default of the others, which splits dimension 0 over every card:
+        # the data-parallel split only when model and pipeline are 1); with pipeline stages
+        # only the last would compute the pairs' loss and metrics.
+        problems.append(f"train.objective=dpo with strategies.parallel model={par.model}, pipeline={par.pipeline}: "
+                        f"DPO's pair loss splits only the batch across cards, so it runs unsharded, data parallel "
+                        f"or data parallel with optimizer_shard in this version; set model and pipeline to 1")
+    elif par.optimizer_shard and d.reference == "adapters_off":
+        problems.append("dpo.reference=adapters_off with strategies.parallel.optimizer_shard=true: the adapters-off "
+                        "reference runs in the unsharded step only, and a LoRA run's optimizer states are small; "
+                        "switch optimizer_shard off (data parallel) or use dpo.reference=precomputed")
     problems.raise_any()
 

@@ -7,7 +7,8 @@ get_batch_logps(average_log_prob=True), the margin gamma / beta);
 trl/trainer/orpo_trainer.py ORPOTrainer.odds_ratio_loss and get_batch_loss_metrics (orpo:
 the chosen row's NLL minus lambda x log sigmoid of the log odds ratio of the length-averaged
 log-probs; TRL's `beta` is lambda). log sigmoid(x) is -softplus(-x). A batch holds 2P rows: the P chosen replies, then the P rejected ones
-(TRL's concatenated order), so a pair's two rows run in one forward pass.
+(TRL's concatenated order), so a pair's two rows run in one forward pass; the sharded step
+interleaves them instead, each pair's chosen row then its rejected row (InterleavedPairs).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, nn, ops
+from mindspore.ops import operations as P
 
 from .adapters_off import AdaptersOffReference, install_adapter_switch
 from .preference import LENGTH_NORMALISED
@@ -60,6 +62,35 @@ class PairLoss(nn.Cell):
                                                           ops.stop_gradient(log_odds))
 
 
+class ConcatenatedPairs(nn.Cell):
+    """(2P,) per-row values in TRL's concatenated order (P chosen rows, then P rejected) ->
+    (chosen (P,), rejected (P,))."""
+
+    def construct(self, rows):
+        pairs = rows.shape[0] // 2
+        return rows[:pairs], rows[pairs:]
+
+
+class InterleavedPairs(nn.Cell):
+    """(2P,) per-row values in the sharded step's order (each pair's chosen row, then its
+    rejected row; training/sharded_preference.py says why) -> (chosen (P,), rejected (P,)).
+    A data-parallel shard holds whole pairs, so the split is a reshape to (P, 2) that keeps
+    the batch axis split as it was and a slice of the pair axis, which is not split: the
+    (dp, 1) strategies MindFormers gives its own slices of the batch (llama.py)."""
+
+    def __init__(self, data_parallel: int):
+        super().__init__()
+        self.reshape = P.Reshape()
+        self.slice = P.StridedSlice().shard(((data_parallel, 1),))
+
+    def construct(self, rows):
+        pairs = rows.shape[0] // 2
+        both = self.reshape(rows, (pairs, 2))
+        chosen = self.reshape(self.slice(both, (0, 0), (pairs, 1), (1, 1)), (pairs,))
+        rejected = self.reshape(self.slice(both, (0, 1), (pairs, 2), (1, 1)), (pairs,))
+        return chosen, rejected
+
+
 class PreferenceLoss(nn.Cell):
     """(input_ids, labels, reference[, embeds]) -> the losses of the batch's P pairs, summed
     (the step divides by the pairs of the whole optimizer step, as it divides the SFT loss by
@@ -67,13 +98,16 @@ class PreferenceLoss(nn.Cell):
     (zeros under dpo.reference none; under adapters_off ignored: the graph computes them,
     objectives/adapters_off.py). `terms` gives every per-pair quantity the metrics need;
     each forward also adds its pairs' metric sums (pair_metrics) into `metric_sums`, which the
-    host reads and zeroes once an optimizer step (take_metrics): no second forward for them."""
+    host reads and zeroes once an optimizer step (take_metrics): no second forward for them.
+    `data_parallel`: the rows are interleaved pairs split over that many cards (the sharded
+    step's order); None: TRL's concatenated order."""
 
-    def __init__(self, llama, section, chunk_size: int | None = None):
+    def __init__(self, llama, section, chunk_size: int | None = None, data_parallel: int | None = None):
         super().__init__(auto_prefix=False)
         self.sequences = SequenceLogProbs(llama, chunk_size)
         self.backbone = self.sequences.backbone  # the train step looks the embedding up here
         self.pair_loss = PairLoss(section)
+        self.split = ConcatenatedPairs() if data_parallel is None else InterleavedPairs(data_parallel)
         self.normalised = section.loss in LENGTH_NORMALISED
         self.orpo = section.loss == "orpo"
         self.adapters_off = section.reference == "adapters_off"
@@ -100,18 +134,17 @@ class PreferenceLoss(nn.Cell):
         if self.adapters_off:  # before the policy forward, which reads input_ids once the adapters are back on
             reference = self.reference_cell(input_ids, labels)
             input_ids = ops.depend(input_ids, reference)
-        pairs = input_ids.shape[0] // 2
         chosen_nll = None
         if self.orpo:
             policy, lengths, whole, whole_count = self.sequences.with_whole_rows(input_ids, labels, embeds)
-            chosen_nll = -whole[:pairs] / ops.maximum(whole_count[:pairs], 1.0)
+            chosen_nll = -self.split(whole)[0] / ops.maximum(self.split(whole_count)[0], 1.0)
         else:
             policy, lengths = self.sequences(input_ids, labels, embeds)
         if self.normalised:
             policy, reference = policy / lengths, reference / lengths
-        chosen, rejected = policy[:pairs], policy[pairs:]
-        losses, chosen_rewards, rejected_rewards, extra = self.pair_loss(chosen, rejected, reference[:pairs],
-                                                                         reference[pairs:], chosen_nll)
+        (chosen, rejected), (ref_chosen, ref_rejected) = self.split(policy), self.split(reference)
+        losses, chosen_rewards, rejected_rewards, extra = self.pair_loss(chosen, rejected, ref_chosen, ref_rejected,
+                                                                         chosen_nll)
         return (losses, chosen_rewards, rejected_rewards, chosen, rejected) + extra
 
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from ..data.pair_source import PairSource
 from ..objectives.preference_loss import PreferenceLoss
+from ..strategies.parallel import World
 from .reference_pass import precomputed_reference
+from .sharded_preference import reference_context
 
 
 def pairs_of(batch) -> int:
@@ -17,14 +19,18 @@ def pairs_of(batch) -> int:
     return batch[0].shape[0] // 2
 
 
-def preference_parts(recipe, run_dir: Path, net, source: PairSource, writes: bool) -> PreferenceLoss:
+def preference_parts(recipe, run_dir: Path, net, source: PairSource, world: World) -> PreferenceLoss:
     """The DPO loss cell; fills `source`'s reference under dpo.reference precomputed (a pass
-    over every training pair, or the run directory's stored one, checked)."""
-    chunked = recipe.strategies.chunked_ce
+    over every training pair, or the run directory's stored one, checked; rank 0 stores it).
+    A sharded `world` runs the pass stand-alone and gets the loss of interleaved pairs
+    (training/sharded_preference.py)."""
+    chunked, parallel = recipe.strategies.chunked_ce, recipe.strategies.parallel
     chunk_size = chunked.chunk_size if chunked.enabled else None
     if recipe.dpo.reference == "precomputed":
-        source.reference = precomputed_reference(run_dir, net, chunk_size, source.pairs,
-                                                 recipe.train.micro_batch_size, recipe.data.max_seq_len + 1, writes)
-    loss_cell = PreferenceLoss(net, recipe.dpo, chunk_size)
+        with reference_context(parallel, world, run_dir):
+            source.reference = precomputed_reference(run_dir, net, chunk_size, source.pairs,
+                                                     recipe.train.micro_batch_size, recipe.data.max_seq_len + 1,
+                                                     world.is_main)
+    loss_cell = PreferenceLoss(net, recipe.dpo, chunk_size, parallel.data if world.sharded else None)
     loss_cell.set_train(True)
     return loss_cell

@@ -28,6 +28,7 @@ from .metrics import MetricLogger
 from .optimizer import build_optimizer
 from .sharded_step import EvalKeepingTrainStrategy, ShardedStep, eval_layout
 from .preference_parts import pairs_of, preference_parts
+from .sharded_preference import PairLossTwoOutputs, interleave
 from .step import TrainStep, target_tokens
 
 if TYPE_CHECKING:  # for the annotation only: MindFormers is imported by mute_mindformers_info, stdout captured
@@ -80,14 +81,18 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
     scaler, k = LossScaler(recipe.strategies.precision), accumulation_steps(recipe)
     note(f"building the model{' and loading ' + recipe.model.checkpoint if recipe.model.checkpoint else ''}")
     net, loss_cell = build_network(recipe, on_ascend)
-    pair_metrics, count = None, target_tokens
+    pair_metrics, count, sharded_parts = None, target_tokens, {}
     if recipe.train.objective == "dpo":  # before a resume loads trained weights: the reference's are the start's
-        loss_cell = preference_parts(recipe, run_dir, net, train_source, world.is_main)
-        pair_metrics, count = partial(loss_cell.take_metrics, t.micro_batch_size * k), pairs_of
+        loss_cell = preference_parts(recipe, run_dir, net, train_source, world)
+        # Sharded: the metric sums are over every card's pairs (training/sharded_preference.py).
+        pairs = t.micro_batch_size * k * (parallel.data if world.sharded else 1)
+        pair_metrics, count = partial(loss_cell.take_metrics, pairs), pairs_of
+        if world.sharded:  # the pair loss in MindFormers' chain, fed interleaved pairs
+            sharded_parts = {"network": PairLossTwoOutputs(loss_cell), "count": count, "arrange": interleave}
     params, shape = net.trainable_params(), resolve_shape(recipe.model)
     # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
     optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
-    step_fn = ShardedStep(net, optimizer, scaler, recipe, k) if world.sharded else TrainStep(
+    step_fn = ShardedStep(net, optimizer, scaler, recipe, k, **sharded_parts) if world.sharded else TrainStep(
         loss_cell, optimizer, scaler, t.grad_clip, k, count=count)  # sharded: MindFormers' wrapper chain
     eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
     description = model_description(recipe, shape, params, run_dir, world)

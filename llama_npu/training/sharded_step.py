@@ -44,7 +44,7 @@ from ..model.loss import layers_with_additive_mask
 from ..model.tokens import IGNORE_ID
 from ..recipe.schema import Recipe
 from ..strategies.parallel import ParallelSection, World
-from .step import REGISTERS, StepResult, overflow_check
+from .step import REGISTERS, StepResult, overflow_check, target_tokens
 
 _clear_float_status = NPUClearFloatStatusV2()
 
@@ -150,18 +150,19 @@ def eval_network(llama, data_parallel: int) -> EvalKeepingTrainStrategy:
     return EvalKeepingTrainStrategy(_VirtualDatasetCell(EvalLoss(llama, data_parallel)))
 
 
-def build_train_network(llama, optimizer, recipe: Recipe, scale_sense, k: int) -> nn.Cell:
+def build_train_network(llama, optimizer, recipe: Recipe, scale_sense, k: int, network=None) -> nn.Cell:
     """The one train graph, as base_trainer.training_process assembles it. Needs the
     semi-auto parallel context set (and, for the pipeline wrapper, communication).
     `scale_sense`: LossScaler.sense(), the update cell MindFormers' configs name for dynamic
     scaling (mindspore.nn.DynamicLossScaleUpdateCell) or a fixed value. `k`: the recipe's
-    accumulation steps."""
+    accumulation steps. `network`: the loss network returning (numerator, denominator);
+    TrainLoss by default, DPO's pair loss (training/sharded_preference.py)."""
     # imported here: MindFormers loads through mute_mindformers_info (common/frameworks.py), stdout captured
     from mindformers.wrapper.wrapper import (GradAccumulationCellWithTwoOutput, MFPipelineWithLossScaleCell,
                                              MFTrainOneStepCell, PipelineCellWithTwoOutput)
 
     par, clip = recipe.strategies.parallel, recipe.train.grad_clip
-    network = TrainLoss(llama, par.data, recipe.data.max_seq_len)
+    network = network or TrainLoss(llama, par.data, recipe.data.max_seq_len)
     # _wrap_network_with_tool_cells_legacy: with calculate_per_token_loss MindFormers picks
     # the two-output variants of GradAccumulationCell and PipelineCell.
     if par.pipeline > 1:
@@ -217,24 +218,37 @@ def clearing_before_forward(one_step_cell: type) -> type:
     return ClearingBeforeForward
 
 
+def step_inputs(micro_batches, arrange=None) -> list:
+    """The graph's inputs: each array of the k micro-batches (each first put in the order
+    `arrange` gives), concatenated along the batch axis, which MindFormers' accumulation cell
+    cuts back into k."""
+    if arrange is not None:
+        micro_batches = [arrange(batch) for batch in micro_batches]
+    return [Tensor(np.concatenate(parts)) for parts in zip(*micro_batches)]
+
+
 class ShardedStep:
     """One optimizer step of a sharded layout, with TrainStep's interface: the k
     micro-batches of the step go into the graph as one batch, which MindFormers' accumulation
     or pipeline cell cuts back into k (or micro_batches) pieces."""
 
-    def __init__(self, llama, optimizer, scaler, recipe: Recipe, k: int):
+    def __init__(self, llama, optimizer, scaler, recipe: Recipe, k: int, network=None, count=target_tokens,
+                 arrange=None):
+        """`network`, `count`, `arrange`: the loss network (build_train_network), what its
+        denominator counts in a micro-batch (target tokens; DPO's pairs) and the row order a
+        micro-batch goes in with (DPO: sharded_preference.interleave)."""
         # The wrappers call the optimizer only inside `if not overflow`, where a host-side
         # set_data of a learning-rate Parameter is not seen by the compiled graph (MindSpore
         # 2.9.0, checked on CPU): the schedule must be a cell the optimizer evaluates itself.
         if not optimizer.dynamic_lr:
             raise ValueError("ShardedStep needs an optimizer from build_optimizer(..., schedule_in_graph=True)")
-        self.train_network = build_train_network(llama, optimizer, recipe, scaler.sense(), k)
+        self.train_network = build_train_network(llama, optimizer, recipe, scaler.sense(), k, network)
         self.train_network.set_train(True)
         self.scaler = scaler
+        self.count, self.arrange = count, arrange
 
-    @staticmethod
-    def _inputs(micro_batches):
-        return [Tensor(np.concatenate(parts)) for parts in zip(*micro_batches)]
+    def _inputs(self, micro_batches):
+        return step_inputs(micro_batches, self.arrange)
 
     def compile(self, micro_batches) -> None:
         """Compile the train graph, which slices every Parameter to this rank's shard
@@ -249,7 +263,7 @@ class ShardedStep:
         schedule one more step behind the loop's step number, as in MindFormers' training.
         The result carries the rate the graph computed for this step (MindFormers' wrappers
         return it, applied or, on overflow, skipped), which is what metrics.jsonl logs."""
-        tokens = sum(int((batch[1][:, 1:] != IGNORE_ID).sum()) for batch in micro_batches)
+        tokens = sum(self.count(batch) for batch in micro_batches)
         # The scale this step uses; the wrapper updates it on the device (loss_scaling_manager).
         scale = float(self.train_network.scale_sense.asnumpy())
         loss, overflow, _, step_lr, global_norm = self.train_network(*self._inputs(micro_batches))
