@@ -2,8 +2,10 @@
 sharded layouts with train.setup, the function a run builds itself with, and writes what it
 built to <out>/rank_<R>.json. Nothing is compiled: semi-auto parallel cannot
 compile on the CPU backend, but MindFormers' wrappers build there once communication is up
-(MFPipelineWithLossScaleCell creates a communication group in its constructor). Then the
-pipeline wrapper's float-status order is dumped as IR (register_order_ir).
+(MFPipelineWithLossScaleCell creates a communication group in its constructor). The DPO
+layout's reference pass does compile and run: stand-alone, before the chain is built
+(training/sharded_preference.py). Then the pipeline wrapper's float-status order is dumped as
+IR (register_order_ir).
 
     python tests/sharded_chain.py OUT_DIR
 """
@@ -20,6 +22,8 @@ from mindspore import Tensor, nn
 
 from llama_npu.common.launcher import is_scheduler
 from llama_npu.data.batches import ListSamples
+from llama_npu.data.pair_source import PairSource
+from llama_npu.data.pairs import PairSample
 from llama_npu.data.samples import Sample
 from llama_npu.recipe.load import load_recipe
 from llama_npu.selftest.sharded import layout_problem
@@ -90,8 +94,38 @@ def main(out: Path) -> None:
                            # selftest's check of what was built, against this layout and another one
                            layout_problem=layout_problem(session, par),
                            other_layout_problem=layout_problem(session, replace(par, pipeline=3 - par.pipeline)))
+    found["dpo_optimizer_shard"] = dpo_layout(out)
     (out / f"rank_{world.rank}.json").write_text(json.dumps(found, indent=1))
     register_order_ir(out, wrappers["pipeline2"])
+
+
+def dpo_layout(out: Path) -> dict:
+    """The DPO recipe's layout (data 2 x optimizer_shard, 2 micro-batches of 1 pair a rank):
+    its reference pass over 4 pairs, the chain built after it, the context it left, and the
+    rows of the first step's graph inputs (pair i's chosen reply ends with token 8 + i, its
+    rejected one with 42 + i)."""
+    recipe = load_recipe(REPO / "recipes" / "cpu_dpo_smoke.yaml",
+                         [*ASCEND_TINY, "strategies.parallel.optimizer_shard=true", "train.global_batch_size=4"])
+
+    def reply(first: int, n: int) -> Sample:
+        return Sample(list(range(1, 4 + n)), [-100] * 3 + list(range(first, first + n)))
+
+    source = PairSource([PairSample(reply(4, 5 + i), reply(40 + i, 3)) for i in range(4)])
+    (out / "run_dpo").mkdir(exist_ok=True)
+    ms.set_seed(recipe.train.seed)  # as a run's init_runtime: every rank starts from the same random weights
+    session = setup(recipe, out / "run_dpo", source, [], on_ascend=False)
+    step = session.step_fn
+    batches = [session.stream.next_batch() for _ in range(2)]
+    ids, labels, reference = step._inputs(batches)
+    stored = out / "run_dpo" / "reference_logps.npz"
+    return dict(describe(step), data=recipe.strategies.parallel.data, sharded=session.world.sharded,
+                layout_problem=layout_problem(session, recipe.strategies.parallel),
+                full_batch=ms.get_auto_parallel_context("full_batch"),
+                pair_split=type(step.train_network.network._backbone.network.network.split).__name__,
+                reference=source.reference.tolist(),
+                stored_reference=np.load(stored)["log_probs"].tolist() if stored.exists() else None,
+                row_ends=[int(row[row != -100][-1]) for row in labels.asnumpy()],
+                reference_rows=reference.asnumpy().tolist(), pairs_a_micro_batch=step.count(batches[0]))
 
 
 def register_order_ir(out: Path, wrapper: type) -> None:

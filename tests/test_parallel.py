@@ -257,6 +257,34 @@ def test_sharded_layouts_train_through_mindformers_wrapper_chain(sharded_chains,
     assert chains[0]["optimizer_shard"]["eval_batch"] == 2
 
 
+def test_dpo_with_optimizer_sharding_builds_the_pair_loss_into_the_chain_after_a_stand_alone_reference(
+        sharded_chains):
+    """train.objective dpo on data 2 x optimizer_shard (tests/sharded_chain.py dpo_layout): the
+    reference pass ran for real before the chain was built, stand-alone (semi-auto parallel
+    cannot compile on the CPU), and left the run's semi-auto context as it was; MindFormers'
+    accumulation wrapper takes the pair loss; each micro-batch goes in with each pair's rows
+    side by side (so _VirtualDatasetCell's split keeps them on one card), with their reference."""
+    chains, out = sharded_chains
+    for rank in (0, 1):
+        built = chains[rank]["dpo_optimizer_shard"]
+        assert built["chain"] == ["ClearingBeforeForward(MFPipelineWithLossScaleCell)", "_VirtualDatasetCell",
+                                  "GradAccumulationCellWithTwoOutput", "PairLossTwoOutputs", "PreferenceLoss"]
+        assert built["wrapper_micro_batches"] == built["cut_into"] == 2 and built["per_token_loss"]
+        assert built["sharded"] and built["data"] == 2 and built["layout_problem"] == "" and built["full_batch"]
+        assert built["strategy_file"] == str(out / "run_dpo" / "strategy" / f"rank_{rank}.ckpt")
+        assert built["pair_split"] == "InterleavedPairs" and built["pairs_a_micro_batch"] == 2
+        reference = np.array(built["reference"])
+        assert reference.shape == (4, 2) and np.isfinite(reference).all() and (reference < 0).all()
+        np.testing.assert_array_equal(reference, chains[0]["dpo_optimizer_shard"]["reference"])
+        ends = built["row_ends"]  # 2 micro-batches of 2 pairs: 8 rows, pair i's ending with 8 + i, 42 + i
+        assert len(ends) == 8 and ends[1::2] == [end + 34 for end in ends[0::2]]
+        assert sorted(ends[0::2]) == [8, 9, 10, 11]
+        expected = [reference[end - 8 if end < 40 else end - 42, int(end >= 40)] for end in ends]
+        np.testing.assert_array_equal(built["reference_rows"], np.array(expected, np.float32))
+    np.testing.assert_array_equal(chains[0]["dpo_optimizer_shard"]["stored_reference"],
+                                  chains[0]["dpo_optimizer_shard"]["reference"])
+
+
 def test_pipeline_wrapper_clears_before_the_forward_and_after_the_read_only(sharded_chains):
     """The wrapper of k > 1 and pipelines on the register path (the 910A's), as the k = 1 one
     (test_strategies): MindFormers' MFPipelineWithLossScaleCell reads the float status with no
