@@ -6,6 +6,7 @@ _wrap_network_with_tool_cells_legacy -> create_model_wrapper, with _reset_wrappe
 
     the loss network: MindFormers' LlamaForCausalLM in training mode, with
         calculate_per_token_loss, returns (summed token loss, target tokens)
+        (train.objective dpo: (summed pair losses, pairs), training/sharded_preference.py)
     -> GradAccumulationCellWithTwoOutput(k)        when k > 1 micro-batches, no pipeline
        PipelineCellWithTwoOutput(micro_batches)     when pipelining
     -> _VirtualDatasetCell                          (the full batch, split by data parallel)
