@@ -118,10 +118,11 @@ def dpo_layout(out: Path) -> dict:
     batches = [session.stream.next_batch() for _ in range(2)]
     ids, labels, reference = step._inputs(batches)
     stored = out / "run_dpo" / "reference_logps.npz"
+    split = step.train_network.network._backbone.network.network.split  # PreferenceLoss's pair split
     return dict(describe(step), data=recipe.strategies.parallel.data, sharded=session.world.sharded,
                 layout_problem=layout_problem(session, recipe.strategies.parallel),
                 full_batch=ms.get_auto_parallel_context("full_batch"),
-                pair_split=type(step.train_network.network._backbone.network.network.split).__name__,
+                pair_split=type(split).__name__, pair_split_strategy=split.slice.in_strategy,
                 reference=source.reference.tolist(),
                 stored_reference=np.load(stored)["log_probs"].tolist() if stored.exists() else None,
                 row_ends=[int(row[row != -100][-1]) for row in labels.asnumpy()],

@@ -273,6 +273,7 @@ def test_dpo_with_optimizer_sharding_builds_the_pair_loss_into_the_chain_after_a
         assert built["sharded"] and built["data"] == 2 and built["layout_problem"] == "" and built["full_batch"]
         assert built["strategy_file"] == str(out / "run_dpo" / "strategy" / f"rank_{rank}.ckpt")
         assert built["pair_split"] == "InterleavedPairs" and built["pairs_a_micro_batch"] == 2
+        assert built["pair_split_strategy"] == [[2, 1]]  # the batch axis split over data parallel, a pair whole
         reference = np.array(built["reference"])
         assert reference.shape == (4, 2) and np.isfinite(reference).all() and (reference < 0).all()
         np.testing.assert_array_equal(reference, chains[0]["dpo_optimizer_shard"]["reference"])
