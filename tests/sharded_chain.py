@@ -20,6 +20,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
 
+from llama_npu.common.collective import all_reduce_sum
 from llama_npu.common.launcher import is_scheduler
 from llama_npu.data.batches import ListSamples
 from llama_npu.data.pair_source import PairSource
@@ -126,7 +127,10 @@ def dpo_layout(out: Path) -> dict:
                 reference=source.reference.tolist(),
                 stored_reference=np.load(stored)["log_probs"].tolist() if stored.exists() else None,
                 row_ends=[int(row[row != -100][-1]) for row in labels.asnumpy()],
-                reference_rows=reference.asnumpy().tolist(), pairs_a_micro_batch=step.count(batches[0]))
+                reference_rows=reference.asnumpy().tolist(), pairs_a_micro_batch=step.count(batches[0]),
+                # the checkpointer's collective (resume agreement, the stop barrier) in the sharded run
+                ranks_summed=float(all_reduce_sum(np.ones(1))[0]),
+                full_batch_after=ms.get_auto_parallel_context("full_batch"))
 
 
 def register_order_ir(out: Path, wrapper: type) -> None:

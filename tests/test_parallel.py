@@ -274,6 +274,9 @@ def test_dpo_with_optimizer_sharding_builds_the_pair_loss_into_the_chain_after_a
         assert built["strategy_file"] == str(out / "run_dpo" / "strategy" / f"rank_{rank}.ckpt")
         assert built["pair_split"] == "InterleavedPairs" and built["pairs_a_micro_batch"] == 2
         assert built["pair_split_strategy"] == [[2, 1]]  # the batch axis split over data parallel, a pair whole
+        # The checkpointer's host collective compiles stand-alone in a sharded run (full_batch
+        # off while it does, then on again): before, MindSpore refused the compile.
+        assert built["ranks_summed"] == 2.0 and built["full_batch_after"]
         reference = np.array(built["reference"])
         assert reference.shape == (4, 2) and np.isfinite(reference).all() and (reference < 0).all()
         np.testing.assert_array_equal(reference, chains[0]["dpo_optimizer_shard"]["reference"])

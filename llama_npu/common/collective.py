@@ -4,7 +4,31 @@ selftest compares weight hashes and shares rank 0's figures with it.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
+
+
+@contextmanager
+def stand_alone():
+    """Graphs compiled inside are stand-alone, each rank's own whole arrays, also in a
+    semi-auto parallel run (where an op without a shard strategy is split along dimension 0,
+    and which the CPU backend cannot compile); the run's settings are set again after.
+    full_batch goes off with the mode: every Cell compile refuses full_batch outside semi-auto
+    and auto parallel (mindspore/graph/api.py calls parallel/_utils.py _check_full_batch), and
+    a sharded run sets it (strategies/parallel.py auto_parallel_context). The parallel optimizer
+    and the strategy file stay set: MindSpore reads them for semi-auto graphs only."""
+    import mindspore as ms  # imported here: selftest imports this module before its quiet_frameworks
+
+    mode, full_batch = ms.get_auto_parallel_context("parallel_mode"), ms.get_auto_parallel_context("full_batch")
+    sharded = mode in ("semi_auto_parallel", "auto_parallel")
+    if sharded:
+        ms.set_auto_parallel_context(parallel_mode="stand_alone", full_batch=False)
+    try:
+        yield
+    finally:
+        if sharded:
+            ms.set_auto_parallel_context(parallel_mode=mode, full_batch=full_batch)
 
 
 def all_reduce_sum(values) -> np.ndarray:
@@ -22,14 +46,5 @@ def all_reduce_sum(values) -> np.ndarray:
         def construct(self, x):
             return self.sum(x)
 
-    # Under semi-auto parallel an op without a shard strategy is split along dimension 0;
-    # this small graph is compiled outside it, as one whole array per rank (not run: no NPU).
-    mode = ms.get_auto_parallel_context("parallel_mode")
-    sharded = mode in ("semi_auto_parallel", "auto_parallel")
-    if sharded:
-        ms.set_auto_parallel_context(parallel_mode="stand_alone")
-    try:
+    with stand_alone():  # one whole array per rank, also in a semi-auto run (not run there: no NPU)
         return _Sum()(ms.Tensor(np.asarray(values, np.float32))).asnumpy()
-    finally:
-        if sharded:
-            ms.set_auto_parallel_context(parallel_mode=mode)

@@ -27,7 +27,7 @@ def preference_parts(recipe, run_dir: Path, net, source: PairSource, world: Worl
     chunked, parallel = recipe.strategies.chunked_ce, recipe.strategies.parallel
     chunk_size = chunked.chunk_size if chunked.enabled else None
     if recipe.dpo.reference == "precomputed":
-        with reference_context(parallel, world, run_dir):
+        with reference_context(world):
             source.reference = precomputed_reference(run_dir, net, chunk_size, source.pairs,
                                                      recipe.train.micro_batch_size, recipe.data.max_seq_len + 1,
                                                      world.is_main)

@@ -29,7 +29,7 @@ The metrics: PreferenceLoss adds the global sums of its pairs' rewards and log-p
 metric Parameter, so the host divides by the pairs of every card (take_metrics).
 
 The reference (dpo.reference precomputed): the pass before step 1 runs unsharded on each
-card, over every pair, in a stand-alone context (`unsharded`): a forward needs no optimizer
+card, over every pair, in a stand-alone context (common/collective.py stand_alone): a forward needs no optimizer
 states, and the weights are whole until the train graph compiles (the planner counts the pass
 below the step's forward phase, memory/planner.py strategy_from_recipe). Each card computes
 the same values from the same starting weights; rank 0 stores them. Left as in data parallel:
@@ -37,15 +37,15 @@ the pass is not divided among the cards.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
-from pathlib import Path
+from contextlib import nullcontext
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import nn, ops
 
-from ..strategies.parallel import ParallelSection, World, auto_parallel_context, strategy_file
+from ..common.collective import stand_alone
+from ..strategies.parallel import World
 
 
 def interleave(batch):
@@ -69,16 +69,6 @@ class PairLossTwoOutputs(nn.Cell):
         return self.network(input_ids, labels, reference), pairs
 
 
-@contextmanager
-def unsharded(section: ParallelSection, world: World, run_dir: Path):
-    """Graphs compiled inside run stand-alone on this card (the reference pass); the run's
-    semi-auto context (strategies/parallel.py init_parallel) is set again after."""
-    ms.reset_auto_parallel_context()
-    try:
-        yield
-    finally:
-        ms.set_auto_parallel_context(**auto_parallel_context(section, world.size, strategy_file(run_dir, world.rank)))
-
-
-def reference_context(section: ParallelSection, world: World, run_dir: Path):
-    return unsharded(section, world, run_dir) if world.sharded else nullcontext()
+def reference_context(world: World):
+    """Where the reference pass compiles: stand-alone on each card of a sharded run."""
+    return stand_alone() if world.sharded else nullcontext()
