@@ -16,7 +16,7 @@ from llama_npu.model.tokens import IGNORE_ID
 from llama_npu.recipe.load import load_recipe
 from llama_npu.recipe.problems import RecipeError
 
-from conftest import SMOKE
+from conftest import REPO, SMOKE
 
 T = 12  # positions a row's model input holds; a row is T + 1 tokens
 PROMPTS = ((5, 4, 3), (3, 6, 2))  # (prompt, chosen reply, rejected reply) tokens of each pair
@@ -461,6 +461,30 @@ def test_the_planner_counts_two_sequences_a_pair_and_no_reference_weights():
         assert plan.components[part] == same_rows.components[part] > as_sft.components[part], part
     for part in ("weights", "gradients", "optimizer_states"):
         assert plan.components[part] == as_sft.components[part], part
+
+
+@pytest.mark.quick
+def test_fit_offers_a_dpo_run_only_layouts_its_validation_takes():
+    """`plan --fit` without LoRA for the 3B full DPO recipe: on its 8 x 910B it keeps data 8 x
+    optimizer sharding; on 8 x 910A (32 GB) nothing DPO takes fits, where the same rows as SFT
+    would be offered pipeline stages, which DPO refuses (objectives/preference.py)."""
+    from dataclasses import replace
+
+    from llama_npu.memory.devices import DEVICES
+    from llama_npu.memory.fit_choice import recommend
+    from llama_npu.memory.planner import strategy_from_recipe
+    from llama_npu.model.architecture import PRESETS
+
+    recipe = load_recipe(REPO / "recipes" / "llama3_2_3b_zh_dpo_full_8x910b.yaml")
+    shape, params = PRESETS["llama3.2-3b"], 3_212_749_824
+    dpo = strategy_from_recipe(recipe, "910b")
+    best, _ = recommend(shape, params, DEVICES["910b"], dpo, 8, False, None)
+    s = best.strategy
+    assert (s.data, s.model, s.pipeline, s.optimizer_shard) == (8, 1, 1, True)
+    on_910a = replace(dpo, dtype="float16")
+    assert recommend(shape, params, DEVICES["910a"], on_910a, 8, False, None)[0] is None
+    same_rows = replace(on_910a, sequences_per_sample=1, micro_batch=2, global_batch=64)
+    assert recommend(shape, params, DEVICES["910a"], same_rows, 8, False, None)[0].strategy.pipeline > 1
 
 
 

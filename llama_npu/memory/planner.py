@@ -339,6 +339,8 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
             continue
         if base.reference_forward and not with_lora:
             continue  # dpo.reference adapters_off is the LoRA policy's own base
+        if base.sequences_per_sample == 2 and (model > 1 or pipeline > 1 or (shard and base.reference_forward)):
+            continue  # DPO layouts recipe validation refuses (objectives/preference.py check)
         if base_dtype == "int8" and model > 1:
             continue  # the int8 base is not sharded (strategies/lora.py refuses it)
         if chunked and (shard or model > 1 or pipeline > 1):
