@@ -336,9 +336,10 @@ def test_inference_plan_counts_weights_by_precision_and_the_kv_cache():
     assert results["int8"]["weights"] == 16 * (split["layer_matrices"] + 4 * out_channels) + \
         2 * (split["embedding"] + 16 * split["layer_norms"] + split["final_norm"])
     assert results["fp16"]["kv_cache"] == 2 * 16 * 512 * 512 * 2  # K and V, 16 layers, 512 tokens, 8 x 64, fp16
-    # held in int8, one weight at a time is dequantized on the 910A (the largest, 2048 x 8192: its fp32 cast,
-    # the fp32 product with the scales, the fp16 copy); the 910B's WeightQuantBatchMatmul forms none
-    assert (results["int8"]["dequantized_weight"], results["fp16"]["dequantized_weight"]) == (10 * 2048 * 8192, 0)
+    # held in int8, one block of 2^21 weights at a time is dequantized on the 910A (1,024 of the largest's
+    # 8,192 rows of 2,048: its fp32 cast, the fp32 product with the scales, the fp16 copy); the 910B's
+    # WeightQuantBatchMatmul forms none
+    assert (results["int8"]["dequantized_weight"], results["fp16"]["dequantized_weight"]) == (10 * 1024 * 2048, 0)
     from llama_npu.memory.planner import estimate_inference
 
     on_910b = estimate_inference(PRESETS["llama3.2-1b"], P["llama3.2-1b"], DEVICES["910b"], "int8", 1, 512)
