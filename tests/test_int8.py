@@ -76,7 +76,8 @@ def dequantized(quantized, tmp_path_factory):
     return dst
 
 
-def test_quantized_directory_stays_int8_and_its_logits_equal_dequantize_at_load(ms, quantized, dequantized):
+def test_quantized_directory_stays_int8_and_its_logits_equal_dequantize_at_load(ms, quantized, dequantized,
+                                                                                  monkeypatch):
     """eval/generate's model of a quantized directory (--weights stored) against today's
     dequantize-at-load model (the float q x s directory): the logits and the held-out loss."""
     from llama_npu.data.readers import read_records
@@ -99,6 +100,21 @@ def test_quantized_directory_stays_int8_and_its_logits_equal_dequantize_at_load(
     samples, _ = tokenize_records(load_tokenizer("llama3.2"), held_out, 25)
     losses = [evaluate(loss_cell, samples, 2, 25)[0] for loss_cell in (int8_loss, float_loss)]
     assert abs(losses[0] - losses[1]) < 1e-4
+    # The 1B's weights are dequantized a block of output channels at a time (the tiny model's fit
+    # in one block): with blocks of 2,048 weights (2 to 4 blocks a weight) the logits are still bit-identical.
+    import llama_npu.model.int8_linear as int8_linear
+
+    monkeypatch.setattr(int8_linear, "DEQUANT_BLOCK", 2048)
+    blocked_net, _, _ = build_from_checkpoint(quantized, 24, batch_size=2, device="cpu")
+    assert np.array_equal(logits_of(ms, blocked_net, tokens), logits_of(ms, float_net, tokens))
+    # --weights fp16: the weights held in fp16, computing in fp32, within fp16's rounding of the weights
+    half_net, half_loss, _ = build_from_checkpoint(dequantized, 24, batch_size=2, device="cpu", weights="fp16")
+    # (the norms stay fp32: MindFormers' layernorm_compute_type)
+    held = {p.name: p.dtype for p in half_net.get_parameters()}
+    assert {n for n, d in held.items() if d != ms.float16} == {n for n in held if n.endswith("norm.weight") or
+                                                               n.endswith("norm_out.weight")}
+    assert held["model.tok_embeddings.embedding_weight"] == ms.float16
+    assert abs(evaluate(half_loss, samples, 2, 25)[0] - losses[1]) < 1e-2
 
 
 # ---------------------------------------------------------------- LoRA over an int8 frozen base
