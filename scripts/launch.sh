@@ -14,6 +14,8 @@
 #   LOG_DIR        per-worker logs               (default: runs/msrun_logs/<recipe name>)
 #   JOIN           wait for the workers          (default: True)
 #   CLUSTER_TIME_OUT  seconds the others wait when a process is missing (default: 600)
+#   NODE_TIMEOUT   seconds node 0's scheduler waits for a worker that stopped answering, e.g.
+#                  one killed on another node, before it fails the launch (default: 15; see below)
 # Before msrun starts, `llama-npu validate` runs train's pre-flight checks (the output
 # directory included). A worker that fails ends the launch within seconds, with the worker's
 # exit status and its one-line error last on stderr.
@@ -58,6 +60,9 @@ case "$WORKERS" in ''|*[!0-9]*|0) echo "launch: NUM_WORKERS must be a positive i
 LOCAL="${LOCAL_WORKERS:-$WORKERS}"; NODE="${NODE_RANK:-0}"
 case "$LOCAL" in
     ''|*[!0-9]*|0) echo "launch: LOCAL_WORKERS must be a positive integer, got '$LOCAL'" >&2; exit 2 ;;
+esac
+case "${NODE_TIMEOUT:-15}" in
+    ''|*[!0-9]*|0) echo "launch: NODE_TIMEOUT must be a positive number of seconds, got '${NODE_TIMEOUT:-}'" >&2; exit 2 ;;
 esac
 if [ $((WORKERS % LOCAL)) -ne 0 ]; then
     echo "launch: LOCAL_WORKERS=$LOCAL does not divide NUM_WORKERS=$WORKERS; every node must run the same" \
@@ -115,6 +120,15 @@ mkdir -p "$LOG_DIR"
 rm -f "$LOG_DIR"/worker_*.log "$LOG_DIR/msrun.log" "$LOG_DIR/scheduler.log"
 # msrun starts workers with the `python` on PATH: make it the venv's.
 export PATH="$ROOT/.venv/bin:$PATH"
+# A worker that stops answering (kill -9, its host gone) is found by node 0's scheduler when
+# its heartbeats stop: MindSpore's default MS_NODE_TIMEOUT is 30 s, so with the scheduler's
+# 3 s check and this script's own wait the launch ended ~35 s after the kill. Workers send a
+# heartbeat every 3-5 s from a thread of their own (MS_RETRY_INTERVAL_LOWER/UPPER; compiles
+# and checkpoint writes do not hold it up), so 15 s is three missed beats. Only the scheduler
+# gets it (strategies/parallel.py, run_scheduler): in a worker MS_NODE_TIMEOUT also sizes the
+# wait for a communication group's unique id from rank 0 (ms_collective_comm_lib.cc, 200 s by
+# default, raised on large clusters), which a short value would break.
+export LLAMA_NPU_SCHEDULER_NODE_TIMEOUT="${NODE_TIMEOUT:-15}"
 # msrun in its own process group (with its scheduler), its output in msrun.log and on the console.
 if [ "$master" = rehearsal ]; then  # this node's workers, as msrun starts them, without its scheduler
     setsid "$ROOT/.venv/bin/python" -m llama_npu.common.nodes workers "${MASTER_ADDR:-127.0.0.1}" \
