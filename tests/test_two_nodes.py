@@ -126,6 +126,7 @@ def test_a_master_addr_without_a_route_or_a_taken_port_fails_at_once_in_one_line
     ({"NODE_RANK": "1", "LOCAL_WORKERS": "2", "MASTER_ADDR": "no-such-node.invalid"},
      "launch: MASTER_ADDR=no-such-node.invalid does not resolve (Name or service not known); give node 0's "
      "address, or a host name this node resolves"),
+    ({"NODE_TIMEOUT": "15s"}, "launch: NODE_TIMEOUT must be a positive number of seconds, got '15s'"),
 ])
 def test_a_bad_node_layout_or_master_addr_is_one_line_before_any_worker_starts(env, line, tmp_path):
     proc = run_launch(SMOKE, 4, "--output-dir", tmp_path / "run", *EIGHT_STEPS, log_dir=tmp_path / "logs", env=env,
