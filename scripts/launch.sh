@@ -242,6 +242,8 @@ continue_command() {
     echo "${quoted% }"
 }
 
+# A CPU collective whose peer never answered (mindspore/ops/kernel/cpu/native/allreduce_cpu_kernel.cc)
+COLLECTIVE_FAILED="Launch kernel failed: [^ ]*(AllReduce|AllGather|Broadcast|ReduceScatter)"
 if [ $status -ne 0 ]; then
     line=$(grep -o "Worker process [0-9]* exit with exception. Error code: -\?[0-9]*" "$LOG_DIR/msrun.log" | head -n 1)
     worker_pid=$(grep -o "process [0-9]*" <<<"$line" | grep -o "[0-9]*")
@@ -255,6 +257,12 @@ if [ $status -ne 0 ]; then
         error=$(grep "llama-npu: error:" "$log" | tail -n 1)
         if [ -n "$error" ]; then
             errors+=("launch: rank $rank failed: ${error#*llama-npu: error: }")
+        elif [ -z "$lost" ] && [ "$NODES" -gt 1 ] && grep -qE "$COLLECTIVE_FAILED" "$log"; then
+            # Its peer is gone, on another node: node 1's worker waits in the step's all-reduce
+            # until the CPU backend's receive gives up (~40 s) when node 0's rank is killed. Not
+            # matched: HCCL's own time-out on Ascend (HCCL_EXEC_TIMEOUT), never run here.
+            error="launch: rank $rank failed in a collective with another node's rank, which stopped (killed,"
+            errors+=("$error or its host gone); node 0's console names it, and $log says more")
         elif [ -z "$lost" ] && grep -q "Traceback" "$log"; then
             echo "launch: rank $rank crashed; last 25 lines of $log:" >&2
             tail -n 25 "$log" >&2
