@@ -96,9 +96,16 @@ def launch(commands: list, logs: Path) -> list:
         env = {**os.environ, **node_env, "LOG_DIR": str(out / "msrun"), **env, "MASTER_PORT": port}
         command = ["bash", *map(str, words)]
         started.append(subprocess.Popen(two_hosts.in_node(NODES, node, command) if len(commands) > 1 else command,
-                                        cwd=REPO, env=env, start_new_session=True,
+                                        cwd=REPO, env=env, start_new_session=True, preexec_fn=default_sigint,
                                         stdout=open(out / "stdout", "w"), stderr=open(out / "stderr", "w")))
     return started
+
+
+def default_sigint() -> None:
+    """In a launch: SIGINT as a terminal delivers it. This script run in the background
+    (`nohup ... &`) inherits SIGINT ignored, and bash cannot trap a signal ignored on entry, so
+    launch.sh would never see the sigint_launch cells' Ctrl-C (they then simply finished)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_all(procs: list, timeout: float) -> list:
