@@ -73,7 +73,7 @@ def where_master_is(addr: str, port: int, node_rank: int) -> str:
 # The pre-flight agreement's port, on node 0 only, open only while the nodes agree, closed before msrun
 # starts: msrun's scheduler takes MASTER_PORT (mindspore/parallel/cluster/process_entity/_api.py), and
 # the workers listen on port ranges the scheduler hands them once they have registered (NodePortRanges,
-# libmindspore_cluster.so; 8118 and 8374 for ranks 0 and 1 here), so nothing of MindSpore's is up yet.
+# libmindspore_cluster.so; 8118 and 8374 for ranks 0 and 1 with MASTER_PORT 23419 here): none is up yet.
 AGREE_PORT_OFFSET = 1
 
 
