@@ -105,7 +105,8 @@ def _disagreement(mine: dict, theirs: dict, host: str, seen: dict) -> str:
                f"NODE_RANK in [0, {nodes})"
     if theirs["recipe"] != mine["recipe"]:
         return f"launch: node {rank} ({host}) launches another recipe than node 0 (its file or --set differ: " \
-               f"sha256 {mine['recipe'][:12]} on node 0, {theirs['recipe'][:12]} there); give every node the same"
+               f"sha256 {mine['recipe'][:12]} on node 0, {theirs['recipe'][:12]} there); give every node the same " \
+               f"recipe file and --set"
     return ""
 
 
