@@ -13,7 +13,8 @@
 #   NODE_RANK      this node's index             (default: 0)
 #   LOG_DIR        per-worker logs               (default: runs/msrun_logs/<recipe name>)
 #   JOIN           wait for the workers          (default: True)
-#   CLUSTER_TIME_OUT  seconds the others wait when a process is missing (default: 600)
+#   CLUSTER_TIME_OUT  seconds the others wait when a process is missing, and the nodes wait for
+#                  each other before any starts a worker (default: 600)
 #   NODE_TIMEOUT   seconds node 0's scheduler waits for a worker that stopped answering, e.g.
 #                  one killed on another node, before it fails the launch (default: 15; see below)
 # Before msrun starts, `llama-npu validate` runs train's pre-flight checks (the output
@@ -60,6 +61,9 @@ case "$WORKERS" in ''|*[!0-9]*|0) echo "launch: NUM_WORKERS must be a positive i
 LOCAL="${LOCAL_WORKERS:-$WORKERS}"; NODE="${NODE_RANK:-0}"
 case "$LOCAL" in
     ''|*[!0-9]*|0) echo "launch: LOCAL_WORKERS must be a positive integer, got '$LOCAL'" >&2; exit 2 ;;
+esac
+case "${CLUSTER_TIME_OUT:-600}" in
+    ''|*[!0-9]*|0) echo "launch: CLUSTER_TIME_OUT must be a positive number of seconds, got '${CLUSTER_TIME_OUT:-}'" >&2; exit 2 ;;
 esac
 case "${NODE_TIMEOUT:-15}" in
     ''|*[!0-9]*|0) echo "launch: NODE_TIMEOUT must be a positive number of seconds, got '${NODE_TIMEOUT:-}'" >&2; exit 2 ;;
@@ -113,6 +117,14 @@ fi
 # --strict-device: here the run starts, so a missing NPU is an error, not a check left for later
 "$ROOT/.venv/bin/llama-npu" validate "$RECIPE" --workers "$WORKERS" --strict-device "${output_args[@]}" \
     "${sets[@]}" "${flags[@]}" >/dev/null || exit 2
+# More than one node: each has checked only itself. Now the nodes agree on NUM_WORKERS, LOCAL_WORKERS,
+# the recipe file and its --set, and have each its own NODE_RANK, before any of them starts a worker:
+# node 0 listens on MASTER_PORT + 1 (llama_npu/common/nodes.py, agree) until the others have reached it.
+if [ "$NODES" -gt 1 ]; then
+    digest=$({ cat "$RECIPE"; printf '%s\0' "${sets[@]}" "$rehearsal"; } | sha256sum | cut -d' ' -f1)
+    "$ROOT/.venv/bin/python" -m llama_npu.common.nodes agree "${MASTER_ADDR:-127.0.0.1}" "${MASTER_PORT:-8118}" \
+        "$WORKERS" "$LOCAL" "$NODE" "${CLUSTER_TIME_OUT:-600}" "$digest" || exit 2
+fi
 
 LOG_DIR="${LOG_DIR:-runs/msrun_logs/$(basename "${RECIPE%.*}")}"
 mkdir -p "$LOG_DIR"

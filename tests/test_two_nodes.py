@@ -28,15 +28,16 @@ def nodes(request):
         pytest.skip(f"network namespaces cannot be made here: {exc.stderr.strip()}")
 
 
-def start_node(nodes, n, work, *args, port, env=None, command=None) -> subprocess.Popen:
+def start_node(nodes, n, work, *args, port, env=None, command=None, workers=2, name=None) -> subprocess.Popen:
     """scripts/launch.sh as node `n` inside its namespace (or `command`, a printed continue
-    command, as given); console in work/node<n>.out and .err."""
+    command, as given); console in work/<name>.out and .err, LOG_DIR work/logs-<name> (name: node<n>)."""
     env = {**two_hosts.node_env(nodes, n, port), **(env or {})}
     launch = ["bash", "-c", command] if command else ["env", *(f"{k}={v}" for k, v in env.items()), "bash",
-                                                      "scripts/launch.sh", str(SMOKE), "2", *map(str, args)]
-    out, err = open(work / f"node{n}.out", "w"), open(work / f"node{n}.err", "w")
+                                                      "scripts/launch.sh", str(SMOKE), str(workers), *map(str, args)]
+    name = name or f"node{n}"
+    out, err = open(work / f"{name}.out", "w"), open(work / f"{name}.err", "w")
     return subprocess.Popen(two_hosts.in_node(nodes, n, launch), cwd=REPO, stdout=out, stderr=err,
-                            env={**os.environ, "LOG_DIR": str(work / f"logs{n}"), "CLUSTER_TIME_OUT": "60"})
+                            env={**os.environ, "LOG_DIR": str(work / f"logs-{name}"), "CLUSTER_TIME_OUT": "60"})
 
 
 def console(work, n) -> str:
@@ -72,7 +73,8 @@ def test_a_sigterm_to_node_0_stops_both_nodes_after_the_same_step_each_with_its_
         text = console(work, n)
         for noise in ("Traceback", "[WARNING] ME(", "[ERROR] ME(", "Start scheduler process", "RuntimeError"):
             assert noise not in text, (n, noise)
-        assert "Error code: 75" in (work / f"logs{n}" / "msrun.log").read_text()  # msrun's own account of the stop
+        msrun_log = (work / f"logs-node{n}" / "msrun.log").read_text()
+        assert "Error code: 75" in msrun_log  # msrun's own account of the stop
     (step,) = steps  # the same step on both nodes
     state = (work / "run" / "checkpoints" / f"step_{step}" / "state.json")
     assert state.exists()  # data parallel: rank 0 saves every rank's (identical) weights
@@ -115,6 +117,39 @@ def test_a_master_addr_without_a_route_or_a_taken_port_fails_at_once_in_one_line
                                             f"launch's scheduler?); free it, or give every node the same other "
                                             f"MASTER_PORT")
     assert not (tmp_path / "run").exists()  # nothing started
+    # NODE_RANK=0 on a node that is not MASTER_ADDR's: msrun would start no scheduler, and ranks 0.. twice
+    proc = start_node(nodes, 1, tmp_path, "--output-dir", tmp_path / "run", *EIGHT_STEPS, port=port,
+                      env={"NODE_RANK": "0"})
+    assert proc.wait(timeout=30) == 2
+    assert console(tmp_path, 1).strip() == (f"launch: NODE_RANK=0 but MASTER_ADDR={addr} is not one of this node's "
+                                            f"addresses; node 0 is the node at MASTER_ADDR: give this node its own "
+                                            f"NODE_RANK")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("workers, launches, line", [
+    # NUM_WORKERS=4 as 2 + 1 would start 3 workers, and the cluster would wait for a 4th
+    (4, [(0, {"LOCAL_WORKERS": "2"}), (1, {})],
+     "launch: LOCAL_WORKERS differs between nodes: node 0 has 2, node 1 ({node1}) has 1; every node must run the same "
+     "LOCAL_WORKERS (node R holds the ranks from R x LOCAL_WORKERS)"),
+    # two nodes both NODE_RANK=1 of three (both in node 1's namespace), node 2 missing
+    (3, [(0, {}), (1, {}), (1, {})],
+     "launch: two nodes have NODE_RANK=1 ({node1} and {node1}); give each node its own NODE_RANK in [0, 3)"),
+], ids=["local-workers", "node-rank-twice"])
+def test_nodes_that_disagree_each_say_so_in_the_same_line_before_any_worker_starts(nodes, tmp_path, workers,
+                                                                                   launches, line):
+    """A node sees only its own LOCAL_WORKERS and NODE_RANK: the nodes compare them at node 0
+    (on MASTER_PORT + 1) before any starts a worker; every node prints the same line, exit 2."""
+    port = random.randint(20000, 40000)
+    procs = [start_node(nodes, n, tmp_path, "--output-dir", tmp_path / "run", *EIGHT_STEPS, port=port,
+                        workers=workers, env=env, name=f"launch{i}") for i, (n, env) in enumerate(launches)]
+    assert [proc.wait(timeout=60) for proc in procs] == [2] * len(procs)
+    want = line.format(node1=nodes[1][1])
+    for i in range(len(procs)):
+        said = [text for text in (tmp_path / f"launch{i}.err").read_text().splitlines()
+                if text.strip() and not text.startswith("tokenize:")]  # validate's progress bars, on every launch
+        assert said == [want], i
+    assert not list(tmp_path.glob("logs-*")) and not (tmp_path / "run").exists()  # no worker started
 
 
 @pytest.mark.parametrize("env, line", [
