@@ -8,6 +8,10 @@ its own child process each. The embedding and norms are fp16 in the int8 child, 
 `quantize` stores them and eval holds them. LoRA: `llama-npu train` in process, O2 fp16,
 over the 1B shape cut to a few layers so that it trains on this machine.
 
+Eval's cells keep the int8 model's transients small: each linear layer dequantizes 2^21 weights
+at a time (model/int8_linear.py), and the LM head casts its fp16 weight 8,192 vocabulary rows at a
+time (model/chunked_loss.py), so the fp16 and int8 children hold no fp32 copy of a whole matrix.
+
 Each eval child runs in PYNATIVE_MODE: the CPU backend frees a kernel's transient buffers there,
 while a GRAPH_MODE graph keeps every buffer it allocates (docs/profiling-and-benchmarks.md:
 chunked CE peaked at 4.59 GiB in PyNative against 13.70 GiB in GRAPH mode), which would hide
@@ -138,7 +142,8 @@ def run_child(*args) -> dict:
 
 
 def planner_lines(seq: int) -> list:
-    """The planner's inference estimate (memory/planner.py estimate_inference) of the same shape."""
+    """The planner's inference estimate (memory/planner.py estimate_inference) of the same shape on
+    the 910A, whose int8 layers run the cast-and-scale kernel these children run on the CPU."""
     from llama_npu.memory.devices import DEVICES
     from llama_npu.memory.planner import estimate_inference, split_params
     from llama_npu.model.architecture import PRESETS
@@ -147,9 +152,9 @@ def planner_lines(seq: int) -> list:
     split = split_params(shape)
     params = split["embedding"] + shape.num_layers * (split["layer_matrices"] + split["layer_norms"]) \
         + split["final_norm"]
-    plans = {p: estimate_inference(shape, params, DEVICES["910b"], p, 1, seq) for p in ("fp32", "fp16", "int8")}
+    plans = {p: estimate_inference(shape, params, DEVICES["910a"], p, 1, seq) for p in ("fp32", "fp16", "int8")}
     totals = {p: plan.total_bytes - plan.components["margin"] for p, plan in plans.items()}
-    return [f"planner (estimate_inference, 1 x {seq}, without its margin): " + ", ".join(
+    return [f"planner (estimate_inference, 910A, 1 x {seq}, without its margin): " + ", ".join(
         f"{p} weights {plans[p].components['weights'] / GIB:.2f} GiB, total {totals[p] / GIB:.2f} GiB" for p in plans),
         f"planner int8/fp16 total: {totals['int8'] / totals['fp16']:.3f}"]
 

@@ -3,10 +3,11 @@ smoke recipe on the CPU, one fault at one moment, then the command the launch pr
 the resumed run's losses against those of an uninterrupted launch. Real signals and a real
 file-size limit (RLIMIT_FSIZE set on the running worker with prlimit); nothing is mocked.
 
-    python scripts/fault_matrix.py [--cells FAULT:MOMENT ...] [--chain] [--json FILE]
+    python scripts/fault_matrix.py [--cells FAULT:MOMENT ...] [--chain] [--two-nodes] [--json FILE]
 
 Faults: sigint_launch, sigterm_launch (to launch.sh), sigterm_worker (rank 1), sigkill_worker
-(rank 0, the rank that saves a data-parallel run), disk_full (rank 0's checkpoint write).
+(rank 0, the rank that saves a data-parallel run), disk_full (rank 0's checkpoint write),
+sigkill_rank1 (kill -9 of rank 1, the other node's worker under --two-nodes).
 Moments: compile (the first step, compiling its graph), mid_step (between two saves),
 mid_save (while step 6's checkpoint is being written). A launch is 8 steps, saving at 3 and 6.
 Prints one row a cell: the launch's exit status and last line, the step the printed command
@@ -14,6 +15,12 @@ resumed from, the steps trained twice, and whether every step's loss equals the
 uninterrupted run's (to 1e-6). Each cell costs two launches (~30-60 s each on 2 cores).
 --chain costs one launch a cell and one more: each cell's fault goes into the launch that
 resumes the cell before it, in one run directory, whose losses at the end are every cell's.
+--two-nodes (root only) runs each launch as two nodes, one worker each, in two network
+namespaces (scripts/two_hosts.py): node 0 holds rank 0 and the scheduler, node 1 rank 1; a
+signal "to launch.sh" goes to node 0's, each node runs the command its own launch printed,
+and a row gives each node's exit and seconds to exit as "node 0 / node 1". Its default cells
+are a stop, the kill of the other node's worker and a kill during the save; the reference is
+an uninterrupted launch on one host.
 """
 from __future__ import annotations
 
@@ -33,14 +40,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+import two_hosts  # scripts/two_hosts.py, beside this script
+
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 STEPS, SAVE_EVERY = 8, 3
 ARGS = ["--set", "data.max_seq_len=32", "--set", "train.micro_batch_size=2", "--set", "train.global_batch_size=0",
         "--set", "train.warmup_steps=2", "--set", "data.eval_files=[]", "--set", f"train.max_steps={STEPS}",
         "--set", f"train.save_every={SAVE_EVERY}", "--set", "train.keep_last=3"]
-FAULTS = ("sigint_launch", "sigterm_launch", "sigterm_worker", "sigkill_worker", "disk_full")
+FAULTS = ("sigint_launch", "sigterm_launch", "sigterm_worker", "sigkill_worker", "disk_full", "sigkill_rank1")
 MOMENTS = ("compile", "mid_step", "mid_save")
+SINGLE_HOST_CELLS = [f"{f}:{m}" for f in FAULTS[:5] for m in MOMENTS]
+TWO_NODE_CELLS = ["sigterm_launch:mid_step", "sigkill_rank1:mid_step", "sigkill_worker:mid_save"]
+NODES: list = []  # --two-nodes: [(namespace, address)] of node 0 and node 1; empty: one host
 SAVED_MID_RUN = 2 * SAVE_EVERY  # the step whose save `mid_save` hits
 
 
@@ -48,9 +60,10 @@ SAVED_MID_RUN = 2 * SAVE_EVERY  # the step whose save `mid_save` hits
 class Cell:
     fault: str
     moment: str
-    exit_status: Optional[int] = None
+    exit_status: Optional[int] = None  # node 0's under --two-nodes; node 1's in `nodes`
     seconds_to_exit: Optional[float] = None
     last_line: str = ""
+    nodes: Optional[list] = None  # --two-nodes: [{exit_status, seconds_to_exit, last_line}] of node 0 and node 1
     ranks_stopped_at: tuple = ()  # the step each rank's "stopped by ... after step N" names
     resumed_from: Optional[int] = None
     steps_lost: Optional[int] = None
@@ -62,11 +75,50 @@ def _port() -> str:
     return str(random.randint(20000, 40000))
 
 
-def launch(args, logs: Path, env: Optional[dict] = None) -> subprocess.Popen:
-    logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MASTER_PORT": _port(), "LOG_DIR": str(logs / "msrun"), **(env or {})}
-    return subprocess.Popen(["bash", *map(str, args)], cwd=REPO, env=env, start_new_session=True,
-                            stdout=open(logs / "stdout", "w"), stderr=open(logs / "stderr", "w"))
+def node_logs(logs: Path, node: int) -> Path:
+    """Where node `node`'s launch writes its console (stdout, stderr) and its LOG_DIR (msrun/)."""
+    return logs / f"node{node}" if NODES else logs
+
+
+def worker_log(logs: Path, rank: int) -> Path:
+    return node_logs(logs, rank if NODES else 0) / "msrun" / f"worker_{rank}.log"  # one worker a node
+
+
+def launch(commands: list, logs: Path) -> list:
+    """Each (environment, words) of `commands` as a launch: one on this host, or one a node of
+    NODES in its namespace, all with the same MASTER_PORT. The processes, node 0's first."""
+    port = next((env["MASTER_PORT"] for env, _ in commands if "MASTER_PORT" in env), _port())
+    started = []
+    for node, (env, words) in enumerate(commands):
+        out = node_logs(logs, node)
+        out.mkdir(parents=True, exist_ok=True)
+        node_env = two_hosts.node_env(NODES, node, port) if len(commands) > 1 else {}
+        env = {**os.environ, **node_env, "LOG_DIR": str(out / "msrun"), **env, "MASTER_PORT": port}
+        command = ["bash", *map(str, words)]
+        started.append(subprocess.Popen(two_hosts.in_node(NODES, node, command) if len(commands) > 1 else command,
+                                        cwd=REPO, env=env, start_new_session=True, preexec_fn=default_sigint,
+                                        stdout=open(out / "stdout", "w"), stderr=open(out / "stderr", "w")))
+    return started
+
+
+def default_sigint() -> None:
+    """In a launch: SIGINT as a terminal delivers it. This script run in the background
+    (`nohup ... &`) inherits SIGINT ignored, and bash cannot trap a signal ignored on entry, so
+    launch.sh would never see the sigint_launch cells' Ctrl-C (they then simply finished)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def wait_all(procs: list, timeout: float) -> list:
+    """The exit statuses of `procs`, and the seconds each took from now: [(status, seconds)]."""
+    start, ended = time.monotonic(), {}
+    while len(ended) < len(procs):
+        for i, proc in enumerate(procs):
+            if i not in ended and proc.poll() is not None:
+                ended[i] = (proc.returncode, round(time.monotonic() - start, 1))
+        if time.monotonic() - start > timeout:
+            raise RuntimeError(f"the launch did not end within {timeout} s")
+        time.sleep(0.05)
+    return [ended[i] for i in range(len(procs))]
 
 
 def worker_pid(port: str, rank: int) -> Optional[int]:
@@ -109,24 +161,24 @@ def metric_steps(out: Path, before: Before = Before()) -> list:
     return [json.loads(line)["step"] for line in path.read_text().splitlines()]
 
 
-def wait_for(condition, proc, what: str, timeout: float = 600) -> None:
+def wait_for(condition, procs: list, what: str, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        if proc.poll() is not None:
-            raise RuntimeError(f"the launch ended (exit {proc.returncode}) before {what}")
+        if any(proc.poll() is not None for proc in procs):
+            raise RuntimeError(f"the launch ended (exit {[proc.poll() for proc in procs]}) before {what}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
         time.sleep(0.01)
 
 
-def wait_for_moment(moment: str, proc, out: Path, logs: Path, before: Before) -> None:
+def wait_for_moment(moment: str, procs: list, out: Path, logs: Path, before: Before) -> None:
     if moment == "compile":  # both ranks are in the first step, compiling its graph
-        wait_for(lambda: all("the first step compiles" in _read(logs / "msrun" / f"worker_{r}.log") for r in (0, 1))
-                 and not metric_steps(out, before), proc, "the first step")
+        wait_for(lambda: all("the first step compiles" in _read(worker_log(logs, r)) for r in (0, 1))
+                 and not metric_steps(out, before), procs, "the first step")
     elif moment == "mid_step":
-        wait_for(lambda: len(metric_steps(out, before)) >= SAVE_EVERY + 1, proc, f"step {SAVE_EVERY + 1}")
+        wait_for(lambda: len(metric_steps(out, before)) >= SAVE_EVERY + 1, procs, f"step {SAVE_EVERY + 1}")
     else:  # the hidden staging directory of step 6's checkpoint exists: its files are being written
-        wait_for(lambda: bool(partial_saves(out) - before.partial_saves), proc, f"the save of step {SAVED_MID_RUN}")
+        wait_for(lambda: bool(partial_saves(out) - before.partial_saves), procs, f"the save of step {SAVED_MID_RUN}")
 
 
 def _read(path: Path) -> str:
@@ -134,12 +186,13 @@ def _read(path: Path) -> str:
 
 
 def inject(fault: str, proc, port: str) -> None:
+    """The fault; a signal to launch.sh goes to `proc`, node 0's."""
     if fault == "sigint_launch":
         proc.send_signal(signal.SIGINT)
     elif fault == "sigterm_launch":
         proc.send_signal(signal.SIGTERM)
     else:
-        rank = 1 if fault == "sigterm_worker" else 0
+        rank = 1 if fault in ("sigterm_worker", "sigkill_rank1") else 0
         pid = worker_pid(port, rank)
         if pid is None:
             raise RuntimeError(f"rank {rank}'s worker not found")
@@ -150,7 +203,7 @@ def inject(fault: str, proc, port: str) -> None:
 
 
 def continue_command(stderr: str) -> tuple[dict, list]:
-    """(environment, words) of the `continue with:` line launch.sh printed last."""
+    """(environment, words) of the `continue with:` line launch.sh printed last (a node's own)."""
     line = next(line for line in reversed(stderr.splitlines()) if "continue with: " in line)
     words = shlex.split(line.split("continue with: ", 1)[1])
     env = {}
@@ -177,38 +230,46 @@ def not_applicable(cell: Cell) -> bool:
 
 
 def fresh_launch(out: Path) -> list:
-    return ["scripts/launch.sh", SMOKE, 2, "--output-dir", out, *ARGS]
+    """The launch of a cell, the same on every node: [(environment, words)] a node."""
+    return [({}, ["scripts/launch.sh", SMOKE, 2, "--output-dir", out, *ARGS])] * (len(NODES) or 1)
 
 
-def fault_launch(cell: Cell, words: list, env: dict, out: Path, logs: Path) -> tuple[str, int]:
-    """Start `words`, inject the cell's fault at its moment and note how the launch ended:
-    (its stderr, the last step it logged)."""
-    before, port = Before.of(out), _port()
-    proc = launch(words, logs, {**env, "MASTER_PORT": port})
-    # The disk fills before step 6's save starts, not during it: set the limit after step 4.
-    wait_for_moment("mid_step" if cell.fault == "disk_full" else cell.moment, proc, out, logs, before)
-    inject(cell.fault, proc, port)
-    injected = time.monotonic()
-    cell.exit_status = proc.wait(timeout=600)
-    cell.seconds_to_exit = round(time.monotonic() - injected, 1)
-    stderr = _read(logs / "stderr")
+def what_it_said(stderr: str) -> str:
+    """A launch's last line before its `continue with:` command."""
     said = [line for line in stderr.splitlines() if not line.startswith("launch: continue with: ")]
-    cell.last_line = said[-1].split("; continue with: ")[0] if said else ""
+    return said[-1].split("; continue with: ")[0] if said else ""
+
+
+def fault_launch(cell: Cell, commands: list, out: Path, logs: Path) -> tuple[list, int]:
+    """Start `commands` (one a node), inject the cell's fault at its moment and note how each
+    node's launch ended: (each node's stderr, the last step logged)."""
+    before, port = Before.of(out), _port()
+    procs = launch([(({**env, "MASTER_PORT": port}), words) for env, words in commands], logs)
+    # The disk fills before step 6's save starts, not during it: set the limit after step 4.
+    wait_for_moment("mid_step" if cell.fault == "disk_full" else cell.moment, procs, out, logs, before)
+    inject(cell.fault, procs[0], port)
+    ended = wait_all(procs, timeout=600)
+    stderrs = [_read(node_logs(logs, node) / "stderr") for node in range(len(procs))]
+    (cell.exit_status, cell.seconds_to_exit), cell.last_line = ended[0], what_it_said(stderrs[0])
+    if NODES:
+        cell.nodes = [{"exit_status": status, "seconds_to_exit": seconds, "last_line": what_it_said(stderr)}
+                      for (status, seconds), stderr in zip(ended, stderrs)]
     cell.ranks_stopped_at = tuple(int(m.group(1)) for r in (0, 1) if (m := re.search(
-        r"stopped by [\w ]+? after step (\d+)", _read(logs / "msrun" / f"worker_{r}.log"))))
-    return stderr, max(metric_steps(out), default=0)
+        r"stopped by [\w ]+? after step (\d+)", _read(worker_log(logs, r)))))
+    return stderrs, max(metric_steps(out), default=0)
 
 
-def stop(cell: Cell, words: list, env: dict, out: Path, work: Path, reference: dict, earlier=()) -> Optional[tuple]:
-    """The cell's fault in the launch of `words`: (cell, stderr, steps logged) if it stopped the
-    launch; if the launch finished instead, its losses are the cell's and the `earlier` cells'."""
+def stop(cell: Cell, commands: list, out: Path, work: Path, reference: dict, earlier=()) -> Optional[tuple]:
+    """The cell's fault in the launch of `commands`: (cell, each node's stderr, steps logged) if it
+    stopped the launch; if the launch finished instead, its losses are the cell's and the
+    `earlier` cells'."""
     try:
-        stderr, trained = fault_launch(cell, words, env, out, work / "logs")
+        stderrs, trained = fault_launch(cell, commands, out, work / "logs")
     except RuntimeError as exc:
         cell.note = f"not run: {exc}"
         return None
-    if cell.exit_status:
-        return cell, stderr, trained
+    if cell.exit_status or any(node["exit_status"] for node in cell.nodes or ()):
+        return cell, stderrs, trained
     cell.steps_lost, cell.note = 0, "finished: the stop request reached the last step"
     for done in (cell, *earlier):
         done.exact = same_losses(out, reference)
@@ -219,19 +280,20 @@ def resumed(stopped: tuple, logs: Path) -> None:
     """The step the launch logging under `logs` resumed a stopped launch, (cell, stderr, steps
     logged), from."""
     cell, _, trained = stopped
-    worker_log = _read(logs / "msrun" / "worker_0.log")
-    marker = next((line for line in worker_log.splitlines() if "resumed from" in line), "")
+    marker = next((line for line in _read(worker_log(logs, 0)).splitlines() if "resumed from" in line), "")
     cell.resumed_from = int(marker.rsplit(" ", 1)[1]) if marker else 0
     cell.steps_lost = trained - cell.resumed_from
 
 
 def finish(stopped: list, out: Path, work: Path, reference: dict) -> None:
-    """Run the command the last of the `stopped` launches printed to the end: each one's
-    losses are then the run directory's."""
-    env, words = continue_command(stopped[-1][1])
-    logs = work / "resumed"
-    if launch(words, logs, env).wait(timeout=900) != 0:
-        stopped[-1][0].note = f"the resumed launch failed: {_read(logs / 'stderr').strip().splitlines()[-1:]}"
+    """Run the command the last of the `stopped` launches printed (on each node, its own) to the
+    end: each one's losses are then the run directory's."""
+    logs, port = work / "resumed", _port()  # a fresh port: the last launch's may linger in TIME_WAIT
+    commands = [continue_command(stderr) for stderr in stopped[-1][1]]
+    statuses = wait_all(launch([({**env, "MASTER_PORT": port}, words) for env, words in commands], logs), 900)
+    if any(status for status, _ in statuses):
+        last = [_read(node_logs(logs, node) / "stderr").strip().splitlines()[-1:] for node in range(len(commands))]
+        stopped[-1][0].note = f"the resumed launch failed: {last}"
         return
     resumed(stopped[-1], logs)
     for cell, _, _ in stopped:
@@ -241,7 +303,7 @@ def finish(stopped: list, out: Path, work: Path, reference: dict) -> None:
 def run_cell(cell: Cell, reference: dict, work: Path) -> None:
     """The cell on a launch of its own, then the command it printed."""
     out = work / "run"
-    stopped = stop(cell, fresh_launch(out), {}, out, work, reference)
+    stopped = stop(cell, fresh_launch(out), out, work, reference)
     if stopped:
         finish([stopped], out, work, reference)
 
@@ -255,8 +317,8 @@ def run_chain(cells: list, reference: dict, work: Path) -> None:
             cell.note = "not run: the chain ended before it"
             continue
         cell_work = work / f"{cell.fault}-{cell.moment}"
-        env, words = continue_command(chained[-1][1]) if chained else ({}, fresh_launch(out))
-        stopped = stop(cell, words, env, out, cell_work, reference, [c for c, _, _ in chained])
+        commands = [continue_command(chained[-1][1][0])] if chained else fresh_launch(out)
+        stopped = stop(cell, commands, out, cell_work, reference, [c for c, _, _ in chained])
         if chained:
             resumed(chained[-1], cell_work / "logs")
         chained = [*chained, stopped] if stopped else None
@@ -266,7 +328,7 @@ def run_chain(cells: list, reference: dict, work: Path) -> None:
 
 def reference_run(work: Path) -> dict:
     out, logs = work / "run", work / "logs"
-    proc = launch(fresh_launch(out), logs)
+    (proc,) = launch(fresh_launch(out)[:1], logs)  # on one host, also for --two-nodes
     if proc.wait(timeout=900) != 0:
         raise RuntimeError(f"the uninterrupted launch failed: {_read(logs / 'stderr')[-2000:]}")
     return losses(out)
@@ -275,9 +337,13 @@ def reference_run(work: Path) -> dict:
 def table(cells) -> str:
     rows = [("fault", "moment", "exit", "s to exit", "resumed from", "steps lost", "exact", "last line / note")]
     for c in cells:
-        rows.append((c.fault, c.moment, *("" if v is None else str(v) for v in
-                                          (c.exit_status, c.seconds_to_exit, c.resumed_from, c.steps_lost)),
-                     {True: "yes", False: "NO", None: ""}[c.exact], c.note or c.last_line[:110]))
+        nodes = c.nodes or [{"exit_status": c.exit_status, "seconds_to_exit": c.seconds_to_exit,
+                             "last_line": c.last_line}]
+        each = [" / ".join("" if n[key] is None else str(n[key]) for n in nodes) for key in ("exit_status",
+                                                                                          "seconds_to_exit")]
+        said = " / ".join(n["last_line"][:110] for n in nodes)
+        rows.append((c.fault, c.moment, *each, *("" if v is None else str(v) for v in (c.resumed_from, c.steps_lost)),
+                     {True: "yes", False: "NO", None: ""}[c.exact], c.note or said))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
@@ -285,32 +351,52 @@ def table(cells) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", nargs="+", metavar="FAULT:MOMENT",
-                        default=[f"{f}:{m}" for f in FAULTS for m in MOMENTS])
+                        help=f"default: {' '.join(SINGLE_HOST_CELLS)}; with --two-nodes: {' '.join(TWO_NODE_CELLS)}")
     parser.add_argument("--json", type=Path, help="also write the cells as JSON here")
     parser.add_argument("--work", type=Path, help="keep every launch's directory here (default: a temporary one)")
     parser.add_argument("--chain", action="store_true",
                         help="inject each cell's fault into the launch resuming the cell before it")
+    parser.add_argument("--two-nodes", action="store_true",
+                        help="run each launch as two nodes in two network namespaces (root only)")
     parser.add_argument("--reference", type=Path, metavar="RUN_DIR",
                         help="an uninterrupted launch of the same arguments to compare with (default: run one)")
     args = parser.parse_args(argv)
-    cells_asked = [tuple(c.split(":", 1)) for c in args.cells]
+    if args.two_nodes and (args.chain or two_hosts.why_not()):
+        parser.error(f"--two-nodes: {two_hosts.why_not() or 'not with --chain'}")
+    cells_asked = [tuple(c.split(":", 1)) for c in args.cells or (TWO_NODE_CELLS if args.two_nodes else
+                                                                   SINGLE_HOST_CELLS)]
     for fault, moment in cells_asked:
         if fault not in FAULTS or moment not in MOMENTS:
             parser.error(f"--cells {fault}:{moment}: expected FAULT:MOMENT with FAULT in {', '.join(FAULTS)} and "
                          f"MOMENT in {', '.join(MOMENTS)}")
     work = args.work or Path(tempfile.mkdtemp(prefix="fault-matrix-"))
     reference = losses(args.reference) if args.reference else reference_run(work / "reference")
+    try:
+        if args.two_nodes:
+            two_hosts.remove_leftovers()  # what a killed run of this script or the tests left
+            NODES.extend(two_hosts.make_nodes())
+        run_cells(cells_asked, args.chain, reference, work)
+    finally:
+        if args.two_nodes:
+            two_hosts.remove_leftovers()
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in CELLS], indent=1))
+    return 0
+
+
+CELLS: list = []  # the cells run, for --json
+
+
+def run_cells(cells_asked: list, chain: bool, reference: dict, work: Path) -> None:
     cells = [Cell(fault, moment) for fault, moment in cells_asked]
-    if args.chain:
+    CELLS.extend(cells)
+    if chain:
         run_chain([c for c in cells if not not_applicable(c)], reference, work)
-    for cell in [] if args.chain else cells:
+    for cell in [] if chain else cells:
         if not not_applicable(cell):
             run_cell(cell, reference, work / f"{cell.fault}-{cell.moment}")
         print(table([cell]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(cells))
-    if args.json:
-        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1))
-    return 0
 
 
 if __name__ == "__main__":

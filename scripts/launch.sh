@@ -13,7 +13,10 @@
 #   NODE_RANK      this node's index             (default: 0)
 #   LOG_DIR        per-worker logs               (default: runs/msrun_logs/<recipe name>)
 #   JOIN           wait for the workers          (default: True)
-#   CLUSTER_TIME_OUT  seconds the others wait when a process is missing (default: 600)
+#   CLUSTER_TIME_OUT  seconds the others wait when a process is missing, and the nodes wait for
+#                  each other before any starts a worker (default: 600)
+#   NODE_TIMEOUT   seconds node 0's scheduler waits for a worker that stopped answering, e.g.
+#                  one killed on another node, before it fails the launch (default: 15; see below)
 # Before msrun starts, `llama-npu validate` runs train's pre-flight checks (the output
 # directory included). A worker that fails ends the launch within seconds, with the worker's
 # exit status and its one-line error last on stderr.
@@ -58,6 +61,12 @@ case "$WORKERS" in ''|*[!0-9]*|0) echo "launch: NUM_WORKERS must be a positive i
 LOCAL="${LOCAL_WORKERS:-$WORKERS}"; NODE="${NODE_RANK:-0}"
 case "$LOCAL" in
     ''|*[!0-9]*|0) echo "launch: LOCAL_WORKERS must be a positive integer, got '$LOCAL'" >&2; exit 2 ;;
+esac
+case "${CLUSTER_TIME_OUT:-600}" in
+    ''|*[!0-9]*|0) echo "launch: CLUSTER_TIME_OUT must be a positive number of seconds, got '${CLUSTER_TIME_OUT:-}'" >&2; exit 2 ;;
+esac
+case "${NODE_TIMEOUT:-15}" in
+    ''|*[!0-9]*|0) echo "launch: NODE_TIMEOUT must be a positive number of seconds, got '${NODE_TIMEOUT:-}'" >&2; exit 2 ;;
 esac
 if [ $((WORKERS % LOCAL)) -ne 0 ]; then
     echo "launch: LOCAL_WORKERS=$LOCAL does not divide NUM_WORKERS=$WORKERS; every node must run the same" \
@@ -108,6 +117,14 @@ fi
 # --strict-device: here the run starts, so a missing NPU is an error, not a check left for later
 "$ROOT/.venv/bin/llama-npu" validate "$RECIPE" --workers "$WORKERS" --strict-device "${output_args[@]}" \
     "${sets[@]}" "${flags[@]}" >/dev/null || exit 2
+# More than one node: each has checked only itself. Now the nodes agree on NUM_WORKERS, LOCAL_WORKERS,
+# the recipe file and its --set, and have each its own NODE_RANK, before any of them starts a worker:
+# node 0 listens on MASTER_PORT + 1 (llama_npu/common/nodes.py, agree) until the others have reached it.
+if [ "$NODES" -gt 1 ]; then
+    digest=$({ cat "$RECIPE"; printf '%s\0' "${sets[@]}" "$rehearsal"; } | sha256sum | cut -d' ' -f1)
+    "$ROOT/.venv/bin/python" -m llama_npu.common.nodes agree "${MASTER_ADDR:-127.0.0.1}" "${MASTER_PORT:-8118}" \
+        "$WORKERS" "$LOCAL" "$NODE" "${CLUSTER_TIME_OUT:-600}" "$digest" || exit 2
+fi
 
 LOG_DIR="${LOG_DIR:-runs/msrun_logs/$(basename "${RECIPE%.*}")}"
 mkdir -p "$LOG_DIR"
@@ -115,6 +132,15 @@ mkdir -p "$LOG_DIR"
 rm -f "$LOG_DIR"/worker_*.log "$LOG_DIR/msrun.log" "$LOG_DIR/scheduler.log"
 # msrun starts workers with the `python` on PATH: make it the venv's.
 export PATH="$ROOT/.venv/bin:$PATH"
+# A worker that stops answering (kill -9, its host gone) is found by node 0's scheduler when
+# its heartbeats stop: MindSpore's default MS_NODE_TIMEOUT is 30 s, so with the scheduler's
+# 3 s check and this script's own wait the launch ended ~35 s after the kill. Workers send a
+# heartbeat every 3-5 s from a thread of their own (MS_RETRY_INTERVAL_LOWER/UPPER; compiles
+# and checkpoint writes do not hold it up), so 15 s is three missed beats. Only the scheduler
+# gets it (strategies/parallel.py, run_scheduler): in a worker MS_NODE_TIMEOUT also sizes the
+# wait for a communication group's unique id from rank 0 (ms_collective_comm_lib.cc, 200 s by
+# default, raised on large clusters), which a short value would break.
+export LLAMA_NPU_SCHEDULER_NODE_TIMEOUT="${NODE_TIMEOUT:-15}"
 # msrun in its own process group (with its scheduler), its output in msrun.log and on the console.
 if [ "$master" = rehearsal ]; then  # this node's workers, as msrun starts them, without its scheduler
     setsid "$ROOT/.venv/bin/python" -m llama_npu.common.nodes workers "${MASTER_ADDR:-127.0.0.1}" \
@@ -228,6 +254,8 @@ continue_command() {
     echo "${quoted% }"
 }
 
+# A CPU collective whose peer never answered (mindspore/ops/kernel/cpu/native/allreduce_cpu_kernel.cc)
+COLLECTIVE_FAILED="Launch kernel failed: [^ ]*(AllReduce|AllGather|Broadcast|ReduceScatter)"
 if [ $status -ne 0 ]; then
     line=$(grep -o "Worker process [0-9]* exit with exception. Error code: -\?[0-9]*" "$LOG_DIR/msrun.log" | head -n 1)
     worker_pid=$(grep -o "process [0-9]*" <<<"$line" | grep -o "[0-9]*")
@@ -241,6 +269,12 @@ if [ $status -ne 0 ]; then
         error=$(grep "llama-npu: error:" "$log" | tail -n 1)
         if [ -n "$error" ]; then
             errors+=("launch: rank $rank failed: ${error#*llama-npu: error: }")
+        elif [ -z "$lost" ] && [ "$NODES" -gt 1 ] && grep -qE "$COLLECTIVE_FAILED" "$log"; then
+            # Its peer is gone, on another node: node 1's worker waits in the step's all-reduce
+            # until the CPU backend's receive gives up (~40 s) when node 0's rank is killed. Not
+            # matched: HCCL's own time-out on Ascend (HCCL_EXEC_TIMEOUT), never run here.
+            error="launch: rank $rank failed in a collective with another node's rank, which stopped (killed,"
+            errors+=("$error or its host gone); node 0's console names it, and $log says more")
         elif [ -z "$lost" ] && grep -q "Traceback" "$log"; then
             echo "launch: rank $rank crashed; last 25 lines of $log:" >&2
             tail -n 25 "$log" >&2

@@ -106,12 +106,18 @@ def facts():
 
 
 # What benchmarks/int8_memory.py printed (2026-12-02), quoted by both pages.
-INT8_OUTPUT = """eval float32  weights held 4.60 GiB; baseline 0.68 GiB, peak 7.23 GiB, above baseline 6.55 GiB
-eval float16  weights held 2.30 GiB; baseline 0.68 GiB, peak 5.90 GiB, above baseline 5.21 GiB
-eval int8     weights held 1.40 GiB; baseline 0.68 GiB, peak 5.29 GiB, above baseline 4.61 GiB
-planner (estimate_inference, 1 x 512, without its margin): fp32 weights 4.60 GiB, total 4.98 GiB,
-  fp16 weights 2.30 GiB, total 2.63 GiB, int8 weights 1.40 GiB, total 1.72 GiB
-planner int8/fp16 total: 0.655"""
+INT8_OUTPUT = """eval float32  weights held 4.60 GiB; baseline 0.79 GiB, peak 6.35 GiB, above baseline 5.56 GiB (loss 6265.582)
+eval float16  weights held 2.30 GiB; baseline 0.79 GiB, peak 3.49 GiB, above baseline 2.71 GiB (loss 6265.635)
+eval int8     weights held 1.40 GiB; baseline 0.79 GiB, peak 2.61 GiB, above baseline 1.82 GiB (loss 6139.764)
+planner (estimate_inference, 910A, 1 x 512, without its margin): fp32 weights 4.60 GiB, total 4.98 GiB,
+  fp16 weights 2.30 GiB, total 2.63 GiB, int8 weights 1.40 GiB, total 1.74 GiB
+planner int8/fp16 total: 0.663
+LoRA rank 8 (wq wk wv wo), O2 fp16, 4 of the 1B shape's layers, 1 x 256 tokens, 2 steps, GRAPH_MODE (the train step's):
+LoRA over a float16 base: baseline 0.79 GiB, peak 8.74 GiB, resident after the steps 8.74 GiB
+LoRA over a int8    base: baseline 0.79 GiB, peak 16.81 GiB, resident after the steps 16.81 GiB
+LoRA int8/fp16 base peak above baseline: 2.014; resident after the steps: 1.922
+int8/fp16 eval whole-process peak: 0.747
+int8/fp16 eval peak above baseline: 0.673"""
 
 EN = """# Memory of Llama 3.2 1B and 3B on Ascend: the planner's numbers
 
@@ -129,9 +135,9 @@ Figures are estimates of this harness's memory on an NPU, not measurements.
 INT8 is per-output-channel symmetric on the decoder's linear layers, with one fp32 scale
 per output channel; the embedding (tied to the LM head) and the norms stay in FP16, so INT8
 does not quarter the weights: the 128,256 x hidden embedding is a large share of a small model.
-Each linear weight is dequantized right before its matmul, one at a time: on the 910A the
-INT8 rows' activations include the largest one's fp32 cast, its fp32 product with the
-scales and its FP16 copy (`dequantized_weight`); the 910B's WeightQuantBatchMatmul
+Each linear weight is dequantized right before its matmul, 2^21 weights at a time: on the
+910A the INT8 rows' activations include one such block's fp32 cast, its fp32 product with
+the scales and its FP16 copy (`dequantized_weight`); the 910B's WeightQuantBatchMatmul
 dequantizes inside the kernel and forms none.
 
 The usual guides put INT8 inference at about 1.2 GB for the 1B model and 3.6 GB for the 3B.
@@ -253,15 +259,21 @@ memory. What it printed on this machine (2 cores, shared, 2026-12-02):
 ```
 
 The weights held match the planner's weight figures exactly (int8: 1 byte a linear weight plus its fp32
-scales, the embedding and norms in fp16). The int8/fp16 eval peak above baseline is 4.61 / 5.21 = 0.885
-(whole-process peak 5.29 / 5.90 = 0.897): above the planner's 0.655 and the issue's goal of 0.72, because on
-this backend the forward's transients (about 2.9 GiB in every mode: the fp32 cast of the fp16 embedding the
-tied LM head makes for each chunk, the chunk's logits, the layers' fp32 activations) are the same in all three
-and do not shrink with the weights. The planner counts one layer's working set and one chunk of logits; the
-CPU backend's allocator keeps more. The script's LoRA comparison (4 of the 1B shape's layers, O2 fp16, an fp16
-against an int8 base, in the train step's GRAPH_MODE: its PyNative step stops on this backend with the fp16
-base too) and its last line, `int8/fp16 eval peak above baseline: R`, did not finish before this
-session's deadline on the shared machine: run it to get them.
+scales, the embedding and norms in fp16). The int8/fp16 eval peak above baseline is 1.82 / 2.71 = 0.673, beside
+the planner's 0.663 for the same shape on the 910A (whose int8 layers run the same cast-and-scale kernel); the
+whole-process ratio, 0.747, carries the 0.79 GiB import baseline. The transients above the weights held are
+about 0.4 GiB in the fp16 and int8 children: eval's int8 layers dequantize 2^21 weights at a time (8 MB in
+fp32, where the 1B's MLP weight is 67 MB), and the chunked LM head casts a head held in fp16 8,192 vocabulary
+rows at a time, carrying the log-sum-exp across blocks, so that neither holds an fp32 copy of a whole matrix
+(before that, the head's fp32 copy of the fp16 embedding, 1.05 GB a chunk, kept the ratio at 0.885). The
+fp32 child computes its logits in one piece, as it always has (nothing to cast).
+
+LoRA training is the other way round on this backend: the train step runs in GRAPH_MODE (its PyNative step
+stops on MindSpore 2.9.0's CPU backend, fp16 base too), and a GRAPH_MODE graph on the CPU keeps every buffer it
+allocates, so every dequantized weight the int8 base forms, in the forward and again in the backward, stays
+allocated: 2.0 times the fp16 base's peak above baseline. The planner counts the int8 base as it behaves under
+a graph memory planner that reuses one layer's transient for the next, as Ascend's does (not measured here:
+no card); on the CPU, use the int8 base to check a recipe, not to save host memory.
 """
 
 ZH = """# Llama 3.2 1B / 3B 在昇腾上的显存：规划器给出的数字
@@ -278,7 +290,7 @@ ZH = """# Llama 3.2 1B / 3B 在昇腾上的显存：规划器给出的数字
 
 INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道一个 fp32 缩放因子；词嵌入（与 LM head 共享）
 和归一化层保持 FP16，因此 INT8 不会把权重降到四分之一：128,256 × hidden 的词嵌入在小模型里占比很大。
-每个线性层的权重在其矩阵乘法之前才反量化，一次一个：在 910A 上，INT8 行的激活包含最大的那个权重的 fp32 转换、
+每个线性层的权重在其矩阵乘法之前才反量化，每次 2^21 个权重：在 910A 上，INT8 行的激活包含这样一块的 fp32 转换、
 它与缩放因子的 fp32 乘积及其 FP16 副本（`dequantized_weight`）；910B 的 WeightQuantBatchMatmul 在算子内部反量化，
 不生成这些副本。
 
@@ -374,12 +386,16 @@ mindformers/wrapper/wrapper.py）：更新阶段多一整份 fp32 梯度；反�
 ```
 
 保存的权重与规划器的权重数字完全一致（int8：每个线性层权重 1 字节加 fp32 缩放因子，词嵌入和归一化层为 fp16）。int8/fp16
-的评估峰值（减去基线）为 4.61 / 5.21 = 0.885（整个进程的峰值 5.29 / 5.90 = 0.897）：高于规划器的 0.655 和 issue 的目标 0.72，
-因为在这个后端上前向的临时内存（三种方式都约 2.9 GiB：共享权重的 LM head 每个分块都把 fp16 词嵌入转成 fp32、分块的 logits、
-各层的 fp32 激活）在三种方式下相同，不随权重变小。规划器只计一层的工作集和一个分块的 logits；CPU 后端的分配器保留得更多。
-脚本中的 LoRA 对比（1B 形状的 4 层，O2 fp16，fp16 基座对 int8 基座，在训练步自己的 GRAPH_MODE 下：它的 PyNative 训练步
-在这个后端上即使用 fp16 基座也会停下）和它的最后一行 `int8/fp16 eval peak above baseline: R`
-在这台共享机器上没能在本次会话截止前跑完：请自行运行得到。
+的评估峰值（减去基线）为 1.82 / 2.71 = 0.673，规划器对同一形状在 910A 上（它的 int8 层运行同样的先转换再缩放的内核）给出
+0.663；整个进程的比值 0.747 含有 0.79 GiB 的导入基线。fp16 和 int8 子进程中超出所保存权重的临时内存约 0.4 GiB：eval 的 int8
+层每次反量化 2^21 个权重（fp32 下 8 MB，而 1B 的 MLP 权重是 67 MB），分块的 LM head 对以 fp16 保存的 head 每次只转换 8,192
+行词表，并跨块累积 log-sum-exp，因此两者都不会持有整个矩阵的 fp32 副本（在此之前，head 为每个分块把 fp16 词嵌入整个转成
+fp32，1.05 GB，使比值停在 0.885）。fp32 子进程照旧一次算出它的 logits（无需转换）。
+
+在这个后端上 LoRA 训练的情况相反：训练步运行于 GRAPH_MODE（它的 PyNative 训练步在 MindSpore 2.9.0 的 CPU 后端上会停下，
+fp16 基座也一样），而 CPU 上 GRAPH_MODE 的图会保留它分配的每个缓冲区，所以 int8 基座在前向和反向中形成的每个反量化权重都一直
+占着内存：减去基线后的峰值是 fp16 基座的 2.0 倍。规划器按图内存规划器会把一层的临时内存复用给下一层的情形（昇腾就是这样）
+计算 int8 基座（此处未测量：没有卡）；在 CPU 上，int8 基座用来检查配方，而不是用来节省主机内存。
 """
 
 

@@ -173,12 +173,16 @@ def dp2_launch(tmp_path_factory):
 # ---------------------------------------------------------------- tiny Hugging Face model, its conversions and runs
 # (shared by test_convert.py and test_exams.py)
 
-def _tiny_hf_script():
-    """scripts/make_tiny_hf_model.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("make_tiny_hf_model", REPO / "scripts" / "make_tiny_hf_model.py")
+def script_module(name: str):
+    """scripts/<name>.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _tiny_hf_script():
+    return script_module("make_tiny_hf_model")
 
 
 @pytest.fixture(scope="session")

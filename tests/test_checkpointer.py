@@ -260,3 +260,16 @@ def test_a_rewind_whose_later_checkpoints_cannot_be_moved_is_refused_before_writ
         f"run's own checkpoints are the newest, but {root} is not writable; fix the permissions, or resume into "
         f"another --output-dir")
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+
+
+def test_a_run_directory_as_model_checkpoint_is_refused_naming_the_step_to_give(six_step_run, tmp_path):
+    """The hand-off from an SFT run to a new run from its weights (DPO after SFT): model.checkpoint
+    takes one of the run's steps, and a run directory is refused with the step to give, which then validates."""
+    run = six_step_run[0]
+    refused = run_cli("validate", SMOKE, "--set", f"model.checkpoint={run}", "--output-dir", tmp_path / "a")
+    step = run / "checkpoints" / "step_6"
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert (f"model.checkpoint={run}: a run directory; give one of its steps, such as its newest complete one: "
+            f"model.checkpoint={step}") in refused.stderr
+    accepted = run_cli("validate", SMOKE, "--set", f"model.checkpoint={step}", "--output-dir", tmp_path / "b")
+    assert accepted.returncode == 0, accepted.stderr

@@ -76,7 +76,8 @@ def dequantized(quantized, tmp_path_factory):
     return dst
 
 
-def test_quantized_directory_stays_int8_and_its_logits_equal_dequantize_at_load(ms, quantized, dequantized):
+def test_quantized_directory_stays_int8_and_its_logits_equal_dequantize_at_load(ms, quantized, dequantized,
+                                                                                  monkeypatch):
     """eval/generate's model of a quantized directory (--weights stored) against today's
     dequantize-at-load model (the float q x s directory): the logits and the held-out loss."""
     from llama_npu.data.readers import read_records
@@ -99,6 +100,21 @@ def test_quantized_directory_stays_int8_and_its_logits_equal_dequantize_at_load(
     samples, _ = tokenize_records(load_tokenizer("llama3.2"), held_out, 25)
     losses = [evaluate(loss_cell, samples, 2, 25)[0] for loss_cell in (int8_loss, float_loss)]
     assert abs(losses[0] - losses[1]) < 1e-4
+    # The 1B's weights are dequantized a block of output channels at a time (the tiny model's fit
+    # in one block): with blocks of 2,048 weights (2 to 4 blocks a weight) the logits are still bit-identical.
+    import llama_npu.model.int8_linear as int8_linear
+
+    monkeypatch.setattr(int8_linear, "DEQUANT_BLOCK", 2048)
+    blocked_net, _, _ = build_from_checkpoint(quantized, 24, batch_size=2, device="cpu")
+    assert np.array_equal(logits_of(ms, blocked_net, tokens), logits_of(ms, float_net, tokens))
+    # --weights fp16: the weights held in fp16, computing in fp32, within fp16's rounding of the weights
+    half_net, half_loss, _ = build_from_checkpoint(dequantized, 24, batch_size=2, device="cpu", weights="fp16")
+    # (the norms stay fp32: MindFormers' layernorm_compute_type)
+    held = {p.name: p.dtype for p in half_net.get_parameters()}
+    assert {n for n, d in held.items() if d != ms.float16} == {n for n in held if n.endswith("norm.weight") or
+                                                               n.endswith("norm_out.weight")}
+    assert held["model.tok_embeddings.embedding_weight"] == ms.float16
+    assert abs(evaluate(half_loss, samples, 2, 25)[0] - losses[1]) < 1e-2
 
 
 # ---------------------------------------------------------------- LoRA over an int8 frozen base
@@ -166,3 +182,40 @@ def test_int8_base_composes_resumes_exactly_and_exports_with_its_cost(lora_runs,
     base = ms.load_checkpoint(str(conversions["float32"] / "model.ckpt"))
     largest = max(float(np.abs(base[k].asnumpy()).max()) for k in base if LINEAR.match(k))
     assert 0 < cost <= largest / 254 * 1.001  # at most half a step (s / 2) of the largest row's scale
+
+
+def test_lora_over_int8_base_data_parallel_over_two_launched_workers_equals_one_process(lora_runs, tmp_path):
+    """The composed run (int8 base quantized at load, O2 fp16 with dynamic loss scaling,
+    recompute, chunked CE; global batch 4 = 2 micro-batches of 2) launched with exactly its
+    arguments over 2 CPU workers by scripts/launch.sh: data auto -> 2, one micro-batch of 2 a
+    rank, the same 4 samples a step. Each rank quantizes the same float base; only the adapters
+    are trained and all-reduced, so the run is the one process's, checkpoints included."""
+    import yaml
+
+    from conftest import run_launch
+
+    out, single = tmp_path / "run", lora_runs["composed"]
+    proc = run_launch(SMOKE, 2, "--output-dir", out, *lora_runs["args"]["composed"], log_dir=tmp_path / "logs",
+                      env={"CLUSTER_TIME_OUT": "60"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 worker(s), data parallel: data 2 x model 1 x pipeline 1" in proc.stdout
+    digests = re.findall(r"rank \d weights sha256 (\w+)", proc.stdout)
+    assert len(digests) == 2 and len(set(digests)) == 1  # the adapters, bit-identical on both ranks
+    launched, alone = read_metrics(out), read_metrics(single)
+    assert [r["step"] for r in launched] == [1, 2, 3, 4]
+    for a, b in zip(launched, alone):
+        assert abs(a["loss"] - b["loss"]) < 1e-5 and a["samples_consumed"] == b["samples_consumed"] == 4 * a["step"]
+    assert launched[3]["loss"] != launched[0]["loss"]  # it trained: the comparison means something
+    # Data parallel saves whole weights once, from rank 0 (no rank_<R> shards): the adapters only,
+    # those of the one process (the same seed of the backward: bit-identical here), and the same
+    # reference to the base and its quantization (the stored recipe's model and lora sections).
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_4"]
+    for step in ("step_2", "step_4"):
+        ours, theirs = (adapters(run / "checkpoints" / step) for run in (out, single))
+        assert sorted(ours) == sorted(theirs) and all("mindpet_delta_lora" in name for name in ours)
+        assert max(float(np.abs(ours[k] - theirs[k]).max()) for k in ours) < 1e-6
+    assert any(np.abs(ours[k]).max() > 0 for k in ours if k.endswith("lora_b"))  # they trained
+    ours, theirs = (yaml.safe_load((run / "recipe.yaml").read_text(encoding="utf-8")) for run in (out, single))
+    assert ours["model"] == theirs["model"] and ours["model"]["checkpoint"].endswith("float32")
+    assert ours["strategies"]["lora"] == theirs["strategies"]["lora"]
+    assert ours["strategies"]["lora"]["base_dtype"] == "int8"

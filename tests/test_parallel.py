@@ -81,6 +81,35 @@ def test_launch_rehearses_a_recipe_data_parallel_over_its_cpu_workers(tmp_path):
     assert "checkpoint     rank 0 saves it" in proc.stdout and "checkpoint     None" not in proc.stdout
 
 
+def test_one_host_rehearses_two_nodes_as_docs_multi_device_writes_it(dp2_launch, tmp_path):
+    """docs/multi-device.md's one-host rehearsal of two nodes: two launch.sh with MASTER_ADDR
+    127.0.0.1, NODE_RANK 0 and 1, LOCAL_WORKERS=1, node 1 with its own LOG_DIR. Node 1 starts
+    its worker without msrun, so without a second scheduler; 2 steps train as the session's
+    two-worker launch trained its first 2."""
+    reference, launched, _ = dp2_launch
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    run, port = tmp_path / "rehearsal", str(free_port())
+    nodes = []
+    for n in (0, 1):  # as the docs start them: node 0 first, in the background
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "NODE_RANK": str(n), "LOCAL_WORKERS": "1",
+               "MASTER_PORT": port, "LOG_DIR": str(tmp_path / f"logs{n}")}
+        nodes.append(subprocess.Popen(["bash", "scripts/launch.sh", str(SMOKE), "2", "--output-dir", str(run),
+                                       *EIGHT_STEPS, "--set", "train.max_steps=2"], cwd=REPO, env=env,
+                                      stdout=open(tmp_path / f"node{n}.out", "w"),
+                                      stderr=open(tmp_path / f"node{n}.err", "w")))
+    consoles = lambda: [(tmp_path / f"node{n}.err").read_text()[-2000:] for n in (0, 1)]  # noqa: E731
+    assert [proc.wait(timeout=300) for proc in nodes] == [0, 0], consoles()
+    assert (tmp_path / "logs0" / "scheduler.log").exists() and not (tmp_path / "logs1" / "scheduler.log").exists()
+    got, want = read_metrics(run), read_metrics(reference)[:2]
+    assert [r["step"] for r in got] == [1, 2]
+    for a, b in zip(got, want):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["samples_consumed"] == b["samples_consumed"]
+    # Node 1's rank trained the same: its console's summary names the same weights as node 0's.
+    said = [(tmp_path / f"node{n}.out").read_text() + (tmp_path / f"node{n}.err").read_text() for n in (0, 1)]
+    digests = [re.findall(r"weights sha256 (\w+)", text) for text in said]
+    assert digests[0] == digests[1] != [], digests
+
+
 def ascend(*overrides, workers=None):
     return load_recipe(SMOKE, ["device.target=ascend", "device.name=910b", "model.preset=llama3.2-3b",
                                "data.max_seq_len=4096", "train.micro_batch_size=4", "train.global_batch_size=0",

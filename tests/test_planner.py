@@ -336,9 +336,10 @@ def test_inference_plan_counts_weights_by_precision_and_the_kv_cache():
     assert results["int8"]["weights"] == 16 * (split["layer_matrices"] + 4 * out_channels) + \
         2 * (split["embedding"] + 16 * split["layer_norms"] + split["final_norm"])
     assert results["fp16"]["kv_cache"] == 2 * 16 * 512 * 512 * 2  # K and V, 16 layers, 512 tokens, 8 x 64, fp16
-    # held in int8, one weight at a time is dequantized on the 910A (the largest, 2048 x 8192: its fp32 cast,
-    # the fp32 product with the scales, the fp16 copy); the 910B's WeightQuantBatchMatmul forms none
-    assert (results["int8"]["dequantized_weight"], results["fp16"]["dequantized_weight"]) == (10 * 2048 * 8192, 0)
+    # held in int8, one block of 2^21 weights at a time is dequantized on the 910A (1,024 of the largest's
+    # 8,192 rows of 2,048: its fp32 cast, the fp32 product with the scales, the fp16 copy); the 910B's
+    # WeightQuantBatchMatmul forms none
+    assert (results["int8"]["dequantized_weight"], results["fp16"]["dequantized_weight"]) == (10 * 1024 * 2048, 0)
     from llama_npu.memory.planner import estimate_inference
 
     on_910b = estimate_inference(PRESETS["llama3.2-1b"], P["llama3.2-1b"], DEVICES["910b"], "int8", 1, 512)
@@ -506,7 +507,8 @@ def test_inference_fit_falls_back_to_int8_and_exits_1_when_nothing_fits():
     assert tight.returncode == 0 and result["fits"] is False and result["recommended"]["precision"] == "int8"
     c = result["recommended"]["components"]
     assert result["recommended"]["total_bytes"] == sum(c.values()) <= 6 * 2**30
-    assert c["dequantized_weight"] == (4 + 4 + 2) * 3072 * 8192  # the 910A's cast, product and fp16 copy
+    # the 910A's cast, product and fp16 copy of one block: 2^21 weights (256 of w2's 3,072 rows of 8,192)
+    assert c["dequantized_weight"] == (4 + 4 + 2) * 256 * 8192
     none = run_cli(*base, "--device-memory", "3GB")
     assert none.returncode == 1 and "no precision fits on 910a; the closest, int8, needs" in none.stdout
     wrong = run_cli(*base, "--no-lora")

@@ -391,6 +391,8 @@ def test_launch_stops_every_rank_on_a_signal_and_names_a_killed_rank(dp2_launch,
     console = (tmp_path / "work" / "sigint_launch-mid_step" / "logs" / "stdout").read_text()
     assert f"stopped by SIGTERM after step {step}" in console
     assert "Error code: 75" not in console and "Traceback" not in console and "\n[INFO] " not in console
+    for noise in ("[WARNING] ME(", "[ERROR] ME(", "Start scheduler process", "RuntimeError"):  # msrun's own (#32)
+        assert noise not in console, noise
     assert kill["exit_status"] == 128 + signal.SIGKILL, kill
     assert re.fullmatch(r"launch: rank 0 \(pid \d+\) was killed by SIGKILL; the newest step complete on every "
                         r"rank is intact", kill["last_line"]), kill

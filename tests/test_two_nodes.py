@@ -4,85 +4,40 @@ elsewhere every test here is a skip that says why."""
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
+import time
 
 import pytest
 
-from conftest import EIGHT_STEPS, REPO, SMOKE, assert_same_steps, run_launch, wait_until
+from conftest import EIGHT_STEPS, REPO, SMOKE, assert_same_steps, run_launch, script_module, wait_until
 
-PREFIX = "llnpu-t"  # every namespace and link this file makes: a previous run's leftovers are found by it
 PREEMPTED = 75
-
-
-def ip(*args, check=True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
-
-
-def ours_or_abandoned(name: str) -> bool:
-    """A name this file gave (PREFIX<pid>...) whose test process is this one or gone: never
-    another pytest worker's, still running."""
-    pid = int(re.match(rf"{PREFIX}(\d+)", name).group(1))
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-def remove_leftovers() -> None:
-    """Namespaces named PREFIX<pid>-N (their veth ends go with them) and a veth end left outside one."""
-    if shutil.which("ip") is None:
-        return
-    for name in re.findall(rf"^({PREFIX}\d+-\d)", ip("netns", "list", check=False).stdout, re.M):
-        if ours_or_abandoned(name):
-            ip("netns", "delete", name, check=False)
-    for link in re.findall(rf"^\d+: ({PREFIX}\d+[ab])", ip("-o", "link", check=False).stdout, re.M):
-        if ours_or_abandoned(link):
-            ip("link", "delete", link, check=False)
-
-
-def make_nodes() -> list:
-    """Two namespaces, a veth pair between them, an address each from 10.X.Y.0/24 (X, Y random:
-    the namespaces' routes are their own, so no host route can clash): [(namespace, address)]."""
-    net = f"10.{random.randint(64, 250)}.{random.randint(1, 250)}"
-    nodes = [(f"{PREFIX}{os.getpid()}-{n}", f"{net}.{n + 1}") for n in (0, 1)]
-    ip("link", "add", f"{PREFIX}{os.getpid()}a", "type", "veth", "peer", "name", f"{PREFIX}{os.getpid()}b")
-    for (ns, addr), end in zip(nodes, "ab"):
-        ip("netns", "add", ns)
-        ip("link", "set", f"{PREFIX}{os.getpid()}{end}", "netns", ns)
-        ip("-n", ns, "addr", "add", f"{addr}/24", "dev", f"{PREFIX}{os.getpid()}{end}")
-        ip("-n", ns, "link", "set", f"{PREFIX}{os.getpid()}{end}", "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-    return nodes
+two_hosts = script_module("two_hosts")  # the namespaces, shared with scripts/fault_matrix.py --two-nodes
 
 
 @pytest.fixture(scope="module")
 def nodes(request):
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2's `ip` (CI runs as root)")
-    remove_leftovers()
-    request.addfinalizer(remove_leftovers)  # whatever happens below
+    if two_hosts.why_not():
+        pytest.skip(two_hosts.why_not())
+    two_hosts.remove_leftovers()
+    request.addfinalizer(two_hosts.remove_leftovers)  # whatever happens below
     try:
-        return make_nodes()
+        return two_hosts.make_nodes()
     except subprocess.CalledProcessError as exc:
         pytest.skip(f"network namespaces cannot be made here: {exc.stderr.strip()}")
 
 
-def start_node(nodes, n, work, *args, port, env=None, command=None) -> subprocess.Popen:
+def start_node(nodes, n, work, *args, port, env=None, command=None, workers=2, name=None) -> subprocess.Popen:
     """scripts/launch.sh as node `n` inside its namespace (or `command`, a printed continue
-    command, as given); console in work/node<n>.out and .err."""
-    ns, _ = nodes[n]
-    node_env = {"NODE_RANK": str(n), "LOCAL_WORKERS": "1", "MASTER_ADDR": nodes[0][1], "MASTER_PORT": str(port),
-                **(env or {})}
-    launch = ["bash", "-c", command] if command else ["env", *(f"{k}={v}" for k, v in node_env.items()), "bash",
-                                                      "scripts/launch.sh", str(SMOKE), "2", *map(str, args)]
-    out, err = open(work / f"node{n}.out", "w"), open(work / f"node{n}.err", "w")
-    return subprocess.Popen(["ip", "netns", "exec", ns, *launch], cwd=REPO, stdout=out, stderr=err,
-                            env={**os.environ, "LOG_DIR": str(work / f"logs{n}"), "CLUSTER_TIME_OUT": "60"})
+    command, as given); console in work/<name>.out and .err, LOG_DIR work/logs-<name> (name: node<n>)."""
+    env = {**two_hosts.node_env(nodes, n, port), **(env or {})}
+    launch = ["bash", "-c", command] if command else ["env", *(f"{k}={v}" for k, v in env.items()), "bash",
+                                                      "scripts/launch.sh", str(SMOKE), str(workers), *map(str, args)]
+    name = name or f"node{n}"
+    out, err = open(work / f"{name}.out", "w"), open(work / f"{name}.err", "w")
+    return subprocess.Popen(two_hosts.in_node(nodes, n, launch), cwd=REPO, stdout=out, stderr=err,
+                            env={**os.environ, "LOG_DIR": str(work / f"logs-{name}"), "CLUSTER_TIME_OUT": "60"})
 
 
 def console(work, n) -> str:
@@ -118,7 +73,8 @@ def test_a_sigterm_to_node_0_stops_both_nodes_after_the_same_step_each_with_its_
         text = console(work, n)
         for noise in ("Traceback", "[WARNING] ME(", "[ERROR] ME(", "Start scheduler process", "RuntimeError"):
             assert noise not in text, (n, noise)
-        assert "Error code: 75" in (work / f"logs{n}" / "msrun.log").read_text()  # msrun's own account of the stop
+        msrun_log = (work / f"logs-node{n}" / "msrun.log").read_text()
+        assert "Error code: 75" in msrun_log  # msrun's own account of the stop
     (step,) = steps  # the same step on both nodes
     state = (work / "run" / "checkpoints" / f"step_{step}" / "state.json")
     assert state.exists()  # data parallel: rank 0 saves every rank's (identical) weights
@@ -161,6 +117,39 @@ def test_a_master_addr_without_a_route_or_a_taken_port_fails_at_once_in_one_line
                                             f"launch's scheduler?); free it, or give every node the same other "
                                             f"MASTER_PORT")
     assert not (tmp_path / "run").exists()  # nothing started
+    # NODE_RANK=0 on a node that is not MASTER_ADDR's: msrun would start no scheduler, and ranks 0.. twice
+    proc = start_node(nodes, 1, tmp_path, "--output-dir", tmp_path / "run", *EIGHT_STEPS, port=port,
+                      env={"NODE_RANK": "0"})
+    assert proc.wait(timeout=30) == 2
+    assert console(tmp_path, 1).strip() == (f"launch: NODE_RANK=0 but MASTER_ADDR={addr} is not one of this node's "
+                                            f"addresses; node 0 is the node at MASTER_ADDR: give this node its own "
+                                            f"NODE_RANK")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("workers, launches, line", [
+    # NUM_WORKERS=4 as 2 + 1 would start 3 workers, and the cluster would wait for a 4th
+    (4, [(0, {"LOCAL_WORKERS": "2"}), (1, {})],
+     "launch: LOCAL_WORKERS differs between nodes: node 0 has 2, node 1 ({node1}) has 1; every node must run the same "
+     "LOCAL_WORKERS (node R holds the ranks from R x LOCAL_WORKERS)"),
+    # two nodes both NODE_RANK=1 of three (both in node 1's namespace), node 2 missing
+    (3, [(0, {}), (1, {}), (1, {})],
+     "launch: two nodes have NODE_RANK=1 ({node1} and {node1}); give each node its own NODE_RANK in [0, 3)"),
+], ids=["local-workers", "node-rank-twice"])
+def test_nodes_that_disagree_each_say_so_in_the_same_line_before_any_worker_starts(nodes, tmp_path, workers,
+                                                                                   launches, line):
+    """A node sees only its own LOCAL_WORKERS and NODE_RANK: the nodes compare them at node 0
+    (on MASTER_PORT + 1) before any starts a worker; every node prints the same line, exit 2."""
+    port = random.randint(20000, 40000)
+    procs = [start_node(nodes, n, tmp_path, "--output-dir", tmp_path / "run", *EIGHT_STEPS, port=port,
+                        workers=workers, env=env, name=f"launch{i}") for i, (n, env) in enumerate(launches)]
+    assert [proc.wait(timeout=60) for proc in procs] == [2] * len(procs)
+    want = line.format(node1=nodes[1][1])
+    for i in range(len(procs)):
+        said = [text for text in (tmp_path / f"launch{i}.err").read_text().splitlines()
+                if text.strip() and not text.startswith("tokenize:")]  # validate's progress bars, on every launch
+        assert said == [want], i
+    assert not list(tmp_path.glob("logs-*")) and not (tmp_path / "run").exists()  # no worker started
 
 
 @pytest.mark.parametrize("env, line", [
@@ -172,6 +161,7 @@ def test_a_master_addr_without_a_route_or_a_taken_port_fails_at_once_in_one_line
     ({"NODE_RANK": "1", "LOCAL_WORKERS": "2", "MASTER_ADDR": "no-such-node.invalid"},
      "launch: MASTER_ADDR=no-such-node.invalid does not resolve (Name or service not known); give node 0's "
      "address, or a host name this node resolves"),
+    ({"NODE_TIMEOUT": "15s"}, "launch: NODE_TIMEOUT must be a positive number of seconds, got '15s'"),
 ])
 def test_a_bad_node_layout_or_master_addr_is_one_line_before_any_worker_starts(env, line, tmp_path):
     proc = run_launch(SMOKE, 4, "--output-dir", tmp_path / "run", *EIGHT_STEPS, log_dir=tmp_path / "logs", env=env,
@@ -202,8 +192,11 @@ def test_a_kill_9_of_node_1s_worker_ends_node_0_naming_the_node_and_rank(nodes, 
                            port=port) for n in (0, 1)]
     wait_until((run / "metrics.jsonl").exists, launches[0], "the first step")
     os.kill(worker_of(run, 1), signal.SIGKILL)
-    # Node 0's scheduler times the rank out after MindSpore's MS_NODE_TIMEOUT (30 s): no hang.
+    killed = time.monotonic()
+    # Node 0's scheduler times the rank out after launch.sh's NODE_TIMEOUT (15 s of missed
+    # heartbeats; MindSpore's own 30 s made it ~35 s): no hang, and within the 30 s #32 asks.
     assert launches[0].wait(timeout=60) == 1, console(tmp_path, 0)[-3000:]
+    assert (took := time.monotonic() - killed) < 30, f"node 0 ended {took:.1f} s after the kill"
     lines = (tmp_path / "node0.err").read_text().strip().splitlines()
     assert lines[-2] == ("launch: rank 1 on node 1 stopped answering and node 0's scheduler timed it out; that node's "
                          "console and its LOG_DIR say why")

@@ -400,8 +400,9 @@ def estimate_inference(shape: LlamaShape, params: int, device: Device, precision
         "optimizer_states": 0,
         "kv_cache": 2 * layers * tokens * kv * c, "activations": one_layer,
         "logits_loss": tokens * shape.vocab_size * 4,
-        # held in int8, each weight is dequantized right before its matmul
-        "dequantized_weight": dequantized_weight_bytes(shape, c, device.flash_attention) if precision == "int8" else 0,
+        # held in int8, each weight is dequantized right before its matmul, a block at a time
+        "dequantized_weight": dequantized_weight_bytes(shape, c, device.flash_attention, forward_only=True)
+        if precision == "int8" else 0,
         "communication_buffers": 0, "margin": math.ceil(device.usable_bytes * MARGIN_FRACTION)})
     return plan
 

@@ -22,6 +22,7 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.ops.auto_generate import WeightQuantBatchMatmul
 
+from ..memory.int8_weights import DEQUANT_BLOCK
 from .llama import fused_kernels
 
 
@@ -30,6 +31,7 @@ def int8_kernel(on_ascend: bool, device_name: str, compute_dtype: str) -> str:
     takes no fp32 x): Atlas A2/A3, the same cards as FlashAttentionScore (llama.fused_kernels)."""
     half = compute_dtype in ("float16", "bfloat16")
     return "wqbmm" if half and fused_kernels(on_ascend, device_name) else "dequant"
+
 
 
 def dequantized(q, scale, dtype):
@@ -52,7 +54,16 @@ class Int8MatMul(nn.Cell):
     def construct(self, x, q, scale):
         if self.kernel == "wqbmm":
             return self.wqbmm(x, q, ops.expand_dims(ops.cast(scale, self.dtype), 1))
-        return self.matmul(x, dequantized(q, scale, self.dtype))
+        rows = max(1, DEQUANT_BLOCK // q.shape[1])
+        if rows >= q.shape[0]:
+            return self.matmul(x, dequantized(q, scale, self.dtype))
+        # A block of output channels at a time, so that where the backend frees a kernel's
+        # buffers (PyNative) at most one block of the layer's dequantized weight exists: its
+        # columns of x W^T are bit-identical to one matmul's on the CPU backend (checked).
+        pieces = ()
+        for start in range(0, q.shape[0], rows):
+            pieces += (self.matmul(x, dequantized(q[start:start + rows], scale[start:start + rows], self.dtype)),)
+        return ops.concat(pieces, 1)
 
     def bprop(self, x, q, scale, out, dout):
         if self.kernel == "wqbmm":  # (dout x s) q: per-output-channel scales move onto dout

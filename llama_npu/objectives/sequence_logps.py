@@ -9,7 +9,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
-from ..model.chunked_loss import ChunkedTokenLogProbs
+from ..model.chunked_loss import ChunkedHeadLogProbs
 from ..model.loss import CausalLMLoss, token_log_probs
 from ..model.tokens import IGNORE_ID
 
@@ -23,19 +23,6 @@ class FullTokenLogProbs(nn.Cell):
 
     def construct(self, hidden, targets):
         return token_log_probs(self.lm_head(hidden).astype(ms.float32), targets)
-
-
-class ChunkedHeadLogProbs(nn.Cell):
-    """FullTokenLogProbs chunk by chunk: at most `chunk_size` rows of logits at a time."""
-
-    def __init__(self, lm_head, chunk_size: int):
-        super().__init__(auto_prefix=False)
-        self.lm_head = lm_head
-        self.log_probs = ChunkedTokenLogProbs(chunk_size)
-
-    def construct(self, hidden, targets):
-        # The head runs in the compute dtype, as MindFormers' Linear does (as ChunkedHeadLoss).
-        return self.log_probs(hidden, self.lm_head.weight.astype(hidden.dtype), targets)
 
 
 def token_log_probs_cell(lm_head, chunk_size: int | None):

@@ -17,6 +17,7 @@ runtime: we configure and launch it (scripts/launch.sh runs msrun), we do not re
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -141,6 +142,10 @@ def run_scheduler() -> None:
     import mindspore as ms
     from mindspore.communication import init
 
+    # The heartbeat time-out after which the scheduler fails the launch (scripts/launch.sh,
+    # NODE_TIMEOUT, says why it is short and why the workers keep MindSpore's own).
+    if os.environ.get("LLAMA_NPU_SCHEDULER_NODE_TIMEOUT"):
+        os.environ["MS_NODE_TIMEOUT"] = os.environ["LLAMA_NPU_SCHEDULER_NODE_TIMEOUT"]
     ms.set_device("CPU")
     init()
 

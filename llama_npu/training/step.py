@@ -7,7 +7,8 @@ mindformers/wrapper/wrapper.py (MFTrainOneStepCell: clip by global norm, then
 `if not overflow: optimizer(grads)`).
 
 - k = 1 is one graph, `FinalMicroStep`: forward, backward of the micro-batch's *summed*
-  token loss times loss scale / (target tokens of the step), the data-parallel all-reduce,
+  token loss times loss scale / (target tokens of the step; under data parallel, over every
+  rank, a scalar all-reduced before the forward), the data-parallel all-reduce,
   the overflow check, clipping, the conditional update and the loss-scale update. No
   accumulation buffer exists: the gradients exist once, as the input of the clip.
 - k > 1 is two graphs, each compiled once. `AccumulatingMicroStep` (micro-batches 1..k-1)
@@ -288,7 +289,14 @@ class FinalMicroStep(MicroStep):
         # checked on CPU), so the schedule would freeze at the compiling step's value.
         lr = ops.assign(self.optimizer.learning_rate, lr)
         scale = ops.depend(self.scale_sense * 1.0, lr)  # the scale this step used, read before its update
-        loss, grads, status, rows = self.scaled_gradients(token_count, *batch)
+        seed_count = token_count
+        if self.is_distributed and not self.accumulate:
+            # One micro-batch a rank: seed the backward with scale / the step's tokens over every
+            # rank, as one process seeds each of its micro-batches, so the all-reduced sum is its
+            # accumulated sum bit for bit. A per-rank seed rounds differently in an fp16 backward
+            # (an O2 LoRA run drifted 1.6e-4 in loss over 4 steps: tests/test_int8.py's launch).
+            seed_count = self.allreduce(token_count.reshape((1,)))[0]
+        loss, grads, status, rows = self.scaled_gradients(seed_count, *batch)
         flags = ops.stack([self.carry.loss + loss.astype(ms.float32), token_count, stop,
                            self.carry.overflow])
         if self.accumulate:
@@ -297,10 +305,12 @@ class FinalMicroStep(MicroStep):
         grads = self.add_embedding_rows(grads, batch[0], rows, accumulators=self.accumulate)
         if self.is_distributed:
             flags = self.allreduce(flags)
-            # Each rank's gradients are its own token mean; weighting by the rank's share of the
-            # step's target tokens and summing gives the mean over every target token.
-            share = token_count / ops.maximum(flags[1], 1.0)
-            reduced = self.grad_reducer(self.hyper_map(ops.partial(self.scale_grads, share), grads))
+            if self.accumulate:
+                # Each rank's gradients are its own token mean; weighting by the rank's share of the
+                # step's target tokens and summing gives the mean over every target token.
+                share = token_count / ops.maximum(flags[1], 1.0)
+                grads = self.hyper_map(ops.partial(self.scale_grads, share), grads)
+            reduced = self.grad_reducer(grads)
             grads = self.hyper_map(self.copy_into, self.carry.gradients, reduced) if self.accumulate else reduced
         if self.overflow_check == ISFINITE:
             square_sum = ops.addn(self.hyper_map(_self_dot, grads))

@@ -101,6 +101,18 @@ def verify_scales(found: dict, source) -> None:
                                   f"({dims[0]},): one scale per output channel of {name} {tuple(dims)}")
 
 
+def run_start_hint(run_dir: Path) -> str:
+    """What to give model.checkpoint instead of a run directory (for a new run from its weights,
+    such as DPO after SFT): one of its full steps, or a LoRA run's export."""
+    if stored_recipe(run_dir).strategies.lora.enabled:
+        return (f"a LoRA run's steps hold its adapters only: export it with llama-npu convert ms-to-hf --src "
+                f"{run_dir} --dst HF, convert that back with hf-to-ms, and give that directory")
+    try:
+        return f"give one of its steps, such as its newest complete one: model.checkpoint={_newest_step(run_dir)}"
+    except CheckpointError as exc:
+        return str(exc)
+
+
 def pretrained_source(recipe, wanted: LlamaShape) -> tuple[Path, LlamaShape, dict]:
     """(directory, shape, config) of model.checkpoint, checked against `recipe`'s model of
     shape `wanted`."""
@@ -108,6 +120,8 @@ def pretrained_source(recipe, wanted: LlamaShape) -> tuple[Path, LlamaShape, dic
     if not directory.is_dir():
         raise CheckpointError(f"model.checkpoint={directory}: no such directory (expected one written by "
                               f"llama-npu convert hf-to-ms)")
+    if (directory / STORED_RECIPE).is_file():
+        raise CheckpointError(f"model.checkpoint={directory}: a run directory; {run_start_hint(directory)}")
     try:
         shape, meta = read_checkpoint_dir(directory)
     except ConvertError as exc:
