@@ -41,15 +41,16 @@ def run_recipe(checkpoint: Path):
                       f"pairs are scored against a run's own reference")
 
 
-def log_probs(checkpoint: Path, pairs, batch_size: int, length: int, device: str, orpo: bool = False):
+def log_probs(checkpoint: Path, pairs, batch_size: int, length: int, device: str, orpo: bool = False,
+              label: str = "policy"):
     """(N, 2) summed reply log-probs of the model in `checkpoint` (LoRA adapters folded in);
     `orpo`: and (N,) the chosen rows' NLL over their whole tokens (ORPO's term)."""
     net, _, _ = build_from_checkpoint(checkpoint, length - 1, 2 * batch_size, device)
     sequences = SequenceLogProbs(net, EVAL_CHUNK)
-    summed = reference_log_probs(sequences, pairs, batch_size, length)
+    summed = reference_log_probs(sequences, pairs, batch_size, length, label)
     if not orpo:
         return summed
-    return summed, -reference_log_probs(WholeRowMeans(sequences), pairs, batch_size, length)[:, 0]
+    return summed, -reference_log_probs(WholeRowMeans(sequences), pairs, batch_size, length, "policy NLL")[:, 0]
 
 
 def evaluate_pairs(checkpoint: Path, data_files, batch_size: int = 4, device: str = "auto") -> dict:
@@ -70,7 +71,7 @@ def evaluate_pairs(checkpoint: Path, data_files, batch_size: int = 4, device: st
     else:
         policy = log_probs(Path(checkpoint), pairs, batch_size, length, device)
     reference = (np.zeros_like(policy) if d.reference == "none" else
-                 log_probs(Path(recipe.model.checkpoint), pairs, batch_size, length, device))
+                 log_probs(Path(recipe.model.checkpoint), pairs, batch_size, length, device, label="reference"))
     if d.loss in LENGTH_NORMALISED:
         lengths = np.array([[sum(t != IGNORE_ID for t in s.labels) for s in (p.chosen, p.rejected)] for p in pairs],
                            np.float32)  # reply tokens: the targets SequenceLogProbs sums

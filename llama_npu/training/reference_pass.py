@@ -41,11 +41,13 @@ def pairs_digest(pairs) -> str:
     return digest.hexdigest()[:16]
 
 
-def reference_log_probs(cell: SequenceLogProbs, pairs, batch_pairs: int, length: int) -> np.ndarray:
+def reference_log_probs(cell: SequenceLogProbs, pairs, batch_pairs: int, length: int,
+                        label: str = "reference") -> np.ndarray:
     """(N, 2) summed reply log-probs of each pair's chosen and rejected rows, `batch_pairs`
-    pairs a forward pass (the last batch padded with the first pairs, so one graph serves)."""
+    pairs a forward pass (the last batch padded with the first pairs, so one graph serves);
+    `label` names the pass on its progress bar (eval scores the policy with it too)."""
     out = np.zeros((len(pairs), 2), np.float32)
-    with progress_bar(len(pairs), "reference", "pair") as progress:
+    with progress_bar(len(pairs), label, "pair") as progress:
         for start in range(0, len(pairs), batch_pairs):
             chunk = list(pairs[start:start + batch_pairs])
             real = len(chunk)
