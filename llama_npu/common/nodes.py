@@ -59,15 +59,20 @@ def where_master_is(addr: str, port: int, node_rank: int) -> str:
     if node_rank != 0:
         return "rehearsal"
     with socket.socket(family, socket.SOCK_STREAM) as server:
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed scheduler's TIME_WAIT is no user
-        try:
-            server.bind(target)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            raise NodeError(f"launch: MASTER_PORT={port} is already taken on {addr} (another launch's scheduler?); "
+        bind(server, target, f"launch: MASTER_PORT={port} is already taken on {addr} (another launch's scheduler?); "
                              f"free it, or give every node the same other MASTER_PORT")
     return "master"
+
+
+def bind(server, target, taken: str) -> None:
+    """Bind `server` to `target`, or one line (`taken`) when another process holds the port."""
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed scheduler's TIME_WAIT is no user
+    try:
+        server.bind(target)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise NodeError(taken)
 
 
 # The pre-flight agreement's port, on node 0 only, open only while the nodes agree, closed before msrun
@@ -115,14 +120,8 @@ def _hear_every_node(family, target, mine: dict, timeout: int) -> None:
     seen, peers = {0: target[0]}, []  # node rank -> host; the connections to answer
     deadline = time.monotonic() + timeout
     with socket.socket(family, socket.SOCK_STREAM) as server:
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            server.bind(target)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            raise NodeError(f"launch: port {target[1]} (MASTER_PORT + 1, where the nodes agree before they start) "
-                            f"is already taken on {target[0]}; free it, or give every node another MASTER_PORT")
+        bind(server, target, f"launch: port {target[1]} (MASTER_PORT + 1, where the nodes agree before they start) "
+                             f"is already taken on {target[0]}; free it, or give every node another MASTER_PORT")
         server.listen()
         try:
             while len(seen) < nodes:
