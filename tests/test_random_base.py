@@ -24,7 +24,7 @@ def validate(capsys, recipe, *sets, rehearse=False) -> tuple[int, str]:
 
 @pytest.mark.parametrize("recipe", LORA_RECIPES, ids=lambda p: p.stem)
 def test_a_shipped_lora_recipe_is_refused_without_a_checkpoint_and_valid_with_one(recipe, conversions, capsys):
-    assert len(LORA_RECIPES) == 3  # 1B and 3B over an fp16 base, 3B over an int8 base
+    assert len(LORA_RECIPES) == 4  # 1B and 3B over an fp16 base, 3B over an int8 base, 1B DPO
     code, err = validate(capsys, recipe, *ON_CPU)
     assert code == 2
     assert ("llama-npu: error: model.checkpoint is not set, so LoRA would train adapters over random weights"
