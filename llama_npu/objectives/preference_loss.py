@@ -6,9 +6,10 @@ trl/trainer/cpo_trainer.py CPOTrainer.cpo_loss (simpo: the length-averaged log-p
 get_batch_logps(average_log_prob=True), the margin gamma / beta);
 trl/trainer/orpo_trainer.py ORPOTrainer.odds_ratio_loss and get_batch_loss_metrics (orpo:
 the chosen row's NLL minus lambda x log sigmoid of the log odds ratio of the length-averaged
-log-probs; TRL's `beta` is lambda). log sigmoid(x) is -softplus(-x). A batch holds 2P rows: the P chosen replies, then the P rejected ones
-(TRL's concatenated order), so a pair's two rows run in one forward pass; the sharded step
-interleaves them instead, each pair's chosen row then its rejected row (InterleavedPairs).
+log-probs; TRL's `beta` is lambda). log sigmoid(x) is -softplus(-x). A batch holds 2P rows:
+the P chosen replies, then the P rejected ones (TRL's concatenated order), so a pair's two
+rows run in one forward pass; the sharded step interleaves them instead, each pair's chosen
+row then its rejected row (InterleavedPairs).
 """
 from __future__ import annotations
 
