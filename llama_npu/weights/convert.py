@@ -42,6 +42,11 @@ HF_KEYS = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num
            "num_kv_heads": "num_key_value_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
 
 
+def _equals(value, expected) -> bool:
+    """A config.json number equal to `expected` (a string or a list is no number)."""
+    return type(value) in (int, float) and float(value) == float(expected)
+
+
 def read_hf_config(src: Path) -> tuple[LlamaShape, dict]:
     path = src / CONFIG
     if not path.is_file():
@@ -52,13 +57,13 @@ def read_hf_config(src: Path) -> tuple[LlamaShape, dict]:
     if not config.get("tie_word_embeddings", False):
         raise ConvertError(f"{path}: tie_word_embeddings is false; Llama 3.2 1B/3B tie the LM head to the embedding")
     scaling = config.get("rope_scaling") or {}
-    if scaling.get("rope_type", scaling.get("type")) != "llama3":
+    if not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) != "llama3":
         raise ConvertError(f"{path}: rope_scaling must be of rope_type 'llama3' (Llama 3.2), got {scaling!r}")
     for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-        if float(scaling.get(key, -1)) != float(ROPE_SCALING[key]):
+        if not _equals(scaling.get(key), ROPE_SCALING[key]):
             raise ConvertError(f"{path}: rope_scaling.{key}={scaling.get(key)}, the harness builds Llama 3.2's "
                                f"{ROPE_SCALING[key]}")
-    if float(config.get("rope_theta", 0)) != ROPE_THETA:
+    if not _equals(config.get("rope_theta"), ROPE_THETA):
         raise ConvertError(f"{path}: rope_theta={config.get('rope_theta')}, expected {ROPE_THETA}")
     if config.get("vocab_size") != VOCAB_SIZE:
         raise ConvertError(f"{path}: vocab_size={config.get('vocab_size')!r}; the Llama 3.2 tokenizer needs {VOCAB_SIZE}")
