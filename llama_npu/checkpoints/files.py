@@ -26,7 +26,7 @@ from typing import Optional
 
 from ..common.atomic import staged_directory
 from ..common.console import warn
-from .checksums import MANIFEST, Verdict, check, file_crc32, write_manifest
+from .checksums import MANIFEST, Verdict, check, file_crc32, read_manifest, write_manifest
 
 WEIGHTS = "model.ckpt"
 OPTIMIZER = "optimizer.ckpt"
@@ -178,13 +178,16 @@ def _verdict(directory: Path, names) -> Verdict:
 
 
 def _read_together(paths) -> dict:
-    """directory -> the names read in it; a step's sidecar is always read with its files."""
+    """directory -> the names to check when `paths` are read: a directory is checked whole,
+    every file its manifest lists (a damaged optimizer.ckpt means the save that wrote the
+    step went wrong, even where only model.ckpt is read), and a step's sidecar always."""
     by_dir: dict = {}
     for path in map(Path, paths):
         by_dir.setdefault(path.parent, []).append(path.name)
     for directory, names in by_dir.items():
-        if (directory / SIDECAR).is_file() and SIDECAR not in names:
-            names.append(SIDECAR)
+        manifest, _ = read_manifest(directory)  # a damaged manifest is named by check() itself
+        listed = sorted(manifest["files"]) if manifest else []
+        names.extend(n for n in [*listed, SIDECAR] if n not in names and (n in listed or (directory / n).is_file()))
     return by_dir
 
 
