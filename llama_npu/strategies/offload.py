@@ -94,7 +94,69 @@ def rehearse(r) -> None:
 
 
 # ---------------------------------------------------------------- planner term
-# (offload-plan adds the planner's terms here; until then the planner sees no offload keys.)
+# What the planner counts with `optimizer: host` (memory/planner.py calls these): on the card,
+# the weights in the compute dtype and one micro-batch's gradients in it, and no optimizer
+# states or update copies; on the host, the rank's shard of the fp32 master weights, the two
+# AdamW moments and, accumulating, the fp32 accumulators.
+
+# Bytes a parameter the host update reads and writes: it reads the fp32 master, both moments
+# and the fp32 gradient (16) and writes the master and moments back (12); the compute-dtype
+# copy for the card is a further 2, left out as ZeRO-Offload's count leaves it.
+UPDATE_BYTES_PER_PARAMETER = 28
+# A rank's share of the host's memory bandwidth, 10^9 bytes/s, when `plan --host-bandwidth`
+# does not state it: what a two-thread streaming add reached on a 2-core x86_64 host (21.6,
+# FACTS.md); benchmarks/host_optimizer.py measures a host's own.
+DEFAULT_HOST_BANDWIDTH = 20.0
+# One direction of a PCIe 4.0 x16 link as a copy reaches it, 10^9 bytes/s (32 nominal);
+# `selftest` measures a card's own (host_optimizer).
+PCIE_BANDWIDTH = 25.0
+# The ranks a node's host memory serves when the layout spans them: an Atlas 800 holds 8 cards.
+CARDS_PER_NODE = 8
+
 
 def plan_settings(recipe) -> dict:
-    return {}
+    return {"offload": on_host(recipe)}
+
+
+def planned_on_host(s) -> bool:
+    """Whether the planner's Strategy `s` has the optimizer's states and update on the host."""
+    return s.offload
+
+
+def card_states(on_device: int, norms: int, compute_bytes: int) -> dict:
+    """The model states the card holds: the weights and one micro-batch's gradients, in the
+    compute dtype but for the `norms` RMSNorm gains, kept fp32; the gradients leave for the
+    host's accumulators after each backward, so none are kept across micro-batches, and no
+    optimizer state is on the card."""
+    half = (on_device - norms) * compute_bytes + norms * 4
+    return {"weights": half, "weight_compute_copies": 0, "gradients": half, "micro_batch_gradients": 0,
+            "optimizer_states": 0}
+
+
+def host_shard(trainable: int, s) -> int:
+    """Parameters one rank's host update owns: 1/N under data parallel."""
+    return -(-trainable // s.data)
+
+
+def host_states(trainable: int, s, accumulating: bool) -> dict:
+    """Host bytes one rank holds: its shard's fp32 master weights, AdamW's two fp32 moments
+    and, when micro-batches are summed, the fp32 gradient accumulators."""
+    shard = host_shard(trainable, s)
+    return {"master_weights": 4 * shard, "moments": 8 * shard, "accumulators": 4 * shard if accumulating else 0}
+
+
+def ranks_per_node(s) -> int:
+    return min(s.devices, CARDS_PER_NODE)
+
+
+def update_seconds(trainable: int, s, bandwidth_gbs: float) -> float:
+    """The host update's time a step: memory-bound, UPDATE_BYTES_PER_PARAMETER over the shard
+    at the rank's share of the host's bandwidth."""
+    return host_shard(trainable, s) * UPDATE_BYTES_PER_PARAMETER / (bandwidth_gbs * 1e9)
+
+
+def transfer_bytes(trainable: int, s, compute_bytes: int) -> dict:
+    """Bytes a step moves between one card and its host: each micro-batch's gradients of the
+    rank's shard to the host, and the updated shard's compute-dtype weights back once."""
+    shard = host_shard(trainable, s)
+    return {"to_host": s.accumulation * compute_bytes * shard, "to_device": compute_bytes * shard}
