@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from mindspore import Parameter, nn
+from mindspore.common import dtype as mstype
 
 from ..checkpoints.policy import Checkpointer
 from ..checkpoints.resume import resume
@@ -21,8 +22,9 @@ from ..model.architecture import LlamaShape, resolve_shape
 from ..recipe.schema import Recipe
 from ..strategies.accumulation import accumulation_steps
 from ..strategies.network import build_network
+from ..strategies.offload import host_threads, on_host
 from ..strategies.parallel import World, describe_layout, init_parallel, stream_layout
-from ..strategies.precision import LossScaler
+from ..strategies.precision import LossScaler, model_dtypes
 from ..weights.pretrained import pretrained_hf_config
 from .metrics import MetricLogger
 from .optimizer import build_optimizer
@@ -67,6 +69,16 @@ def model_description(recipe: Recipe, shape: LlamaShape, params: list, run_dir: 
         return None
     return {"format": "llama-npu", "shape": shape.__dict__, "dtype": str(params[0].dtype).lower(),
             "source": str(run_dir), "hf_config": pretrained_hf_config(recipe)}
+
+
+def host_optimizer(recipe: Recipe, params: list):
+    """The host's states (strategies.offload.optimizer: host) for the card's `params`, or None."""
+    if not on_host(recipe):
+        return None
+    from .host_optimizer import HostAdamW  # imported here: it loads torch, which no other run needs
+
+    compute = model_dtypes(recipe.strategies.precision)["compute_dtype"]
+    return HostAdamW(params, recipe.train.optimizer, host_threads(recipe.strategies.offload), getattr(mstype, compute))
 
 
 def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRecordSamples],
