@@ -14,10 +14,13 @@ FP32 = ("train.optimizer.weight_decay=0.1", "train.grad_clip=0", "train.warmup_s
         "train.optimizer.lr=1e-3")
 # O2 fp16, dynamic loss scale, accumulation k = 4, full recompute, chunked CE, clipping.
 FP16 = ("strategies.precision.amp_level=O2", "strategies.precision.dtype=float16",
-        "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=1024",
+        # The first step's scale, 2^24 / its tokens, overflows fp16 in the backward: injected overflow;
+        # lowered by 2^12 it trains.
+        "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=16777216",
+        "strategies.precision.loss_scale_factor=4096",
         "strategies.recompute.mode=full", "strategies.chunked_ce.enabled=true",
         "strategies.chunked_ce.chunk_size=16", "train.grad_clip=0.5", "train.optimizer.weight_decay=0.1",
-        "train.warmup_steps=2", "train.max_steps=6", "train.optimizer.lr=1e-3", "train.micro_batch_size=2",
+        "train.warmup_steps=1", "train.max_steps=4", "train.optimizer.lr=1e-2", "train.micro_batch_size=2",
         "train.global_batch_size=8")
 # A larger shape than the tiny preset, through model.* overrides.
 LARGER = ("model.hidden_size=128", "model.num_layers=3", "model.num_heads=4", "model.num_kv_heads=2",
@@ -93,3 +96,14 @@ def test_fp32_adamw_on_the_host_equals_the_graph_over_10_steps(ms, shape):
     assert [r.grad_norm for r in got] == pytest.approx([r.grad_norm for r in want], rel=1e-4)
     assert want[-1].loss < want[1].loss - 0.1  # it trained, and the next forward saw each update
     assert_same_weights(got_w, want_w, 1e-6)
+
+
+def test_o2_fp16_loss_scale_accumulation_recompute_chunked_ce_clip_on_the_host_equals_the_graph(ms):
+    data = batches(2, 4) * 2
+    want, want_w = train(ms, data, *FP16)
+    got, got_w = train(ms, data, *FP16, HOST)
+    assert [(r.overflow, r.loss_scale) for r in got] == [(r.overflow, r.loss_scale) for r in want] == \
+        [(True, 2.0 ** 24)] + [(False, 2.0 ** 12)] * 3  # the overflowed step skipped, the scale lowered
+    assert [r.loss for r in got] == pytest.approx([r.loss for r in want], abs=1e-5)
+    assert want[-1].loss < want[1].loss - 0.05  # it trained
+    assert_same_weights(got_w, want_w, 1e-5)
