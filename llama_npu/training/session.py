@@ -19,6 +19,7 @@ from ..data.mindrecord import MindRecordSamples
 from ..data.samples import Sample
 from ..memory.planned_peak import planned_peak_bytes
 from ..model.architecture import LlamaShape, resolve_shape
+from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe
 from ..strategies.accumulation import accumulation_steps
 from ..strategies.network import build_network
@@ -77,7 +78,11 @@ def host_optimizer(recipe: Recipe, params: list):
     """The host's states (strategies.offload.optimizer: host) for the card's `params`, or None."""
     if not on_host(recipe):
         return None
-    from .host_optimizer import HostAdamW  # imported here: it loads torch, which no other run needs
+    try:
+        from .host_optimizer import HostAdamW  # imported here: it loads torch, which no other run needs
+    except ImportError as exc:
+        raise RecipeError(f"strategies.offload.optimizer=host: the host update runs torch's fused AdamW, which "
+                          f"is not installed ({exc}); install the offload extra: pip install -e '.[offload]'") from None
 
     compute = model_dtypes(recipe.strategies.precision)["compute_dtype"]
     return HostAdamW(params, recipe.train.optimizer, host_threads(recipe.strategies.offload), getattr(mstype, compute))
