@@ -59,10 +59,11 @@ def check(recipe) -> None:
     par = recipe.strategies.parallel
     sharded = [f"{k}={v}" for k, v in (("model", par.model), ("pipeline", par.pipeline)) if v > 1]
     sharded += ["optimizer_shard=true"] if par.optimizer_shard else []
-    if sharded:
-        raise RecipeError(f"strategies.offload.optimizer=host with strategies.parallel.{sharded[0]}: the host "
-                          f"update supports data parallel only (each rank updates its share of the states); "
-                          f"use model=1, pipeline=1 and optimizer_shard=false, or offload.optimizer device")
+    if sharded or par.data > 1:
+        layout = sharded[0] if sharded else f"data={par.data}"
+        raise RecipeError(f"strategies.offload.optimizer=host with strategies.parallel.{layout}: the host update "
+                          f"runs in one process on one card (no layout over several ranks is supported yet); "
+                          f"train on one card, or use offload.optimizer device")
     if recipe.strategies.precision.amp_level == "O3":
         raise RecipeError("strategies.offload.optimizer=host with strategies.precision.amp_level=O3: offload "
                           "already keeps the card's weights in the compute dtype, beside an fp32 master on the "
