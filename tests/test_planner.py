@@ -127,19 +127,39 @@ def test_3b_full_finetune_does_not_fit_one_910a_and_fit_finds_a_runnable_plan(tm
 
 @pytest.mark.quick
 def test_fit_prefers_a_layout_run_on_an_npu_to_one_never_run_there():
-    """3B full fine-tuning on 8 x 910B in-graph fits only with optimizer sharding, never run
-    on an NPU; with the optimizer on the host plain data parallelism fits, and is preferred,
-    still a full fine-tune. The speed ranking puts a plan without offload first wherever one
+    """3B full fine-tuning on 8 x 910B fits only with optimizer sharding, never run on an NPU
+    (the optimizer on the host runs on one card only, strategies/offload.py); LoRA over plain
+    data parallelism fits too, and is preferred. With --no-lora the sharded layout is the only
+    one, and is recommended. The speed ranking puts a plan without offload first wherever one
     fits: the 1B on one 910B."""
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--json")
     best = json.loads(proc.stdout)["recommended"]
-    assert best["fits"] and best["never_run_on_npu"] == []
-    assert (best["strategy"]["lora"], best["strategy"]["offload"]) == (False, True)
-    assert best["host"]["rank_bytes"] * 8 == pytest.approx(12 * P["llama3.2-3b"], abs=8 * 12)  # 1/8 each
-    assert best["host"]["node_bytes"] == 8 * best["host"]["rank_bytes"]
+    assert best["fits"] and best["strategy"]["lora"] is True and best["never_run_on_npu"] == []
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
+                   "--json")
+    best = json.loads(proc.stdout)["recommended"]
+    assert best["strategy"]["lora"] is False and best["never_run_on_npu"] == ["optimizer sharding"]
+    assert best["strategy"]["offload"] is False
     proc = run_cli("plan", "--model", "llama3.2-1b", "--device", "910b", "--fit", "--maximize", "speed", "--json")
     best = json.loads(proc.stdout)["recommended"]
     assert best["strategy"]["offload"] is False and best["host"] is None
+
+
+def test_the_host_line_divides_the_states_among_data_parallel_ranks():
+    """The planner's host side under data parallel (counted ahead of the layout's support):
+    each of N ranks holds 1/N of the master, moments and accumulators, a node of 8 cards 8 of
+    those, and moves 1/N of the traffic."""
+    from llama_npu.memory.plan_report import host_figures
+
+    one, eight = (estimate(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910b"],
+                           Strategy(seq_len=2048, micro_batch=1, global_batch=4 * data, data=data, offload=True))
+                  for data in (1, 8))
+    h1, h8 = host_figures(one, 20.0), host_figures(eight, 20.0)
+    assert h1["components"] == {"master_weights": 4 * P["llama3.2-3b"], "moments": 8 * P["llama3.2-3b"],
+                                "accumulators": 4 * P["llama3.2-3b"]}
+    assert h8["rank_bytes"] == 16 * -(-P["llama3.2-3b"] // 8) and h8["node_bytes"] == 8 * h8["rank_bytes"]
+    assert h8["update_seconds"] == pytest.approx(h1["update_seconds"] / 8, rel=1e-6)
+    assert h1["transfer_bytes"] == {"to_host": 4 * 2 * P["llama3.2-3b"], "to_device": 2 * P["llama3.2-3b"]}
 
 
 FULL_910A = str(REPO / "recipes" / "llama3_2_1b_zh_full_910a.yaml")  # global batch 16, micro-batch 1, one 910A

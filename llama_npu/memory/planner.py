@@ -369,8 +369,8 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
                                          lora_choices(base, allow_lora), offload_choices(base, allow_offload)):
         if shard and data == 1:
             continue
-        if on_host and (with_lora or shard or model > 1 or pipeline > 1):
-            continue  # the host update trains every parameter, data parallel only (strategies/offload.py check)
+        if on_host and (with_lora or not offload.planned_layout_supported(data, model, pipeline, shard)):
+            continue  # the host update trains every parameter, on the layouts strategies/offload.py check allows
         if base.reference_forward and not with_lora:
             continue  # dpo.reference adapters_off is the LoRA policy's own base
         if base.sequences_per_sample == 2 and (model > 1 or pipeline > 1 or (shard and base.reference_forward)):

@@ -124,6 +124,11 @@ def planned_on_host(s) -> bool:
     return s.offload
 
 
+def planned_layout_supported(data: int, model: int, pipeline: int, optimizer_shard: bool) -> bool:
+    """The layouts check() lets the host update run on: one card, for now."""
+    return data == model == pipeline == 1 and not optimizer_shard
+
+
 def card_states(on_device: int, norms: int, compute_bytes: int) -> dict:
     """The model states the card holds: the weights and one micro-batch's gradients, in the
     compute dtype but for the `norms` RMSNorm gains, kept fp32; the gradients leave for the
