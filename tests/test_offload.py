@@ -169,3 +169,47 @@ def test_the_compiled_step_holds_no_fp32_master_and_no_moments(ms):
     matrices = len(on_card)
     assert matrices > 10 and on_card == ["Float16"] * matrices
     assert in_graph == ["Float32"] * 4 * matrices  # master, adam_m, adam_v, accumulator
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ((HOST, "train.optimizer.name=sgd"), "strategies.offload.optimizer=host with train.optimizer.name=sgd: the host "
+                                         "runs AdamW only"),
+    ((HOST, "strategies.lora.enabled=true"), "strategies.offload.optimizer=host with strategies.lora.enabled=true: "
+                                             "the adapters' fp32 weights, gradients and moments take 0.1 MiB on the card"),
+    ((HOST, "device.name=910b", "device.target=ascend", "strategies.parallel.model=2"),
+     "strategies.offload.optimizer=host with strategies.parallel.model=2"),
+    ((HOST, "device.name=910b", "device.target=ascend", "strategies.parallel.optimizer_shard=true",
+      "strategies.parallel.data=2"), "strategies.offload.optimizer=host with strategies.parallel.optimizer_shard=true"),
+    ((HOST, "strategies.parallel.data=2"), "strategies.offload.optimizer=host with strategies.parallel.data=2"),
+    (("strategies.offload.threads=0",), "strategies.offload.threads: expected null (this rank's share of the node's "
+                                        "cores) or 1 to 1024, got 0"),
+    (("strategies.offload.threads=5000",), "strategies.offload.threads: expected null"),
+    (("strategies.offload.optimizer=cpu",), "strategies.offload.optimizer: expected one of device, host, got 'cpu'"),
+])
+def test_what_offload_cannot_do_is_refused_naming_the_key(overrides, message):
+    from llama_npu.recipe.problems import RecipeError
+
+    with pytest.raises(RecipeError) as refused:
+        recipe(*overrides)
+    assert refused.value.problems[0].startswith(message)
+
+
+def test_train_refuses_bad_offload_threads_in_one_line_before_writing(tmp_path):
+    from conftest import run_cli
+
+    proc = run_cli("train", SMOKE, "--output-dir", tmp_path / "run", "--set", HOST, "--set",
+                   "strategies.offload.threads=-1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith("strategies.offload.threads: expected null (this rank's "
+                                                         "share of the node's cores) or 1 to 1024, got -1")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_rehearsal_keeps_the_host_optimizer_on_at_most_this_machines_cores():
+    from llama_npu.training.rehearse import rehearse
+
+    full = load_recipe(SMOKE.parent / "llama3_2_1b_zh_full_910a.yaml", [HOST, "strategies.offload.threads=1024"])
+    rehearsal, changed, not_rehearsed = rehearse(full)
+    assert rehearsal.strategies.offload.optimizer == "host" and rehearsal.strategies.offload.threads is None
+    assert "strategies.offload.threads 1024 -> None (this machine's cores)" in changed
+    assert "the card-host transfers: on the CPU the card's memory is the host's" in not_rehearsed

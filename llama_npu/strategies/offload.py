@@ -21,7 +21,7 @@ from ..recipe.problems import RecipeError, choice
 from .lora import lora_params_per_layer
 
 KEY = "offload"
-CHECKED_AFTER = ("model", "precision", "lora", "parallel")  # it refuses some of their settings
+CHECKED_AFTER = ("model", "lora", "parallel")  # it refuses some of their settings
 OPTIMIZERS = ("device", "host")
 MAX_THREADS = 1024  # more cores than any host we know of has: a typo, not a machine
 # fp32 weight, gradient and AdamW's two moments: what a trainable parameter costs the card in-graph.
@@ -64,10 +64,6 @@ def check(recipe) -> None:
         raise RecipeError(f"strategies.offload.optimizer=host with strategies.parallel.{layout}: the host update "
                           f"runs in one process on one card (no layout over several ranks is supported yet); "
                           f"train on one card, or use offload.optimizer device")
-    if recipe.strategies.precision.amp_level == "O3":
-        raise RecipeError("strategies.offload.optimizer=host with strategies.precision.amp_level=O3: offload "
-                          "already keeps the card's weights in the compute dtype, beside an fp32 master on the "
-                          "host; use amp_level O2")
 
 
 def host_threads(section: OffloadSection) -> int:
