@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO))
 from llama_npu.memory.devices import DEVICES, GB  # noqa: E402
 from llama_npu.memory.parameter_count import cached_parameter_count  # noqa: E402
 from llama_npu.memory.int8_weights import int8_layer_bytes  # noqa: E402
-from llama_npu.memory.planner import Strategy, estimate, estimate_inference, split_params  # noqa: E402
+from llama_npu.memory.planner import Strategy, estimate, estimate_inference, host_states, split_params  # noqa: E402
 from llama_npu.model.architecture import PRESETS  # noqa: E402
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
@@ -183,8 +183,8 @@ forward and again in the backward: the model states column includes that transie
 With `strategies.offload.optimizer: host` (ZeRO-Offload's split, docs/strategies-and-planner.md)
 the card keeps the weights in the compute dtype (the RMSNorm gains fp32) and one
 micro-batch's gradients in it, sent to the host after each backward; the fp32 master
-weights, AdamW's moments and, when accumulating, the fp32 accumulators are host memory, and
-the update runs there. The card's phases lose the master, the moments, the accumulators and
+weights, AdamW's moments and the fp32 accumulators (at k = 1 the fp32 gradients the update
+reads) are host memory, 16 bytes a parameter, and the update runs there. The card's phases lose the master, the moments, the accumulators and
 the update's scaling copies; `plan` adds a host line: the bytes a rank and a node hold
 (each of N data-parallel ranks 1/N), the update's time at `--host-bandwidth` (default
 {host_bandwidth:g} GB/s a rank: it reads and writes {update_bytes} bytes a parameter) and the
@@ -192,7 +192,7 @@ traffic a step. The longest sequence a full fine-tune fits, micro-batch 1, one c
 the card's half precision, any recompute and chunked cross-entropy (`plan --fit --maximize
 seq-len`, from 512 tokens):
 
-| model | device | longest, optimizer on the card | longest, optimizer on the host | card GB at that length | host GB a rank, k = 1 / k = 4 | host update a step |
+| model | device | longest, optimizer on the card | longest, optimizer on the host | card GB at that length | host GB a rank | host update a step |
 |---|---|---|---|---|---|---|
 {offload}
 
@@ -351,13 +351,13 @@ LoRA rank 8，作用于 wq、wk、wv、wo，AdamW 只更新适配器，FP16（O2
 
 设置 `strategies.offload.optimizer: host`（ZeRO-Offload 的划分，见 docs/strategies-and-planner.zh-CN.md）时，
 卡上只保留计算精度的权重（RMSNorm 的增益仍为 fp32）和一个 micro-batch 的同精度梯度，每次反向结束后送往主机；
-fp32 主权重、AdamW 的两个矩以及累积时的 fp32 累加器都在主机内存里，更新也在主机上运行。卡上各阶段不再有主权重、
+fp32 主权重、AdamW 的两个矩以及 fp32 累加器（k = 1 时即更新读取的 fp32 梯度）都在主机内存里，每个参数 16 字节，更新也在主机上运行。卡上各阶段不再有主权重、
 矩、累加器和更新时的缩放副本；`plan` 多出一行主机信息：每个 rank 和每个节点占用的字节（N 个数据并行 rank
 各持 1/N）、按 `--host-bandwidth`（默认每个 rank {host_bandwidth:g} GB/s；每个参数读写 {update_bytes} 字节）计算的
 更新耗时，以及每步的传输量。全参数微调能放下的最长序列（micro-batch 1，单卡，O2 用卡的半精度，任意重计算与
 分块交叉熵；`plan --fit --maximize seq-len`，从 512 个 token 起）：
 
-| 模型 | 设备 | 最长序列，优化器在卡上 | 最长序列，优化器在主机上 | 该长度下卡上 GB | 每 rank 主机 GB，k = 1 / k = 4 | 每步主机更新 |
+| 模型 | 设备 | 最长序列，优化器在卡上 | 最长序列，优化器在主机上 | 该长度下卡上 GB | 每 rank 主机 GB | 每步主机更新 |
 |---|---|---|---|---|---|---|
 {offload}
 
@@ -465,12 +465,10 @@ def offload_rows():
                                      allow_offload=False)[0] for on_host in (False, True)]
             card, host = found
             longest = [f"{plan.strategy.seq_len:,}" if plan else "none" for plan in found]
-            accumulating = replace(base, global_batch=4, offload=True)
-            host_gb = [g(sum(offload.host_states(params, s, k > 1).values()))
-                       for s, k in ((base, 1), (accumulating, 4))]
+            host_gb = g(sum(host_states(shape, params, base).values()))
             seconds = offload.update_seconds(params, base, offload.DEFAULT_HOST_BANDWIDTH)
             rows.append(f"| {name} | {device.name} | {longest[0]} | {longest[1]} | "
-                        f"{g(host.total_bytes) if host else '-'} | {host_gb[0]} / {host_gb[1]} | {seconds:.2f} s |")
+                        f"{g(host.total_bytes) if host else '-'} | {host_gb} | {seconds:.2f} s |")
     return rows
 
 

@@ -315,14 +315,14 @@ def test_train_refuses_a_host_without_the_memory_for_the_optimizer_in_one_line(t
 
 @pytest.mark.skipif(bool(glob.glob("/dev/davinci[0-9]*")), reason="this host has an Ascend NPU")
 def test_validate_on_a_login_node_leaves_the_host_memory_check_with_the_device_check():
-    """The shipped offload recipe needs 47.87 GB of host memory a rank (more than this host's
+    """The shipped offload recipe needs 48.61 GB of host memory a rank (more than this host's
     MemAvailable allows a test to rely on); on a host without its 910A, validate exits 0 and
     says both checks are left for the host with the device. Its rehearsal checks its own,
     shrunk, figure and is valid here."""
     proc = run_cli("validate", OFFLOAD_3B)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1].endswith(
-        "; so is the host-memory check of strategies.offload.optimizer=host (47.87 GB a rank against that host's "
+        "; so is the host-memory check of strategies.offload.optimizer=host (48.61 GB a rank against that host's "
         "MemAvailable)")
     rehearsal = run_cli("validate", OFFLOAD_3B, "--rehearse")
     assert rehearsal.returncode == 0 and "valid as a rehearsal" in rehearsal.stdout, rehearsal.stderr

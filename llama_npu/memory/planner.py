@@ -171,7 +171,13 @@ def host_bytes(recipe: Recipe) -> int:
     s = strategy_from_recipe(recipe, recipe.device.name)
     if not offload.planned_on_host(s):
         return 0
-    return sum(offload.host_states(parameter_total(resolve_shape(recipe.model)), s, accumulates(s)).values())
+    shape = resolve_shape(recipe.model)
+    return sum(host_states(shape, parameter_total(shape), s).values())
+
+
+def host_states(shape: LlamaShape, params: int, s: Strategy) -> Dict[str, int]:
+    """strategies.offload's host side of a plan; the largest tensor in flight is the embedding."""
+    return offload.host_states(params, s, split_params(shape)["embedding"], precision.activation_bytes(s))
 
 
 def int8_base(s: Strategy) -> bool:
@@ -333,8 +339,8 @@ def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Pla
     plan.components["communication_buffers"] = parallel.communicators(s) * hccl
     plan.components["margin"] = math.ceil(device.usable_bytes * MARGIN_FRACTION)
     plan.phases = phase_peaks(plan.components, s)
-    if offload.planned_on_host(s):  # full fine-tuning, data parallel only (offload.check)
-        plan.host = offload.host_states(params, s, accumulates(s))
+    if offload.planned_on_host(s):  # full fine-tuning, on the layouts offload.check allows
+        plan.host = host_states(shape, params, s)
     return plan
 
 

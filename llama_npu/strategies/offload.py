@@ -94,7 +94,7 @@ def rehearse(r) -> None:
 # What the planner counts with `optimizer: host` (memory/planner.py calls these): on the card,
 # the weights in the compute dtype and one micro-batch's gradients in it, and no optimizer
 # states or update copies; on the host, the rank's shard of the fp32 master weights, the two
-# AdamW moments and, accumulating, the fp32 accumulators.
+# AdamW moments, the fp32 gradient accumulators and one tensor in flight each way.
 
 # Bytes a parameter the host update reads and writes: it reads the fp32 master, both moments
 # and the fp32 gradient (16) and writes the master and moments back (12); the compute-dtype
@@ -140,11 +140,15 @@ def host_shard(trainable: int, s) -> int:
     return -(-trainable // s.data)
 
 
-def host_states(trainable: int, s, accumulating: bool) -> dict:
-    """Host bytes one rank holds: its shard's fp32 master weights, AdamW's two fp32 moments
-    and, when micro-batches are summed, the fp32 gradient accumulators."""
+def host_states(trainable: int, s, largest: int, compute_bytes: int) -> dict:
+    """Host bytes one rank holds: its shard's fp32 master weights and AdamW's two fp32 moments;
+    the fp32 gradient accumulators, at k = 1 too, where they are the fp32 gradients the fused
+    kernel reads (training/host_optimizer.py adds each micro-batch into them); and `staging`,
+    one tensor of `largest` elements in the compute dtype in flight, a gradient read off the
+    card or a master cast for it, one tensor at a time (HostAdamW.accumulate and push)."""
     shard = host_shard(trainable, s)
-    return {"master_weights": 4 * shard, "moments": 8 * shard, "accumulators": 4 * shard if accumulating else 0}
+    return {"master_weights": 4 * shard, "moments": 8 * shard, "accumulators": 4 * shard,
+            "staging": largest * compute_bytes}
 
 
 def ranks_per_node(s) -> int:
