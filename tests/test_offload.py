@@ -180,8 +180,9 @@ def test_a_run_resumes_from_host_to_device_and_back(ms, six_step_run, host_six_s
 @pytest.mark.parametrize("overrides, message", [
     ((HOST, "train.optimizer.name=sgd"), "strategies.offload.optimizer=host with train.optimizer.name=sgd: the host "
                                          "runs AdamW only"),
-    ((HOST, "strategies.lora.enabled=true"), "strategies.offload.optimizer=host with strategies.lora.enabled=true: "
-                                             "the adapters' fp32 weights, gradients and moments take 0.1 MiB on the card"),
+    ((HOST, "strategies.lora.enabled=true"),
+     "strategies.offload.optimizer=host with strategies.lora.enabled=true: the adapters' fp32 weights, gradients "
+     "and moments take 0.1 MiB on the card"),
     ((HOST, "device.name=910b", "device.target=ascend", "strategies.parallel.model=2"),
      "strategies.offload.optimizer=host with strategies.parallel.model=2"),
     ((HOST, "device.name=910b", "device.target=ascend", "strategies.parallel.optimizer_shard=true",

@@ -146,10 +146,9 @@ class HostAdamW(nn.Cell):
             chosen = [i for i, p in enumerate(self.card) if is_matrix(p) == decayed]
             if not chosen:
                 continue
-            decay = o.weight_decay if decayed else 0.0
+            decay = lr * (o.weight_decay if decayed else 0.0) / lr_t if lr_t else 0.0
             pick = lambda tensors: [tensors[i] for i in chosen]  # noqa: E731
             torch._fused_adamw_(pick(self.weights), pick(self.accumulators), pick(self.exp_avgs),
                                 pick(self.exp_avg_sqs), [], pick(self.steps), lr=lr_t, beta1=o.beta1,
-                                beta2=o.beta2, weight_decay=lr * decay / lr_t if lr_t else 0.0, eps=eps_t, amsgrad=False,
-                                maximize=False)
+                                beta2=o.beta2, weight_decay=decay, eps=eps_t, amsgrad=False, maximize=False)
         self.global_step.asnumpy()[...] += 1
