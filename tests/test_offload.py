@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from llama_npu.recipe.load import load_recipe
+from llama_npu.strategies.offload import OffloadSection, host_threads
 
 from conftest import SMOKE
 
@@ -158,8 +159,15 @@ def test_the_host_checkpoint_holds_fp32_masters_and_moments_under_the_in_graph_n
         loaded = ms.load_checkpoint(str(run / "checkpoints" / "step_3" / name))
         return {k: (str(v.dtype), v.shape) for k, v in loaded.items()}
 
+    import re
+
     for name in ("model.ckpt", "optimizer.ckpt"):
         assert contents(host_six_step_run[0], name) == contents(six_step_run[0], name)
+    stdout = host_six_step_run[1].stdout
+    params = int(re.search(r"; ([\d,]+) trainable parameters", stdout).group(1).replace(",", ""))
+    assert (f"the optimizer on the host: {host_threads(OffloadSection())} thread(s), {16 * params / 2**30:.2f} GiB of "
+            f"fp32 master weights, moments and gradient accumulators in host memory; the card keeps float32 "
+            f"weights") in stdout  # the smoke recipe trains in fp32
     host, device = (ms.load_checkpoint(str(run[0] / "checkpoints" / "step_3" / "optimizer.ckpt"))
                     for run in (host_six_step_run, six_step_run))
     for name in ("global_step", "learning_rate"):  # 3 updates; the third step's learning rate
