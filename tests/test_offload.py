@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from llama_npu.recipe.load import load_recipe
+from llama_npu.strategies.offload import OffloadSection, host_threads
 
 from conftest import SMOKE
 
@@ -73,11 +74,24 @@ def trainer(ms, *overrides):
 
 
 def train(ms, data, *overrides):
+    """(step results, final weights, the step function)."""
     from llama_npu.training.optimizer import lr_at
 
     step, weights, r = trainer(ms, *overrides)
     results = [step(micro, lr_at(i + 1, r.train)) for i, micro in enumerate(data)]
-    return results, weights()
+    return results, weights(), step
+
+
+def held_matrices(step, cells) -> list:
+    """The dtypes of the Parameters of a weight matrix's shape that the compiled `cells` of
+    `step` hold, the parameter-sized tensors of the graph."""
+    shapes = {tuple(p.shape) for p in step_weights(step) if len(p.shape) >= 2}
+    params = {id(p): p for cell in cells for p in cell.get_parameters()}.values()
+    return sorted(str(p.dtype) for p in params if tuple(p.shape) in shapes)
+
+
+def step_weights(step):
+    return step.host.card if hasattr(step, "host") else step.final.weights
 
 
 def assert_same_weights(got, want, rtol):
@@ -90,8 +104,8 @@ def assert_same_weights(got, want, rtol):
 @pytest.mark.parametrize("shape", [(), LARGER], ids=["tiny", "larger"])
 def test_fp32_adamw_on_the_host_equals_the_graph_over_10_steps(ms, shape):
     data = batches(2, 1) * 5  # two batches seen five times each: the loss falls
-    want, want_w = train(ms, data, *FP32, *shape)
-    got, got_w = train(ms, data, *FP32, *shape, HOST)
+    want, want_w, _ = train(ms, data, *FP32, *shape)
+    got, got_w, _ = train(ms, data, *FP32, *shape, HOST)
     assert [r.loss for r in got] == pytest.approx([r.loss for r in want], abs=1e-6)
     assert [r.grad_norm for r in got] == pytest.approx([r.grad_norm for r in want], rel=1e-4)
     assert want[-1].loss < want[1].loss - 0.1  # it trained, and the next forward saw each update
@@ -99,14 +113,22 @@ def test_fp32_adamw_on_the_host_equals_the_graph_over_10_steps(ms, shape):
 
 
 def test_o2_fp16_loss_scale_accumulation_recompute_chunked_ce_clip_on_the_host_equals_the_graph(ms):
+    """Equal within 1e-5 in loss, the injected overflow skipped on both; the compiled graph holds
+    no fp32 master and no moments."""
     data = batches(2, 4) * 2
-    want, want_w = train(ms, data, *FP16)
-    got, got_w = train(ms, data, *FP16, HOST)
+    want, want_w, graph = train(ms, data, *FP16)
+    got, got_w, host = train(ms, data, *FP16, HOST)
     assert [(r.overflow, r.loss_scale) for r in got] == [(r.overflow, r.loss_scale) for r in want] == \
         [(True, 2.0 ** 24)] + [(False, 2.0 ** 12)] * 3  # the overflowed step skipped, the scale lowered
     assert [r.loss for r in got] == pytest.approx([r.loss for r in want], abs=1e-5)
     assert want[-1].loss < want[1].loss  # it trained
     assert_same_weights(got_w, want_w, 1e-5)
+    # The compiled graphs' parameter-sized tensors: with the optimizer on the host, the card's fp16
+    # matrices only; in the graph, an fp32 master, two moments and an accumulator for each.
+    on_card = held_matrices(host, (host.micro, host.end))
+    matrices = len(on_card)
+    assert matrices > 10 and on_card == ["Float16"] * matrices
+    assert held_matrices(graph, (graph.final, graph.accumulating)) == ["Float32"] * 4 * matrices
 
 
 @pytest.fixture(scope="session")
@@ -137,8 +159,19 @@ def test_the_host_checkpoint_holds_fp32_masters_and_moments_under_the_in_graph_n
         loaded = ms.load_checkpoint(str(run / "checkpoints" / "step_3" / name))
         return {k: (str(v.dtype), v.shape) for k, v in loaded.items()}
 
+    import re
+
     for name in ("model.ckpt", "optimizer.ckpt"):
         assert contents(host_six_step_run[0], name) == contents(six_step_run[0], name)
+    stdout = host_six_step_run[1].stdout
+    params = int(re.search(r"; ([\d,]+) trainable parameters", stdout).group(1).replace(",", ""))
+    assert (f"the optimizer on the host: {host_threads(OffloadSection())} thread(s), {16 * params / 2**30:.2f} GiB of "
+            f"fp32 master weights, moments and gradient accumulators in host memory; the card keeps float32 "
+            f"weights") in stdout  # the smoke recipe trains in fp32
+    host, device = (ms.load_checkpoint(str(run[0] / "checkpoints" / "step_3" / "optimizer.ckpt"))
+                    for run in (host_six_step_run, six_step_run))
+    for name in ("global_step", "learning_rate"):  # 3 updates; the third step's learning rate
+        assert host[name].asnumpy().tolist() == pytest.approx(device[name].asnumpy().tolist(), rel=1e-7)
     assert {dtype for dtype, _ in contents(host_six_step_run[0], "model.ckpt").values()} == {"Float32"}
 
 
@@ -152,30 +185,12 @@ def test_a_run_resumes_from_host_to_device_and_back(ms, six_step_run, host_six_s
     assert_same_steps(resumed_at_3(device, tmp_path / "to_host", "--set", HOST), device, range(1, 7))
 
 
-def test_the_compiled_step_holds_no_fp32_master_and_no_moments(ms):
-    """The parameters the compiled graphs hold, counted as tensors of a weight's size: with the
-    optimizer on the host, only the card's fp16 weights (the RMSNorm gains stay fp32); in the
-    graph, an fp32 master, two moments and an accumulator for each."""
-    def held(step, cells):
-        step(batches(1, 2)[0], lr=1e-3)  # compiled and run
-        params = {id(p): p for cell in cells for p in cell.get_parameters()}.values()
-        return sorted(str(p.dtype) for p in params if p.size >= 64 * 64)  # the matrices (the tiny hidden is 64)
-
-    overrides = (*FP16[:2], "train.micro_batch_size=2", "train.global_batch_size=4")
-    host, _, _ = trainer(ms, *overrides, HOST)
-    graph, _, _ = trainer(ms, *overrides)
-    on_card = held(host, (host.micro, host.end))
-    in_graph = held(graph, (graph.final, graph.accumulating))
-    matrices = len(on_card)
-    assert matrices > 10 and on_card == ["Float16"] * matrices
-    assert in_graph == ["Float32"] * 4 * matrices  # master, adam_m, adam_v, accumulator
-
-
 @pytest.mark.parametrize("overrides, message", [
     ((HOST, "train.optimizer.name=sgd"), "strategies.offload.optimizer=host with train.optimizer.name=sgd: the host "
                                          "runs AdamW only"),
-    ((HOST, "strategies.lora.enabled=true"), "strategies.offload.optimizer=host with strategies.lora.enabled=true: "
-                                             "the adapters' fp32 weights, gradients and moments take 0.1 MiB on the card"),
+    ((HOST, "strategies.lora.enabled=true"),
+     "strategies.offload.optimizer=host with strategies.lora.enabled=true: the adapters' fp32 weights, gradients "
+     "and moments take 0.1 MiB on the card"),
     ((HOST, "device.name=910b", "device.target=ascend", "strategies.parallel.model=2"),
      "strategies.offload.optimizer=host with strategies.parallel.model=2"),
     ((HOST, "device.name=910b", "device.target=ascend", "strategies.parallel.optimizer_shard=true",

@@ -85,11 +85,14 @@ class HostAdamW(nn.Cell):
         self.exp_avg_sqs = [view(p) for p in self.moments2]
 
     def push(self) -> None:
-        """The masters, in each card Parameter's dtype, into the card's Parameters: the next
-        forward reads them (a set_data of a Parameter that a graph reads unconditionally is
-        seen by its next run, MindSpore 2.9.0; tests/test_offload.py checks the losses)."""
+        """The masters, cast to the card's dtypes, into the card's Parameters: the next forward
+        reads them (a host write of a Parameter that a graph reads unconditionally is seen by its
+        next run, MindSpore 2.9.0; tests/test_offload.py checks the losses). assign_value is what
+        Parameter.set_data ends in (mindspore/common/parameter.py _update_tensor_data), without
+        set_data's cast back to the Parameter's dtype: the first push turns the matrices, built
+        fp32, into compute-dtype Parameters (the test counts the graph's fp16 matrices)."""
         for param, master, dtype in zip(self.card, self.masters, self.card_dtypes):
-            param.set_data(Tensor(master.asnumpy(), dtype=dtype))
+            param.assign_value(Tensor(master.asnumpy(), dtype=dtype))
 
     def loaded(self) -> None:
         """After checkpoints/files.py loaded the states into this Cell."""
@@ -143,10 +146,9 @@ class HostAdamW(nn.Cell):
             chosen = [i for i, p in enumerate(self.card) if is_matrix(p) == decayed]
             if not chosen:
                 continue
-            decay = o.weight_decay if decayed else 0.0
+            decay = lr * (o.weight_decay if decayed else 0.0) / lr_t if lr_t else 0.0
             pick = lambda tensors: [tensors[i] for i in chosen]  # noqa: E731
             torch._fused_adamw_(pick(self.weights), pick(self.accumulators), pick(self.exp_avgs),
                                 pick(self.exp_avg_sqs), [], pick(self.steps), lr=lr_t, beta1=o.beta1,
-                                beta2=o.beta2, weight_decay=lr * decay / lr_t if lr_t else 0.0, eps=eps_t, amsgrad=False,
-                                maximize=False)
+                                beta2=o.beta2, weight_decay=decay, eps=eps_t, amsgrad=False, maximize=False)
         self.global_step.asnumpy()[...] += 1

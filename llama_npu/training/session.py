@@ -85,7 +85,11 @@ def host_optimizer(recipe: Recipe, params: list):
                           f"is not installed ({exc}); install the offload extra: pip install -e '.[offload]'") from None
 
     compute = model_dtypes(recipe.strategies.precision)["compute_dtype"]
-    return HostAdamW(params, recipe.train.optimizer, host_threads(recipe.strategies.offload), getattr(mstype, compute))
+    threads = host_threads(recipe.strategies.offload)
+    # fp32 master, two moments and an accumulator a parameter
+    note(f"the optimizer on the host: {threads} thread(s), {16 * sum(p.size for p in params) / 2**30:.2f} GiB of "
+         f"fp32 master weights, moments and gradient accumulators in host memory; the card keeps {compute} weights")
+    return HostAdamW(params, recipe.train.optimizer, threads, getattr(mstype, compute))
 
 
 def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRecordSamples],
