@@ -184,8 +184,8 @@ With `strategies.offload.optimizer: host` (ZeRO-Offload's split, docs/strategies
 the card keeps the weights in the compute dtype (the RMSNorm gains fp32) and one
 micro-batch's gradients in it, sent to the host after each backward; the fp32 master
 weights, AdamW's moments and the fp32 accumulators (at k = 1 the fp32 gradients the update
-reads) are host memory, 16 bytes a parameter, and the update runs there. The card's phases lose the master, the moments, the accumulators and
-the update's scaling copies; `plan` adds a host line: the bytes a rank and a node hold
+reads) are host memory, 16 bytes a parameter, and the update runs there. The card's phases
+lose the master, the moments, the accumulators and the update's scaling copies; `plan` adds a host line: the bytes a rank and a node hold
 (each of N data-parallel ranks 1/N), the update's time at `--host-bandwidth` (default
 {host_bandwidth:g} GB/s a rank: it reads and writes {update_bytes} bytes a parameter) and the
 traffic a step. The longest sequence a full fine-tune fits, micro-batch 1, one card, O2 in

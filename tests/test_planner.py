@@ -291,8 +291,8 @@ def test_fit_prints_one_table_and_marks_a_layout_never_run_on_an_npu(tmp_path):
                    "--no-offload", "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl")
     assert proc.returncode == 2 and "pass --overwrite" in proc.stderr and out.read_text() == "mine\n"
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
-                   "--no-offload", "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", "--overwrite", "--json",
-                   check=True)
+                   "--no-offload", "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", "--overwrite",
+                   "--json", check=True)
     result = json.loads(proc.stdout)
     assert result["written_recipe"] == str(out) and result["recommended"]["never_run_on_npu"] == ["optimizer sharding"]
     assert load_recipe(out).strategies.parallel.data == 8
