@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO))
 from llama_npu.memory.devices import DEVICES, GB  # noqa: E402
 from llama_npu.memory.parameter_count import cached_parameter_count  # noqa: E402
 from llama_npu.memory.int8_weights import int8_layer_bytes  # noqa: E402
-from llama_npu.memory.planner import Strategy, estimate, estimate_inference, split_params  # noqa: E402
+from llama_npu.memory.planner import Strategy, estimate, estimate_inference, host_states, split_params  # noqa: E402
 from llama_npu.model.architecture import PRESETS  # noqa: E402
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
@@ -178,6 +178,29 @@ forward and again in the backward: the model states column includes that transie
 |---|---|---|---|---|---|---|---|
 {lora}
 
+## The optimizer on the host (`strategies.offload`)
+
+With `strategies.offload.optimizer: host` (ZeRO-Offload's split, docs/strategies-and-planner.md)
+the card keeps the weights in the compute dtype (the RMSNorm gains fp32) and one
+micro-batch's gradients in it, sent to the host after each backward; the fp32 master
+weights, AdamW's moments and the fp32 accumulators (at k = 1 the fp32 gradients the update
+reads) are host memory, 16 bytes a parameter, and the update runs there. The card's phases
+lose the master, the moments, the accumulators and the update's scaling copies; `plan` adds a host line: the bytes a rank and a node hold
+(each of N data-parallel ranks 1/N), the update's time at `--host-bandwidth` (default
+{host_bandwidth:g} GB/s a rank: it reads and writes {update_bytes} bytes a parameter) and the
+traffic a step. The longest sequence a full fine-tune fits, micro-batch 1, one card, O2 in
+the card's half precision, any recompute and chunked cross-entropy (`plan --fit --maximize
+seq-len`, from 512 tokens):
+
+| model | device | longest, optimizer on the card | longest, optimizer on the host | card GB at that length | host GB a rank | host update a step |
+|---|---|---|---|---|---|---|
+{offload}
+
+"none" means no length fits: the card's states alone exceed it. On the 910B, the 3B's
+in-graph states (weights, half copies, gradients, moments: {states_3b} GB) and the embedding's
+gradient leave no room at any length; with the optimizer on the host the activations of the
+whole context fit.
+
 ## Which tensors are alive in each phase
 
 A plan's total is the largest of the step's three phases plus the 10% margin, not the sum
@@ -324,6 +347,23 @@ LoRA rank 8，作用于 wq、wk、wv、wo，AdamW 只更新适配器，FP16（O2
 |---|---|---|---|---|---|---|---|
 {lora}
 
+## 优化器放在主机上（`strategies.offload`）
+
+设置 `strategies.offload.optimizer: host`（ZeRO-Offload 的划分，见 docs/strategies-and-planner.zh-CN.md）时，
+卡上只保留计算精度的权重（RMSNorm 的增益仍为 fp32）和一个 micro-batch 的同精度梯度，每次反向结束后送往主机；
+fp32 主权重、AdamW 的两个矩以及 fp32 累加器（k = 1 时即更新读取的 fp32 梯度）都在主机内存里，每个参数 16 字节，更新也在主机上运行。卡上各阶段不再有主权重、
+矩、累加器和更新时的缩放副本；`plan` 多出一行主机信息：每个 rank 和每个节点占用的字节（N 个数据并行 rank
+各持 1/N）、按 `--host-bandwidth`（默认每个 rank {host_bandwidth:g} GB/s；每个参数读写 {update_bytes} 字节）计算的
+更新耗时，以及每步的传输量。全参数微调能放下的最长序列（micro-batch 1，单卡，O2 用卡的半精度，任意重计算与
+分块交叉熵；`plan --fit --maximize seq-len`，从 512 个 token 起）：
+
+| 模型 | 设备 | 最长序列，优化器在卡上 | 最长序列，优化器在主机上 | 该长度下卡上 GB | 每 rank 主机 GB | 每步主机更新 |
+|---|---|---|---|---|---|---|
+{offload}
+
+"none" 表示任何长度都放不下：仅卡上的状态就已超出。在 910B 上，3B 在图内的状态（权重、半精度副本、梯度、
+矩：{states_3b} GB）加上嵌入层梯度，任何长度都没有空间；优化器放到主机上之后，整个上下文的激活都放得下。
+
 ## 各阶段存活的张量
 
 规划的总量是训练步三个阶段中最大的一个再加 10% 余量，而不是各部分之和：半精度权重副本和激活在更新阶段已经释放，
@@ -399,6 +439,39 @@ fp16 基座也一样），而 CPU 上 GRAPH_MODE 的图会保留它分配的每�
 """
 
 
+def offload_facts() -> dict:
+    from llama_npu.strategies import offload
+
+    shape = PRESETS["llama3.2-3b"]
+    c = estimate(shape, cached_parameter_count(shape), DEVICES["910b"],
+                 Strategy(seq_len=512, micro_batch=1, global_batch=1, dtype="bfloat16")).components
+    return {"host_bandwidth": offload.DEFAULT_HOST_BANDWIDTH, "update_bytes": offload.UPDATE_BYTES_PER_PARAMETER,
+            "states_3b": g(c["weights"] + c["weight_compute_copies"] + c["gradients"] + c["optimizer_states"])}
+
+
+def offload_rows():
+    """The longest sequence each model fully fine-tunes on one card, with the optimizer on the card
+    and on the host (the planner's --fit --maximize seq-len search), and the host's side."""
+    from llama_npu.memory.fit_choice import longest_fitting
+    from llama_npu.strategies import offload
+
+    rows = []
+    for name in MODELS:
+        shape, params = PRESETS[name], cached_parameter_count(PRESETS[name])
+        for device in (DEVICES["910a"], DEVICES["910b"]):
+            base = Strategy(seq_len=512, micro_batch=1, global_batch=1, amp_level="O2",
+                            dtype="bfloat16" if device.bf16 else "float16")
+            found = [longest_fitting(shape, params, device, replace(base, offload=on_host), 1, False,
+                                     allow_offload=False)[0] for on_host in (False, True)]
+            card, host = found
+            longest = [f"{plan.strategy.seq_len:,}" if plan else "none" for plan in found]
+            host_gb = g(sum(host_states(shape, params, base).values()))
+            seconds = offload.update_seconds(params, base, offload.DEFAULT_HOST_BANDWIDTH)
+            rows.append(f"| {name} | {device.name} | {longest[0]} | {longest[1]} | "
+                        f"{g(host.total_bytes) if host else '-'} | {host_gb} | {seconds:.2f} s |")
+    return rows
+
+
 def phase_rows():
     from llama_npu.memory.devices import get_device
     from llama_npu.memory.planner import strategy_from_recipe
@@ -420,7 +493,8 @@ def phase_rows():
 def render() -> dict:
     values = dict(inference="\n".join(inference_rows()), training="\n".join(training_rows()),
                   usual_int8="\n".join(usual_int8_rows()), lora="\n".join(training_rows(LORA)),
-                  phases="\n".join(phase_rows()), int8_output=INT8_OUTPUT, **facts())
+                  phases="\n".join(phase_rows()), int8_output=INT8_OUTPUT, offload="\n".join(offload_rows()),
+                  **offload_facts(), **facts())
     return {REPO / "docs" / "memory.md": EN.format(**values), REPO / "docs" / "memory.zh-CN.md": ZH.format(**values)}
 
 

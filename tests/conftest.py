@@ -28,7 +28,7 @@ JOINED = {"test_parallel.py": "dp2_launch", "test_reliability.py": "dp2_launch",
           "test_int8.py": "conversions",
           "test_preference.py": "conversions", "test_verified_reads.py": "conversions"}
 HEAVIEST_FIRST = ["dp2_launch", "conversions", "test_shipped_recipes.py", "test_train.py", "test_strategies.py",
-                  "test_benchmarks.py", "test_selftest.py", "test_planner.py"]
+                  "test_offload.py", "test_benchmarks.py", "test_selftest.py", "test_planner.py"]
 
 
 # First: pytest-xdist's own hook (xdist/remote.py) reads the marks to name each test's group,

@@ -28,6 +28,9 @@ from conftest import REPO
     ("verified_reads.py", ["--gb", "0.02", "--runs", "1"], "ratio verification / load: "),
     # #21: eval --task's questions per second and peak RSS, batch 8 against batch 1
     ("exam_throughput.py", ["--questions", "8", "--runs", "0x1,0x8"], "ratio batch 8 / batch 1, 0-shot questions"),
+    # #40: the host AdamW beside torch's foreach and MindSpore's CPU kernels, and the step with / without offload
+    ("host_optimizer.py", ["--params", "1000000", "--steps", "1", "--hidden", "64", "--layers", "1", "--seq", "16",
+                           "--micro", "1", "--k", "2", "--step-steps", "1"], "ratio step with offload / without: "),
 ])
 def test_benchmark_runs_and_prints_its_result(script, args, result):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,

@@ -110,17 +110,28 @@ def test_3b_full_finetune_does_not_fit_one_910a_and_fit_finds_a_runnable_plan(tm
     result = json.loads(proc.stdout)
     assert proc.returncode == 0 and result["fits"] is False
     best = result["recommended"]
-    assert best["fits"] and best["total_bytes"] <= best["device_bytes"] and best["strategy"]["lora"] is True
+    # still a full fine-tune: the optimizer moves to the host before anyone is sent to LoRA
+    assert best["fits"] and best["total_bytes"] <= best["device_bytes"] and best["strategy"]["lora"] is False
+    assert best["strategy"]["offload"] is True and best["components"]["optimizer_states"] == 0
+    assert best["host"]["components"]["moments"] == 8 * P["llama3.2-3b"]
     recipe = load_recipe(out)  # the written plan validates as a recipe
-    assert recipe.strategies.lora.enabled and recipe.device.name == "910a"
-    assert recipe.strategies.precision.dtype == "float16"  # 910A has no BF16
+    assert not recipe.strategies.lora.enabled and recipe.strategies.offload.optimizer == "host"
+    assert recipe.device.name == "910a" and recipe.strategies.precision.dtype == "float16"  # 910A has no BF16
+    # its cost in time, in the printed plan; LoRA only when asked to keep the optimizer on the card is moot
+    text = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit").stdout
+    assert "offload False -> True" in text
+    assert "offload costs time: the host update takes about 4.5 s a step at 20 GB/s (--host-bandwidth)" in text
+    text = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit", "--host-bandwidth", "40").stdout
+    assert "the host update takes about 2.2 s a step at 40 GB/s" in text
 
 
 @pytest.mark.quick
 def test_fit_prefers_a_layout_run_on_an_npu_to_one_never_run_there():
-    """3B full fine-tuning on 8 x 910B fits only with optimizer sharding, never run on an NPU;
-    LoRA over plain data parallelism fits too, and is preferred. With --no-lora the sharded
-    layout is the only one, and is recommended."""
+    """3B full fine-tuning on 8 x 910B fits only with optimizer sharding, never run on an NPU
+    (the optimizer on the host runs on one card only, strategies/offload.py); LoRA over plain
+    data parallelism fits too, and is preferred. With --no-lora the sharded layout is the only
+    one, and is recommended. The speed ranking puts a plan without offload first wherever one
+    fits: the 1B on one 910B."""
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--json")
     best = json.loads(proc.stdout)["recommended"]
     assert best["fits"] and best["strategy"]["lora"] is True and best["never_run_on_npu"] == []
@@ -128,6 +139,28 @@ def test_fit_prefers_a_layout_run_on_an_npu_to_one_never_run_there():
                    "--json")
     best = json.loads(proc.stdout)["recommended"]
     assert best["strategy"]["lora"] is False and best["never_run_on_npu"] == ["optimizer sharding"]
+    assert best["strategy"]["offload"] is False
+    proc = run_cli("plan", "--model", "llama3.2-1b", "--device", "910b", "--fit", "--maximize", "speed", "--json")
+    best = json.loads(proc.stdout)["recommended"]
+    assert best["strategy"]["offload"] is False and best["host"] is None
+
+
+def test_the_host_line_divides_the_states_among_data_parallel_ranks():
+    """The planner's host side under data parallel (counted ahead of the layout's support):
+    each of N ranks holds 1/N of the master, moments and accumulators, a node of 8 cards 8 of
+    those, and moves 1/N of the traffic."""
+    from llama_npu.memory.plan_report import host_figures
+
+    one, eight = (estimate(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910b"],
+                           Strategy(seq_len=2048, micro_batch=1, global_batch=4 * data, data=data, offload=True))
+                  for data in (1, 8))
+    h1, h8 = host_figures(one, 20.0), host_figures(eight, 20.0)
+    staging = 2 * 128_256 * 3072  # the embedding in flight in bf16, whole on every rank
+    assert h1["components"] == {"master_weights": 4 * P["llama3.2-3b"], "moments": 8 * P["llama3.2-3b"],
+                                "accumulators": 4 * P["llama3.2-3b"], "staging": staging}
+    assert h8["rank_bytes"] == 16 * -(-P["llama3.2-3b"] // 8) + staging and h8["node_bytes"] == 8 * h8["rank_bytes"]
+    assert h8["update_seconds"] == pytest.approx(h1["update_seconds"] / 8, rel=1e-6)
+    assert h1["transfer_bytes"] == {"to_host": 4 * 2 * P["llama3.2-3b"], "to_device": 2 * P["llama3.2-3b"]}
 
 
 FULL_910A = str(REPO / "recipes" / "llama3_2_1b_zh_full_910a.yaml")  # global batch 16, micro-batch 1, one 910A
@@ -227,19 +260,23 @@ def test_a_plan_that_does_not_fit_exits_1_in_text_and_json():
     assert text.returncode == 1 and "fits: no, 43.24 GB over the 29.00 GB usable" in text.stdout
     as_json = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--json")
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["fits"] is False
-    nothing = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit", "--no-lora")
+    nothing = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit", "--no-lora", "--no-offload")
     assert nothing.returncode == 1 and "nothing fits on 1 x 910a" in nothing.stdout
-    lora = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit")
+    # SGD: no optimizer on the host to fall back on (strategies/offload.py runs AdamW only)
+    lora = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit", "--set", "train.optimizer.name=sgd")
     # flash attention is the device's, not a change to recommend (the 910A has none)
     assert lora.returncode == 0 and "changed from the recipe: lora False -> True, recompute none -> selective\n" \
         in lora.stdout
+    offload = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit")  # AdamW: offload first
+    assert offload.returncode == 0 and "changed from the recipe: recompute none -> selective, offload False -> True\n" \
+        in offload.stdout
     assert run_cli("plan", "--model", "llama3.2-1b", "--device", "910b").returncode == 0
 
 
 def test_fit_prints_one_table_and_marks_a_layout_never_run_on_an_npu(tmp_path):
     out = tmp_path / "sharded.yaml"
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
-                   "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", check=True)
+                   "--no-offload", "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", check=True)
     assert proc.stdout.count("  component ") == 1 and proc.stdout.startswith("as given: ")
     assert "never run on an NPU: optimizer sharding" in proc.stdout
     assert "changed from the recipe: optimizer_shard False -> True" in proc.stdout
@@ -251,10 +288,11 @@ def test_fit_prints_one_table_and_marks_a_layout_never_run_on_an_npu(tmp_path):
     # an existing file is kept without --overwrite, replaced with it
     out.write_text("mine\n")
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
-                   "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl")
+                   "--no-offload", "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl")
     assert proc.returncode == 2 and "pass --overwrite" in proc.stderr and out.read_text() == "mine\n"
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
-                   "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", "--overwrite", "--json", check=True)
+                   "--no-offload", "--write-recipe", out, "--data", "data/zh_instruct_train.jsonl", "--overwrite",
+                   "--json", check=True)
     result = json.loads(proc.stdout)
     assert result["written_recipe"] == str(out) and result["recommended"]["never_run_on_npu"] == ["optimizer sharding"]
     assert load_recipe(out).strategies.parallel.data == 8
@@ -297,7 +335,7 @@ def test_the_written_recipe_reads_the_data_in_its_format_with_the_plans_batch(tm
                     "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     out = tmp_path / "fit.yaml"
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
-                   "--json", "--write-recipe", out, "--data", data, "--eval-data", data, check=True)
+                   "--no-offload", "--json", "--write-recipe", out, "--data", data, "--eval-data", data, check=True)
     planned = json.loads(proc.stdout)["recommended"]["strategy"]
     recipe = load_recipe(out, workers=8)
     assert (recipe.data.format, recipe.data.train_files, recipe.data.eval_files) == (fmt, [str(data)], [str(data)])
@@ -489,7 +527,7 @@ def test_fit_takes_an_int8_base_only_when_no_float_base_fits(tmp_path):
     from llama_npu.memory.planner import fit
 
     roomy, _ = fit(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910a"],
-                   Strategy(seq_len=512, micro_batch=1, global_batch=1), 1)
+                   Strategy(seq_len=512, micro_batch=1, global_batch=1), 1, allow_offload=False)
     assert roomy.strategy.lora and roomy.strategy.lora_base_dtype == "compute"
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--device-memory", "7GB", "--seq-len", "512",
                    "--fit", "--no-lora", "--json")

@@ -288,6 +288,46 @@ def test_validate_without_the_device_checks_the_rest_at_the_recipes_layout():
     assert "device check left for a host with the device" in broken.stderr and "workers, but" not in broken.stderr
 
 
+OFFLOAD_3B = REPO / "recipes" / "llama3_2_3b_zh_full_offload_910a.yaml"
+
+
+def test_train_refuses_a_host_without_the_memory_for_the_optimizer_in_one_line(tmp_path):
+    """The shipped offload recipe on this host's CPU with 1,000 layers of the 3B: the planner's
+    host figure (fp32 master, moments and accumulators, 16 bytes a parameter) is about 1.5 TB,
+    beyond any CI host's MemAvailable. train refuses in one line naming both, exit 2, before
+    the output directory exists; the same shape with the optimizer on the card is not refused
+    for it."""
+    from llama_npu.training.preflight import mem_available
+
+    cpu = ("--set", "device.target=cpu", "--set", "device.name=cpu", "--set", "model.num_layers=1000")
+    out = tmp_path / "run"
+    proc = run_cli("train", OFFLOAD_3B, *cpu, "--output-dir", out)
+    assert proc.returncode == 2 and not out.exists() and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[0]
+    need = re.search(r"this node's host needs ([\d.]+) GB .* \(1 rank x ([\d.]+) GB, llama-npu plan RECIPE\), but "
+                     r"MemAvailable is ([\d.]+) GB", line)
+    assert line.startswith("llama-npu: error: strategies.offload.optimizer=host: ") and need, line
+    assert float(need.group(1)) > float(need.group(3)) > 0
+    assert abs(float(need.group(3)) - mem_available() / 2**30) < 2  # this host's, read as train ran
+    validate = run_cli("validate", OFFLOAD_3B, *cpu, "--set", "strategies.offload.optimizer=device")
+    assert "MemAvailable" not in validate.stderr
+
+
+@pytest.mark.skipif(bool(glob.glob("/dev/davinci[0-9]*")), reason="this host has an Ascend NPU")
+def test_validate_on_a_login_node_leaves_the_host_memory_check_with_the_device_check():
+    """The shipped offload recipe needs 48.61 GB of host memory a rank (more than this host's
+    MemAvailable allows a test to rely on); on a host without its 910A, validate exits 0 and
+    says both checks are left for the host with the device. Its rehearsal checks its own,
+    shrunk, figure and is valid here."""
+    proc = run_cli("validate", OFFLOAD_3B)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1].endswith(
+        "; so is the host-memory check of strategies.offload.optimizer=host (48.61 GB a rank against that host's "
+        "MemAvailable)")
+    rehearsal = run_cli("validate", OFFLOAD_3B, "--rehearse")
+    assert rehearsal.returncode == 0 and "valid as a rehearsal" in rehearsal.stdout, rehearsal.stderr
+
+
 def test_prepared_data_made_for_another_length_is_refused_before_tokenizing(tmp_path):
     from llama_npu.data.tokenizer import tokenizer_identity
 

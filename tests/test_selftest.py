@@ -23,7 +23,7 @@ def test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason(cpu_selfte
     assert len(passed) >= 6 and not [c for c in checks if c["status"] == "fail"]
     assert all(c["reason"] for c in checks if c["status"] == "skip")
     assert {c["category"] for c in checks} == {"overflow", "precision", "mask", "memory", "speed", "parallel", "export",
-                                                   "int8"}
+                                                   "int8", "offload"}
     # A check the CPU cannot run is a skip, never a pass.
     status = {c["name"]: c["status"] for c in checks}
     assert status["precision_bf16_vs_fp32"] == status["mask_flash_vs_plain"] == status["memory_vs_plan"] == "skip"
@@ -40,7 +40,11 @@ def test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason(cpu_selfte
     assert len(lines) == len(checks) + 1  # the table is the checks' lines and the summary, nothing else
     for c, line in zip(checks, lines):  # one printed line a check: name, status, figure against tolerance or reason
         assert line.startswith(c["name"]) and c["status"] in line
-    assert "7 passed, 0 failed" in proc.stdout.splitlines()[-1]
+    assert "8 passed, 0 failed" in proc.stdout.splitlines()[-1]
+    # the optimizer on the host equals the graph, and the copies each way were timed
+    host = next(c for c in checks if c["name"] == "host_optimizer")
+    assert host["status"] == "pass" and host["figure"] <= 1e-5 and "GB/s to the host" in host["reason"]
+    assert set(report["device"]["host_optimizer"]) == {"to_device_gbs", "to_host_gbs"}
 
 
 def test_selftest_on_ascend_without_an_npu_is_one_line_and_exit_2():
@@ -51,7 +55,7 @@ def test_selftest_on_ascend_without_an_npu_is_one_line_and_exit_2():
 
 @pytest.mark.parametrize("name", ["overflow_skips_update", "precision_fp16", "mask_packed",
                                   "mask_packed_sharded_loss", "resume_exact", "export_exact", "export_sharded",
-                                  "int8_matmul"])
+                                  "int8_matmul", "host_optimizer"])
 def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
     """The fault of each check (a scale that cannot overflow, a half run at 10^5 x the rate,
     packed rows without their mask, a resume without the optimizer state, a float16
@@ -114,10 +118,10 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
     report = json.loads(out.read_text())
     checks = {c["name"].split(" (")[0]: c for c in report["checks"]}
     assert not [c for c in checks.values() if c["status"] == "error"]
-    assert len(checks) == 17 and all(c["compares"] for c in checks.values())
+    assert len(checks) == 18 and all(c["compares"] for c in checks.values())
     assert all(c["status"] == "planned" or c["reason"] for c in checks.values())
     assert f"on {soc}: " in proc.stdout.splitlines()[-1] and "0 in error (nothing was run)" in proc.stdout
-    assert len(proc.stdout.splitlines()) == 18  # a line a check and the summary
+    assert len(proc.stdout.splitlines()) == 19  # a line a check and the summary
     device = report["device"]
     # MindSpore 2.9.0's default: O2 on the GE backend on a 910A, kernel by kernel elsewhere (selftest/jit.py).
     assert (device["jit_level"], device["backend"]) == (("O2", "GE") if soc == "910a" else ("O0", "ms_backend"))
@@ -133,6 +137,8 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
         floor = 0.15 if soc == "910a" else 0.2
         assert (speed["status"], speed["bound"], speed["tolerance"]) == ("planned", "min", floor)
         assert checks["precision_bf16_vs_fp32"]["status"] == ("skip" if soc == "910a" else "planned")
+        host = checks["host_optimizer"]  # the optimizer on the host against the graph, and the copies' bandwidth
+        assert (host["status"], host["tolerance"]) == ("planned", 1e-5) and "host-to-device" in host["compares"]
     if soc == "910b4":
         assert speed["tolerance"] is None and "no known fp16 peak" in speed["compares"]
         # the 910B recipe needs a 58 GB pool: the 910B4's speed step is one that fits its 32 GB by the planner

@@ -26,11 +26,12 @@ def shrunk(path, *overrides) -> Recipe:
     return rehearse(load_recipe(path, list(overrides)))[0]
 
 
-def test_the_nine_ascend_recipes_and_the_two_cpu_ones_are_shipped():
+def test_the_ten_ascend_recipes_and_the_two_cpu_ones_are_shipped():
     assert [p.name for p in ASCEND_RECIPES] == [
         "llama3_2_1b_zh_dpo_lora_910a.yaml", "llama3_2_1b_zh_full_8x910a_dp.yaml", "llama3_2_1b_zh_full_910a.yaml",
         "llama3_2_1b_zh_full_910b.yaml", "llama3_2_1b_zh_lora_910a.yaml", "llama3_2_3b_zh_dpo_full_8x910b.yaml",
-        "llama3_2_3b_zh_full_8x910b.yaml", "llama3_2_3b_zh_lora_910a.yaml", "llama3_2_3b_zh_lora_int8_910a.yaml"]
+        "llama3_2_3b_zh_full_8x910b.yaml", "llama3_2_3b_zh_full_offload_910a.yaml", "llama3_2_3b_zh_lora_910a.yaml",
+        "llama3_2_3b_zh_lora_int8_910a.yaml"]
     for path in ASCEND_RECIPES:
         assert path.read_text().startswith("# Llama 3.2"), f"{path.name} needs its header comment"
     assert sorted(p.name for p in (REPO / "recipes").glob("cpu_*.yaml")) == ["cpu_dpo_smoke.yaml", "cpu_smoke.yaml"]
@@ -134,3 +135,37 @@ def test_the_int8_lora_recipe_spends_what_its_base_frees():
     plans = {dtype: estimate(shape, cached_parameter_count(shape), device, dataclasses.replace(
         strategy_from_recipe(int8, "910a"), lora_base_dtype=dtype)) for dtype in ("int8", "compute")}
     assert plans["int8"].fits and not plans["compute"].fits
+
+
+def test_the_3b_full_fine_tune_fits_one_910a_only_with_the_optimizer_on_the_host():
+    """recipes/llama3_2_3b_zh_full_offload_910a.yaml: a full fine-tune (FP16 with dynamic loss
+    scaling, at least 2,048 tokens, at least 4 accumulated) that plan fits with 2 GB spare beyond
+    the margin; the card holds the FP16 weights and one micro-batch's FP16 gradients, the host
+    the fp32 master, the moments and the accumulators. With the optimizer on the card: exit 1."""
+    path = REPO / "recipes" / "llama3_2_3b_zh_full_offload_910a.yaml"
+    recipe = load_recipe(path)
+    p = recipe.strategies.precision
+    assert not recipe.strategies.lora.enabled and recipe.strategies.offload.optimizer == "host"
+    assert (p.amp_level, p.dtype, p.loss_scale) == ("O2", "float16", "dynamic") and recipe.device.name == "910a"
+    assert recipe.data.max_seq_len >= 2048 and accumulation_steps(recipe) >= 4
+    proc = run_cli("plan", path, "--json", check=True)
+    plan, params = json.loads(proc.stdout), 3_212_749_824
+    assert plan["device_bytes"] - plan["total_bytes"] >= 2 * GB
+    c, host = plan["components"], plan["host"]
+    assert c["optimizer_states"] == c["weight_compute_copies"] == c["micro_batch_gradients"] == c["update_copies"] == 0
+    assert 2 * params < c["weights"] == c["gradients"] < 2 * params + 2**20  # fp16, the RMSNorm gains fp32
+    embedding = 128_256 * 3072  # the largest tensor, in flight in fp16
+    assert host["components"] == {"master_weights": 4 * params, "moments": 8 * params, "accumulators": 4 * params,
+                                  "staging": 2 * embedding}
+    assert f"{(4 + 8) * params / GB:.1f}" == "35.9" and f"{4 * params / GB:.1f}" == "12.0"  # the issue's figures
+    assert host["rank_bytes"] == host["node_bytes"] == 16 * params + 2 * embedding
+    assert host["update_seconds"] == pytest.approx(params * 28 / 20e9)
+    k = accumulation_steps(recipe)
+    assert host["transfer_bytes"] == {"to_host": k * 2 * params, "to_device": 2 * params}
+    text = run_cli("plan", path, check=True).stdout
+    assert "host (optimizer on the host): 48.61 GB a rank (master_weights 11.97, moments 23.94, accumulators " \
+        "11.97, staging 0.73), 48.61 GB a node of 1 rank" in text
+    on_card = run_cli("plan", path, "--set", "strategies.offload.optimizer=device", "--json")
+    in_graph = json.loads(on_card.stdout)
+    assert on_card.returncode == 1 and not in_graph["fits"] and in_graph["host"] is None
+    assert in_graph["components"]["optimizer_states"] == 8 * params

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..memory.devices import DEVICE_TARGETS
 from ..memory.fit_choice import MAXIMIZE
 from ..memory.plan_report import run_plan
+from ..strategies.offload import DEFAULT_HOST_BANDWIDTH
 
 
 def add_parser(subparsers) -> None:
@@ -40,6 +41,9 @@ def add_parser(subparsers) -> None:
                       help="with --fit: search even when the plan fits, for the largest micro-batch, the longest "
                            "sequence or the highest estimated speed")
     plan.add_argument("--no-lora", action="store_true", help="with --fit: never switch to LoRA")
+    plan.add_argument("--no-offload", action="store_true",
+                      help="with --fit: never move the optimizer to the host (strategies.offload), e.g. on a host "
+                           "without the memory")
     plan.add_argument("--write-recipe", metavar="OUT.yaml", help="with --fit: write the recommended recipe")
     plan.add_argument("--data", nargs="+", metavar="FILE",
                       help="with --write-recipe: training files for the written recipe (replacing the recipe's; "
@@ -48,6 +52,10 @@ def add_parser(subparsers) -> None:
                       help="with --write-recipe: held-out files for the written recipe's data.eval_files (in the "
                            "format of --data, detected from their records)")
     plan.add_argument("--overwrite", action="store_true", help="with --write-recipe: replace an existing file")
+    plan.add_argument("--host-bandwidth", type=float, default=DEFAULT_HOST_BANDWIDTH, metavar="GB/S",
+                      help="with the optimizer on the host (strategies.offload): the host memory bandwidth one rank's "
+                           f"update gets, in 10^9 bytes/s, for its time a step (default {DEFAULT_HOST_BANDWIDTH:g}: "
+                           "a 2-core x86_64 host's streaming add; benchmarks/host_optimizer.py measures yours)")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=run)
 

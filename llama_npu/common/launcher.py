@@ -14,6 +14,11 @@ def launched_workers() -> int:
     return int(os.environ.get("MS_WORKER_NUM", "1")) if os.environ.get("MS_ROLE") == "MS_WORKER" else 1
 
 
+def local_workers() -> int:
+    """Workers on this node: scripts/launch.sh's LOCAL_WORKERS, else every launched worker."""
+    return int(os.environ.get("LOCAL_WORKERS") or launched_workers())
+
+
 def launched_rank() -> int:
     """This process's rank under msrun (RANK_ID), known before communication starts."""
     return int(os.environ.get("RANK_ID", "0")) if launched_workers() > 1 else 0

@@ -2,7 +2,9 @@
 
 - A layout run on an NPU beats one never run there (everything operator-sharded), whatever
   else either gains: a sharded layout is only as good as the pattern it follows.
-- Then the recipe's choice of full fine-tuning or LoRA.
+- Then the recipe's choice of full fine-tuning or LoRA, then of where the optimizer runs: a
+  full fine-tune that fits no card keeps training every weight with the optimizer on the host
+  (strategies.offload) before it is sent to LoRA; the host's update costs time a step.
 - Then, by what --maximize asks for: the fewest changed settings (no --maximize: a plan that
   does not fit, or a layout --devices breaks, is repaired, not redesigned), the largest
   micro-batch, the longest sequence, or the highest estimated speed.
@@ -38,7 +40,8 @@ def rank_key(maximize: Optional[str], shape: LlamaShape, params: int, base: Stra
     def key(plan: Plan) -> tuple:
         s = plan.strategy
         # int8 costs accuracy: the recipe's own LoRA base first, int8 only when nothing else fits
-        head = (not never_run_on_npu(s), s.lora == base.lora, s.lora_base_dtype == base.lora_base_dtype)
+        head = (not never_run_on_npu(s), s.lora == base.lora, s.lora_base_dtype == base.lora_base_dtype,
+                s.offload == base.offload)
         speed, fewest = tokens_per_second(shape, params, s), -len(changed_fields(base, s))
         if maximize == "speed":
             return head + (speed, -plan.total_bytes)
@@ -49,29 +52,31 @@ def rank_key(maximize: Optional[str], shape: LlamaShape, params: int, base: Stra
 
 
 def search(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int, allow_lora: bool,
-           maximize: Optional[str]) -> Tuple[Optional[Plan], Plan]:
+           maximize: Optional[str], allow_offload: bool = True) -> Tuple[Optional[Plan], Plan]:
     """(recommended plan or None, closest plan): the global batch kept, else (no tested
     layout fits with it) rounded up to a multiple of the devices, which micro-batch 1 on
     data-parallel devices divides."""
     key = rank_key(maximize, shape, params, base)
-    best, closest = fit(shape, params, device, base, devices, allow_lora, rank=key)
+    best, closest = fit(shape, params, device, base, devices, allow_lora, rank=key, allow_offload=allow_offload)
     if best is None or never_run_on_npu(best.strategy):
         wider = replace(base, global_batch=-(-base.global_batch // devices) * devices)
         if wider.global_batch != base.global_batch:
-            other, _ = fit(shape, params, device, wider, devices, allow_lora, rank=key)
+            other, _ = fit(shape, params, device, wider, devices, allow_lora, rank=key,
+                           allow_offload=allow_offload)
             if other is not None and (best is None or not never_run_on_npu(other.strategy)):
                 best = other
     return best, closest
 
 
 def longest_fitting(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int,
-                    allow_lora: bool) -> Tuple[Optional[Plan], Plan]:
+                    allow_lora: bool, allow_offload: bool = True) -> Tuple[Optional[Plan], Plan]:
     """--maximize seq-len: the recipe's sequence doubled while some plan still fits (up to
     Llama 3.2's context), each length searched for the fewest changes."""
-    best, closest = search(shape, params, device, base, devices, allow_lora, None)
+    best, closest = search(shape, params, device, base, devices, allow_lora, None, allow_offload)
     seq_len = base.seq_len * 2
     while best is not None and seq_len <= MAX_POSITIONS:
-        longer, _ = search(shape, params, device, replace(base, seq_len=seq_len), devices, allow_lora, None)
+        longer, _ = search(shape, params, device, replace(base, seq_len=seq_len), devices, allow_lora, None,
+                           allow_offload)
         if longer is None:
             break
         best, seq_len = longer, seq_len * 2
@@ -79,10 +84,10 @@ def longest_fitting(shape: LlamaShape, params: int, device: Device, base: Strate
 
 
 def recommend(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int, allow_lora: bool,
-              maximize: Optional[str]) -> Tuple[Optional[Plan], Plan]:
+              maximize: Optional[str], allow_offload: bool = True) -> Tuple[Optional[Plan], Plan]:
     if maximize == "seq-len":
-        return longest_fitting(shape, params, device, base, devices, allow_lora)
-    return search(shape, params, device, base, devices, allow_lora, maximize)
+        return longest_fitting(shape, params, device, base, devices, allow_lora, allow_offload)
+    return search(shape, params, device, base, devices, allow_lora, maximize, allow_offload)
 
 
 def change_list(base: Strategy, s: Strategy) -> List[str]:

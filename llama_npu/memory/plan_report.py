@@ -22,7 +22,7 @@ from ..recipe.base_weights import CHECKPOINT_PLACEHOLDER
 from ..recipe.load import load_recipe, recipe_from_dict
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe
-from ..strategies import parallel
+from ..strategies import offload, parallel, precision
 from .devices import DEVICE_TARGETS, GB, get_device, parse_bytes
 from .parameter_count import cached_parameter_count
 from .fit_choice import change_list, never_run_on_npu, recommend
@@ -45,6 +45,7 @@ def apply_strategy(recipe: Recipe, s: Strategy) -> Recipe:
     st["recompute"].update(mode=s.recompute, layers=s.recompute_layers)
     st["chunked_ce"].update(enabled=s.chunked_ce, chunk_size=s.chunk_size)
     st["lora"].update(enabled=s.lora, base_dtype=s.lora_base_dtype)
+    st["offload"]["optimizer"] = "host" if s.offload else "device"
     if s.lora and not tree["model"]["checkpoint"] and not tree["model"]["random_init"]:  # refused until filled in
         tree["model"]["checkpoint"] = CHECKPOINT_PLACEHOLDER
     st["parallel"].update(data=s.data, model=s.model, pipeline=s.pipeline, optimizer_shard=s.optimizer_shard,
@@ -73,7 +74,8 @@ def plan_notes(plan: Plan) -> List[str]:
         notes.append("micro_batch_gradients: counted at the worst case, a whole micro-batch's gradients alive "
                      "beside the accumulators before they are added in (MindSpore's execution order does not "
                      "guarantee adding each gradient as the backward produces it)")
-    if scales_out_of_place(plan.device) and not parallel.is_sharded(plan.strategy):
+    if scales_out_of_place(plan.device) and not parallel.is_sharded(plan.strategy) \
+            and not offload.planned_on_host(plan.strategy):
         notes.append("update_copies: counted at the worst case, a whole new set of gradients, since on "
                      f"{plan.device.name} the train step compiles for GE (jit level O2), which has no in-place "
                      "multiply, and the graph's order need not free each gradient as its scaled copy is made")
@@ -83,22 +85,53 @@ def plan_notes(plan: Plan) -> List[str]:
     return notes
 
 
-def plan_json(plan: Plan, preset: str) -> dict:
+def host_figures(plan: Plan, bandwidth: float) -> Optional[dict]:
+    """strategies.offload's host side: the bytes a rank and a node hold, the update's time at
+    `bandwidth` (10^9 bytes/s a rank) and the traffic a step between a card and its host."""
+    if not plan.host:
+        return None
+    s, rank = plan.strategy, sum(plan.host.values())
+    moved = offload.transfer_bytes(plan.params, s, precision.activation_bytes(s))
+    return {"components": dict(plan.host), "rank_bytes": rank, "ranks_per_node": offload.ranks_per_node(s),
+            "node_bytes": rank * offload.ranks_per_node(s), "host_bandwidth_gbs": bandwidth,
+            "update_seconds": offload.update_seconds(plan.params, s, bandwidth), "transfer_bytes": moved,
+            "pcie_bandwidth_gbs": offload.PCIE_BANDWIDTH,
+            "transfer_seconds": {way: n / (offload.PCIE_BANDWIDTH * 1e9) for way, n in moved.items()}}
+
+
+def format_host(host: dict, s: Strategy) -> List[str]:
+    parts = ", ".join(f"{name} {gb(value)}" for name, value in host["components"].items() if value)
+    ranks = host["ranks_per_node"]
+    moved, seconds = host["transfer_bytes"], host["transfer_seconds"]
+    micro_batches = f"{s.accumulation} micro-batches'" if s.accumulation > 1 else "1 micro-batch's"
+    return [f"  host (optimizer on the host): {gb(host['rank_bytes'])} GB a rank ({parts}), "
+            f"{gb(host['node_bytes'])} GB a node of {ranks} rank{'s' if ranks > 1 else ''}",
+            f"  host update: {host['update_seconds']:.2f} s a step at {host['host_bandwidth_gbs']:g} GB/s of host "
+            f"memory bandwidth a rank (--host-bandwidth), {offload.UPDATE_BYTES_PER_PARAMETER} bytes a parameter",
+            f"  host traffic a step: {gb(moved['to_host'])} GB to the host ({micro_batches} gradients), "
+            f"{gb(moved['to_device'])} GB of weights back; "
+            f"{seconds['to_host']:.2f} s and {seconds['to_device']:.2f} s at {host['pcie_bandwidth_gbs']:g} GB/s "
+            f"(PCIe 4.0 x16)"]
+
+
+def plan_json(plan: Plan, preset: str, host_bandwidth: float = offload.DEFAULT_HOST_BANDWIDTH) -> dict:
     return {"model": preset, "params": plan.params, "device": plan.device.name, "devices": plan.strategy.devices,
             "device_bytes": plan.device.usable_bytes, "hbm_bytes": plan.device.hbm_bytes,
             "components": dict(plan.components), "outside_pool_bytes": plan.outside_pool_bytes,
             "phases": dict(plan.phases), "peak_phase": plan.peak_phase,
             "total_bytes": plan.total_bytes, "fits": plan.fits, "strategy": asdict(plan.strategy),
-            "notes": plan_notes(plan), "never_run_on_npu": never_run_on_npu(plan.strategy)}
+            "notes": plan_notes(plan), "never_run_on_npu": never_run_on_npu(plan.strategy),
+            "host": host_figures(plan, host_bandwidth)}
 
 
 def finetune_kind(s: Strategy) -> str:
     if not s.lora:
-        return "full fine-tune"
+        return "full fine-tune" + (" with the optimizer on the host" if offload.planned_on_host(s) else "")
     return f"LoRA rank {s.lora_rank}" + (" over an int8 base" if s.lora_base_dtype == "int8" else "")
 
 
-def format_plan(plan: Plan, preset: str, title: str = "") -> str:
+def format_plan(plan: Plan, preset: str, title: str = "",
+                host_bandwidth: float = offload.DEFAULT_HOST_BANDWIDTH) -> str:
     s, d = plan.strategy, plan.device
     lines = [f"{title}{preset} ({plan.params:,} parameters) on {d.name} x {s.devices} "
              f"({d.note}; usable {gb(d.usable_bytes)} GB per device)",
@@ -116,6 +149,8 @@ def format_plan(plan: Plan, preset: str, title: str = "") -> str:
     lines.append(f"  {'total (peak + margin)':<24}{plan.total_bytes:>18,}{gb(plan.total_bytes):>10}")
     gap = plan.total_bytes - d.usable_bytes
     lines += [f"  note: {note}" for note in plan_notes(plan)]
+    if plan.host:
+        lines += format_host(host_figures(plan, host_bandwidth), s)
     if plan.fits:
         lines.append(f"  fits: yes, {gb(-gap)} GB to spare beyond the 10% margin")
     elif gap > 0:
@@ -153,11 +188,14 @@ def check_arguments(args) -> None:
         raise RecipeError(f"--devices: expected a count > 0, got {args.devices}")
     if args.seq_len is not None and not 0 < args.seq_len <= MAX_POSITIONS:
         raise RecipeError(f"--seq-len: expected 1 to {MAX_POSITIONS} (Llama 3.2's context), got {args.seq_len}")
+    if not args.host_bandwidth > 0:
+        raise RecipeError(f"--host-bandwidth: expected GB/s > 0, got {args.host_bandwidth:g}")
     if args.micro_batch is not None and args.micro_batch < 1:
         raise RecipeError(f"--micro-batch: expected a value > 0, got {args.micro_batch}")
     inference_only = [("--precision", args.precision)]
-    training_only = [("--no-lora", args.no_lora), ("--write-recipe", args.write_recipe), ("--maximize", args.maximize)]
-    fit_only = [("--no-lora", args.no_lora), ("--write-recipe", args.write_recipe), ("--maximize", args.maximize)]
+    training_only = [("--no-lora", args.no_lora), ("--no-offload", args.no_offload),
+                     ("--write-recipe", args.write_recipe), ("--maximize", args.maximize)]
+    fit_only = training_only
     write_only = [("--data", args.data), ("--eval-data", args.eval_data), ("--overwrite", args.overwrite)]
     for flags, needed, what in ((inference_only, args.task == "inference", "--task inference"),
                                 (training_only, args.task == "train", "--task train"),
@@ -265,6 +303,16 @@ def write_recipe(recipe: Recipe, best: Plan, out: Path) -> None:
     replace_file(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))  # --overwrite never leaves half a file
 
 
+def offload_cost(plan: Plan, bandwidth: float) -> str:
+    """What moving the optimizer to the host costs, in one line."""
+    host = host_figures(plan, bandwidth)
+    moved = host["transfer_seconds"]
+    return (f"offload costs time: the host update takes about {host['update_seconds']:.1f} s a step at "
+            f"{bandwidth:g} GB/s (--host-bandwidth), and the transfers {moved['to_host'] + moved['to_device']:.1f} s "
+            f"at PCIe 4.0 where the backward does not hide them; the host needs {gb(host['node_bytes'])} GB free "
+            f"(strategies.offload.optimizer: host)")
+
+
 UNCHANGED = ("the plan as given fits: kept unchanged (--fit --maximize micro-batch|seq-len|speed searches for a "
              "better one)")
 
@@ -323,24 +371,30 @@ def run_plan(args) -> tuple[str, int]:
                           f"{base.pipeline} = {base.devices}; set strategies.parallel or use --fit")
     params = cached_parameter_count(shape)
     plan = estimate(shape, params, device, base) if base.devices == devices else None
+    bandwidth = args.host_bandwidth
     if not args.fit:
-        return (json.dumps(plan_json(plan, preset)) if args.json else format_plan(plan, preset)), int(not plan.fits)
+        return (json.dumps(plan_json(plan, preset, bandwidth)) if args.json else
+                format_plan(plan, preset, host_bandwidth=bandwidth)), int(not plan.fits)
 
-    result = plan_json(plan, preset) if plan else {"model": preset, "params": params, "device": device.name,
-                                                   "devices": devices, "device_bytes": device.usable_bytes}
+    result = plan_json(plan, preset, bandwidth) if plan else {"model": preset, "params": params, "device": device.name,
+                                                              "devices": devices, "device_bytes": device.usable_bytes}
     if plan and plan.fits and not args.maximize:
         best = closest = plan  # a plan that fits is kept as given: only --maximize asks for changes
     else:
-        best, closest = recommend(shape, params, device, base, devices, not args.no_lora, args.maximize)
-    result.update(recommended=plan_json(best, preset) if best else None, unchanged=best is plan)
+        best, closest = recommend(shape, params, device, base, devices, not args.no_lora, args.maximize,
+                                  not args.no_offload)
+    result.update(recommended=plan_json(best, preset, bandwidth) if best else None, unchanged=best is plan)
     # the recipe as given in one line: the table is the recommended plan's (or the closest one's)
     text = [as_given(plan, base, devices, broken)]
     if best is None:
         text.append(f"nothing fits on {devices} x {device.name}; the closest plan needs "
                     f"{gb(closest.total_bytes - device.usable_bytes)} GB more per device:\n"
-                    + format_plan(closest, preset, "closest: "))
+                    + format_plan(closest, preset, "closest: ", bandwidth))
         return (json.dumps(result) if args.json else "\n".join(text)), 1
-    text += [format_plan(best, preset, "recommended: "), UNCHANGED if best is plan else changes(base, best.strategy)]
+    text += [format_plan(best, preset, "recommended: ", bandwidth),
+             UNCHANGED if best is plan else changes(base, best.strategy)]
+    if best.strategy.offload and not base.offload:
+        text.append(offload_cost(best, bandwidth))
     if args.write_recipe:
         write_recipe(recipe, best, Path(args.write_recipe))
         text.append(f"wrote {args.write_recipe}")

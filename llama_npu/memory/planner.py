@@ -57,9 +57,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
-from ..model.architecture import LlamaShape
+from ..model.architecture import LlamaShape, resolve_shape
 from ..recipe.schema import Recipe
-from ..strategies import STRATEGIES, chunked_ce, lora, parallel, precision, recompute
+from ..strategies import STRATEGIES, chunked_ce, lora, offload, parallel, precision, recompute
 from ..strategies.accumulation import accumulates
 from ..training.jit_level import GE, default_backend
 from .devices import GB, MB, Device, get_device
@@ -103,6 +103,7 @@ class Strategy:
     sequences_per_sample: int = 1
     # dpo.reference adapters_off: a forward without gradients before the policy's, each micro-step.
     reference_forward: bool = False
+    offload: bool = False  # strategies.offload.optimizer host: master, moments, accumulators and update on the host
 
     @property
     def devices(self) -> int:
@@ -125,6 +126,7 @@ class Plan:
     strategy: Strategy
     components: Dict[str, int] = field(default_factory=dict)
     phases: Dict[str, int] = field(default_factory=dict)  # bytes alive at each phase's peak, margin excluded
+    host: Dict[str, int] = field(default_factory=dict)  # host bytes one rank holds (strategies.offload)
 
     @property
     def peak_phase(self) -> Optional[str]:
@@ -155,6 +157,29 @@ def split_params(shape: LlamaShape) -> dict:
             "layer_norms": 2 * h, "final_norm": h}
 
 
+def parameter_total(shape: LlamaShape) -> int:
+    """The model's parameter count from its shape alone, without MindSpore: split_params over
+    every layer (equal to the built model's, tests/test_planner.py)."""
+    split = split_params(shape)
+    return split["embedding"] + shape.num_layers * (split["layer_matrices"] + split["layer_norms"]) \
+        + split["final_norm"]
+
+
+def host_bytes(recipe: Recipe) -> int:
+    """Host memory one rank of `recipe` holds for the optimizer on the host (0 without it):
+    what train's pre-flight compares with the node's MemAvailable."""
+    s = strategy_from_recipe(recipe, recipe.device.name)
+    if not offload.planned_on_host(s):
+        return 0
+    shape = resolve_shape(recipe.model)
+    return sum(host_states(shape, parameter_total(shape), s).values())
+
+
+def host_states(shape: LlamaShape, params: int, s: Strategy) -> Dict[str, int]:
+    """strategies.offload's host side of a plan; the largest tensor in flight is the embedding."""
+    return offload.host_states(params, s, split_params(shape)["embedding"], precision.activation_bytes(s))
+
+
 def int8_base(s: Strategy) -> bool:
     """LoRA over a base whose linear weights are held in int8 (strategies.lora.base_dtype)."""
     return s.lora and s.lora_base_dtype == "int8"
@@ -166,6 +191,9 @@ def model_states(shape: LlamaShape, s: Strategy) -> Dict[str, int]:
     emb = split["embedding"] // parallel.vocab_split(s)
     on_device = layers * (split["layer_matrices"] // s.model + split["layer_norms"]) + emb + split["final_norm"]
     trainable = lora.trainable_params(shape, s, layers, on_device)
+    if offload.planned_on_host(s):  # full fine-tuning without model or pipeline stages (offload.check)
+        norms = layers * split["layer_norms"] + split["final_norm"]
+        return offload.card_states(on_device, norms, precision.activation_bytes(s))
     weights, copies = precision.weight_bytes(s, on_device, trainable, frozen=s.lora)
     if int8_base(s):  # the base's linear weights in int8 + scales, the rest in the compute dtype
         linear = layers * split["layer_matrices"]
@@ -235,9 +263,10 @@ def step_transients(shape: LlamaShape, s: Strategy, device: Device) -> Dict[str,
         update = gradients if accumulates(s) else largest
     else:
         update = max(ALLREDUCE_BUCKET, largest) if s.data > 1 else 0
-        update += precision.scaling_copies(s, frozen=s.lora, accumulates=accumulates(s), gradients=gradients,
-                                           largest=largest // 4, out_of_place=scales_out_of_place(device))
-    update += precision.half_update_copy(s, frozen=s.lora, accumulates=accumulates(s), gradients=gradients)
+        if not offload.planned_on_host(s):  # else the host unscales and clips, in its own memory
+            update += precision.scaling_copies(s, frozen=s.lora, accumulates=accumulates(s), gradients=gradients,
+                                               largest=largest // 4, out_of_place=scales_out_of_place(device))
+    update += precision.half_update_copy(s, frozen=s.lora, accumulates=accumulates_on_card(s), gradients=gradients)
     transients = {"embedding_gradient": embedding, "update_copies": update}
     if int8_base(s):
         transients["dequantized_weight"] = dequantized_weight_bytes(shape, precision.activation_bytes(s),
@@ -250,10 +279,15 @@ def scales_out_of_place(device: Device) -> bool:
     return default_backend(device.name) == GE
 
 
+def accumulates_on_card(s: Strategy) -> bool:
+    """Whether the card keeps gradient accumulators across micro-batches: not when they are on the host."""
+    return accumulates(s) and not offload.planned_on_host(s)
+
+
 def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
     """Bytes alive at the peak of each phase of one micro-step (docs/memory.md)."""
     c = components
-    accumulating = accumulates(s)
+    accumulating = accumulates_on_card(s)
     # The communication buffers are outside the pool (Plan.fits checks them there).
     always = c["weights"] + c["optimizer_states"] + (c["gradients"] if accumulating else 0)
     # An int8 base's dequantized weight: one at a time, in the forward and again in the backward.
@@ -305,6 +339,8 @@ def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Pla
     plan.components["communication_buffers"] = parallel.communicators(s) * hccl
     plan.components["margin"] = math.ceil(device.usable_bytes * MARGIN_FRACTION)
     plan.phases = phase_peaks(plan.components, s)
+    if offload.planned_on_host(s):  # full fine-tuning, on the layouts offload.check allows
+        plan.host = host_states(shape, params, s)
     return plan
 
 
@@ -324,19 +360,23 @@ def tokens_per_second(shape: LlamaShape, params: int, s: Strategy) -> float:
 
 
 def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int,
-        allow_lora: bool = True, rank=None) -> tuple[Optional[Plan], Plan]:
+        allow_lora: bool = True, rank=None, allow_offload: bool = True) -> tuple[Optional[Plan], Plan]:
     """(best plan that fits or None, closest plan overall) over micro-batch, accumulation
-    (the global batch kept), recompute, chunked cross-entropy, precision, LoRA and layouts;
+    (the global batch kept), recompute, chunked cross-entropy, precision, LoRA, the optimizer
+    on the host, and layouts;
     `rank(plan)`: the key the best plan maximises (default: _rank, the fastest)."""
     rank = rank or (lambda plan: _rank(shape, params, plan, base))
     half = "bfloat16" if device.bf16 else "float16"
     precisions = [("O2", half)] if device.name != "cpu" else [("O0", "float16"), ("O2", "float16")]
     best, closest = None, None
-    for (data, model, pipeline), shard, micro, recompute_mode, chunked, (amp, dtype), (with_lora, base_dtype) in \
-            itertools.product(parallel.layouts(shape, devices), (False, True), (1, 2, 4, 8, 16),
-                              ("none", "selective", "full"), (False, True), precisions, lora_choices(base, allow_lora)):
+    for (data, model, pipeline), shard, micro, recompute_mode, chunked, (amp, dtype), (with_lora, base_dtype), \
+            on_host in itertools.product(parallel.layouts(shape, devices), (False, True), (1, 2, 4, 8, 16),
+                                         ("none", "selective", "full"), (False, True), precisions,
+                                         lora_choices(base, allow_lora), offload_choices(base, allow_offload)):
         if shard and data == 1:
             continue
+        if on_host and (with_lora or not offload.planned_layout_supported(data, model, pipeline, shard)):
+            continue  # the host update trains every parameter, on the layouts strategies/offload.py check allows
         if base.reference_forward and not with_lora:
             continue  # dpo.reference adapters_off is the LoRA policy's own base
         if base.sequences_per_sample == 2 and (model > 1 or pipeline > 1 or (shard and base.reference_forward)):
@@ -353,7 +393,7 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
         s = replace(base, data=data, model=model, pipeline=pipeline, optimizer_shard=shard, micro_batch=micro,
                     recompute=recompute_mode, recompute_layers=0, chunked_ce=chunked, amp_level=amp, dtype=dtype,
                     lora=with_lora, lora_base_dtype=base_dtype, sequence_parallel=base.sequence_parallel and model > 1,
-                    flash_attention=device.flash_attention)
+                    flash_attention=device.flash_attention, offload=on_host)
         plan = estimate(shape, params, device, s)
         if closest is None or plan.total_bytes < closest.total_bytes:
             closest = plan
@@ -368,6 +408,14 @@ def lora_choices(base: Strategy, allow_lora: bool) -> list:
     if not allow_lora:
         return [(base.lora, base.lora_base_dtype if base.lora else "compute")]
     return [(False, "compute"), (True, "compute"), (True, "int8")]
+
+
+def offload_choices(base: Strategy, allow_offload: bool) -> tuple:
+    """Where --fit tries the optimizer: on the card, and for AdamW also on the host; the
+    recipe's own place when it may not be switched (--no-offload)."""
+    if not allow_offload:
+        return (base.offload,)
+    return (False, True) if base.optimizer == "adamw" else (False,)
 
 
 INFERENCE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
@@ -423,10 +471,11 @@ def fit_inference(shape: LlamaShape, params: int, device: Device, precision: str
 
 def _rank(shape: LlamaShape, params: int, plan: Plan, base: Strategy):
     """Keep the recipe's choice of full fine-tuning or LoRA, then of the LoRA base's dtype
-    (int8 costs accuracy: only when nothing in the recipe's fits), when possible, then speed."""
+    (int8 costs accuracy: only when nothing in the recipe's fits), then of where the optimizer
+    runs (the host's update costs time a step), when possible, then speed."""
     s = plan.strategy
-    return (s.lora == base.lora, s.lora_base_dtype == base.lora_base_dtype, tokens_per_second(shape, params, s),
-            -plan.total_bytes)
+    return (s.lora == base.lora, s.lora_base_dtype == base.lora_base_dtype, s.offload == base.offload,
+            tokens_per_second(shape, params, s), -plan.total_bytes)
 
 
 def gb(n: int) -> str:

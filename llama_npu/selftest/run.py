@@ -16,11 +16,12 @@ from typing import Callable, List, Optional
 from ..common.frameworks import mute_mindformers_info, quiet_frameworks
 from ..common.launcher import launched_rank, launched_workers
 from ..memory.devices import DEVICES
-from . import checks, forward_saturation, int8, registers, sharded, speed
+from . import checks, forward_saturation, host_optimizer, int8, registers, sharded, speed
 from .checks import (check_data_parallel, check_export_exact, check_mask_flash_vs_plain, check_mask_packed,
                      check_mask_packed_sharded_loss, check_memory_vs_plan, check_overflow_skips_update,
                      check_precision_bf16, check_precision_fp16, check_resume_exact)
 from .forward_saturation import check_forward_saturation
+from .host_optimizer import check_host_optimizer
 from .int8 import check_int8_matmul
 from .jit import jit_level_and_backend
 from .parts import FAIL, PASS, SKIP, Check, Context
@@ -34,7 +35,7 @@ SINGLE: List[Callable] = [check_overflow_skips_update, check_saturation_register
                           check_mask_flash_vs_plain, check_memory_vs_plan, check_speed, check_speed_accumulation,
                           check_resume_exact,
                           check_export_exact, check_export_sharded, check_data_parallel, check_sharded_layouts,
-                          check_int8_matmul]
+                          check_int8_matmul, check_host_optimizer]
 
 MULTI: List[Callable] = [check_data_parallel, check_sharded_layouts, check_export_sharded]
 
@@ -49,7 +50,8 @@ SPECS = {check_overflow_skips_update: checks.overflow_spec, check_saturation_reg
          check_speed: speed.speed_spec, check_speed_accumulation: speed.accumulation_spec,
          check_resume_exact: checks.resume_spec, check_export_exact: checks.export_spec,
          check_export_sharded: sharded.export_sharded_spec, check_data_parallel: checks.data_parallel_spec,
-         check_sharded_layouts: sharded.layouts_spec, check_int8_matmul: int8.int8_spec}
+         check_sharded_layouts: sharded.layouts_spec, check_int8_matmul: int8.int8_spec,
+         check_host_optimizer: host_optimizer.spec}
 
 
 class SelftestError(ValueError):

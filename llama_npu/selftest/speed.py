@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from ..memory.devices import GB, get_device
-from ..memory.planner import estimate, split_params, strategy_from_recipe
+from ..memory.planner import estimate, parameter_total, strategy_from_recipe
 from ..model.architecture import resolve_shape
 from ..recipe.load import load_recipe
 from .parts import MAX, MIN, REPO, Check, Context, Spec, train_step
@@ -46,9 +46,7 @@ def speed_plan(recipe) -> str:
     """The planner's peak for the speed step against its device's pool; a ValueError (a build
     error of the check in a dry run) when it does not fit: the step would run out of memory."""
     shape = resolve_shape(recipe.model)
-    split = split_params(shape)
-    layer = split["layer_matrices"] + split["layer_norms"]
-    params = split["embedding"] + shape.num_layers * layer + split["final_norm"]  # the model's exact count
+    params = parameter_total(shape)
     device = get_device(recipe.device.name, recipe.device.max_device_memory)
     plan = estimate(shape, params, device, strategy_from_recipe(recipe, device.name))
     rows = f"{recipe.train.micro_batch_size} row(s) of {recipe.data.max_seq_len:,} tokens"

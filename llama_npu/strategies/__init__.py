@@ -12,7 +12,7 @@ the work it adds to a step; PROFILE_SWITCH, or profile_overrides / profile_value
 PROFILE_EXPECTED, make it an axis of `llama-npu profile`.
 The recipe, the planner, rehearse and the profile go through STRATEGIES.
 """
-from . import accumulation, chunked_ce, lora, parallel, precision, recompute
+from . import accumulation, chunked_ce, lora, offload, parallel, precision, recompute
 
 # In the order of the recipe's sections and of their checks.
-STRATEGIES = (precision, recompute, chunked_ce, lora, parallel, accumulation)
+STRATEGIES = (precision, recompute, chunked_ce, lora, parallel, accumulation, offload)

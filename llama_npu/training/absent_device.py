@@ -1,11 +1,13 @@
 """`validate` on a host without the recipe's device, such as a cluster's login node where
 recipes are prepared: every other check runs, at the layout the recipe will be launched
-with, and the device check is left for a host that has the device (unless --strict-device).
+with, and the device check -- and with it the host-memory check of the optimizer on the host
+-- is left for a host that has the device (unless --strict-device).
 `train` still refuses to start there (preflight.check_device)."""
 from __future__ import annotations
 
 from typing import Optional
 
+from ..memory.planner import host_bytes
 from .preflight import check_device
 from .request import request_problems
 
@@ -30,4 +32,8 @@ def validate_problems(args) -> tuple[list, Optional[object], object, Optional[di
     left = (f"device check left for a host with the device: this host has no Ascend NPU (no /dev/davinci*) for "
             f"device.name={recipe.device.name}; everything else was checked for {args.workers or 1} worker(s) "
             f"(--strict-device makes the missing device an error)")
+    rank_bytes = host_bytes(recipe)
+    if rank_bytes:
+        left += (f"; so is the host-memory check of strategies.offload.optimizer=host ({rank_bytes / 2**30:.2f} GB "
+                 f"a rank against that host's MemAvailable)")
     return [p for p in problems if p not in device], recipe, run_dir, rehearsal, left

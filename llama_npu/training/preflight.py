@@ -20,6 +20,7 @@ from ..checkpoints.files import (CheckpointError, checkpoint_root, inspect, prob
                                  step_dirs_newest_first, unmovable)
 from ..common.atomic import unwritable_reason
 from ..common.console import note
+from ..common.launcher import local_workers
 from ..data.readers import RecordError, iter_records, with_skip_hint
 from ..data.tables import ReadOptions
 from ..data.tokenizer import TokenizerError, load_tokenizer, tokenizer_identity
@@ -80,6 +81,37 @@ def check_device(recipe: Recipe) -> list:
     return [f"device.target=ascend (device.name={recipe.device.name}): this host has no Ascend NPU "
             f"(no /dev/davinci* device); `llama-npu doctor` says what it can train, and "
             f"`llama-npu train RECIPE --rehearse` rehearses the recipe on the CPU"]
+
+
+# ---------------------------------------------------------------- host memory
+
+def mem_available() -> Optional[int]:
+    """The kernel's estimate of the memory a new process can take without swapping
+    (/proc/meminfo MemAvailable), in bytes; None where there is no /proc."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_host_memory(recipe: Recipe) -> list:
+    """With the optimizer on the host: the planner's host figure for this node's ranks
+    against MemAvailable, so that a host short of it refuses now, not after it has swapped."""
+    from ..memory.planner import host_bytes  # imported here: only a recipe with offload needs the planner
+
+    rank = host_bytes(recipe)
+    available = mem_available()
+    ranks = local_workers()
+    if not rank or available is None or rank * ranks <= available:
+        return []
+    gib = 2**30
+    return [f"strategies.offload.optimizer=host: this node's host needs {rank * ranks / gib:.2f} GB for the fp32 "
+            f"master weights, the moments and the accumulators ({ranks} rank{'s' if ranks > 1 else ''} x "
+            f"{rank / gib:.2f} GB, llama-npu plan RECIPE), but MemAvailable is {available / gib:.2f} GB; free "
+            f"memory, use more data-parallel ranks (each holds 1/N), or set strategies.offload.optimizer: device"]
 
 
 # ---------------------------------------------------------------- data
@@ -294,7 +326,8 @@ def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], ov
     """(every problem that would stop this run, one line each, [] when it can start;
     the checkpoints to resume from, newest first). Without a run_dir the output directory
     is not judged (`validate RECIPE` alone)."""
-    problems = check_device(recipe)
+    # Without the device, the host is not the one that will train (a login node): its memory is not judged.
+    problems = check_device(recipe) or check_host_memory(recipe)
     _collect(problems, check_workers, recipe.strategies.parallel, workers)
     problems += check_data(recipe, rehearsal) + check_weights(recipe)
     if run_dir is None:

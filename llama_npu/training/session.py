@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from mindspore import Parameter, nn
+from mindspore.common import dtype as mstype
 
 from ..checkpoints.policy import Checkpointer
 from ..checkpoints.resume import resume
@@ -18,11 +19,13 @@ from ..data.mindrecord import MindRecordSamples
 from ..data.samples import Sample
 from ..memory.planned_peak import planned_peak_bytes
 from ..model.architecture import LlamaShape, resolve_shape
+from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe
 from ..strategies.accumulation import accumulation_steps
 from ..strategies.network import build_network
+from ..strategies.offload import host_threads, on_host
 from ..strategies.parallel import World, describe_layout, init_parallel, stream_layout
-from ..strategies.precision import LossScaler
+from ..strategies.precision import LossScaler, model_dtypes
 from ..weights.pretrained import pretrained_hf_config
 from .metrics import MetricLogger
 from .optimizer import build_optimizer
@@ -33,6 +36,8 @@ from .step import TrainStep, target_tokens
 
 if TYPE_CHECKING:  # for the annotation only: MindFormers is imported by mute_mindformers_info, stdout captured
     from mindformers.models.llama import LlamaForCausalLM
+
+    from .host_step import HostStep
 
 
 @dataclass
@@ -45,9 +50,9 @@ class Session:
     on_ascend: bool
     net: LlamaForCausalLM
     params: list[Parameter]
-    optimizer: nn.Optimizer
+    optimizer: nn.Cell  # an nn.Optimizer, or the host's states (training/host_optimizer.py)
     scaler: LossScaler
-    step_fn: Union[TrainStep, ShardedStep]
+    step_fn: Union[TrainStep, ShardedStep, "HostStep"]
     stream: BatchStream
     eval_cell: Union[nn.Cell, EvalKeepingTrainStrategy]
     eval_batch: int
@@ -67,6 +72,24 @@ def model_description(recipe: Recipe, shape: LlamaShape, params: list, run_dir: 
         return None
     return {"format": "llama-npu", "shape": shape.__dict__, "dtype": str(params[0].dtype).lower(),
             "source": str(run_dir), "hf_config": pretrained_hf_config(recipe)}
+
+
+def host_optimizer(recipe: Recipe, params: list):
+    """The host's states (strategies.offload.optimizer: host) for the card's `params`, or None."""
+    if not on_host(recipe):
+        return None
+    try:
+        from .host_optimizer import HostAdamW  # imported here: it loads torch, which no other run needs
+    except ImportError as exc:
+        raise RecipeError(f"strategies.offload.optimizer=host: the host update runs torch's fused AdamW, which "
+                          f"is not installed ({exc}); install the offload extra: pip install -e '.[offload]'") from None
+
+    compute = model_dtypes(recipe.strategies.precision)["compute_dtype"]
+    threads = host_threads(recipe.strategies.offload)
+    # fp32 master, two moments and an accumulator a parameter
+    note(f"the optimizer on the host: {threads} thread(s), {16 * sum(p.size for p in params) / 2**30:.2f} GiB of "
+         f"fp32 master weights, moments and gradient accumulators in host memory; the card keeps {compute} weights")
+    return HostAdamW(params, recipe.train.optimizer, threads, getattr(mstype, compute))
 
 
 def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRecordSamples],
@@ -90,17 +113,26 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
         if world.sharded:  # the pair loss in MindFormers' chain, fed interleaved pairs
             sharded_parts = {"network": PairLossTwoOutputs(loss_cell), "count": count, "arrange": interleave}
     params, shape = net.trainable_params(), resolve_shape(recipe.model)
-    # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
-    optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
-    step_fn = ShardedStep(net, optimizer, scaler, recipe, k, **sharded_parts) if world.sharded else TrainStep(
-        loss_cell, optimizer, scaler, t.grad_clip, k, count=count)  # sharded: MindFormers' wrapper chain
+    host = host_optimizer(recipe, params)  # the fp32 masters and moments on the host, the card's copies halved
+    if host is not None:
+        from .host_step import HostStep  # imported here: as host_optimizer
+
+        optimizer, params = host, host.master_params  # what checkpoints hold: the fp32 masters, as without
+        step_fn = HostStep(loss_cell, host, scaler, t.grad_clip, k, count=count)
+    else:
+        # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
+        optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
+        step_fn = ShardedStep(net, optimizer, scaler, recipe, k, **sharded_parts) if world.sharded else TrainStep(
+            loss_cell, optimizer, scaler, t.grad_clip, k, count=count)  # sharded: MindFormers' wrapper chain
     eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
     description = model_description(recipe, shape, params, run_dir, world)
     checkpointer = Checkpointer(run_dir, world, t.keep_last, description)
     stream_at = partial(BatchStream, train_source, batch_size, recipe.data.max_seq_len + 1, t.seed, rank=rank,
                         world=ranks)  # this rank's batches after a number of samples consumed
-    start_step, samples_consumed = resume(recipe, checkpointer, resume_candidates, step_fn, net, optimizer,
+    start_step, samples_consumed = resume(recipe, checkpointer, resume_candidates, step_fn, host or net, optimizer,
                                           partial(first_batches, stream_at, k), warn_recipe_hash)
+    if host is not None and start_step:
+        host.loaded()  # the loaded masters, halved, onto the card
     metrics = MetricLogger(run_dir, start_step) if world.is_main else None
     stream = stream_at(samples_consumed)
     planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))

@@ -1,0 +1,108 @@
+"""The train step with the optimizer on the host (strategies.offload.optimizer: host).
+
+Each micro-batch is one graph, `HostMicroStep`: training/step.py's MicroStep (the same seeded
+backward, the same overflow detection, the embedding's gradient as rows) that outputs the
+compute-dtype gradients instead of adding them into device accumulators; the host adds them
+into its fp32 accumulators (training/host_optimizer.py). Its overflow flag and loss go into
+the device's step buffers. At the step's end a small graph, `StepEnd`, combines the flags
+across ranks and runs the loss-scale update cell on the device, exactly as FinalMicroStep
+does; the host then unscales, clips and updates unless the step overflowed, and pushes the
+new compute-dtype weights into the card's Parameters before the next forward.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import ParameterTuple, Tensor, nn, ops
+
+from .host_optimizer import HostAdamW
+from .step import ISFINITE, Buffers, MicroStep, StepResult, _self_dot, target_tokens
+
+
+class CardWeights:
+    """What nn.TrainOneStepCell reads of its optimizer: the weights to differentiate."""
+
+    def __init__(self, params):
+        self.parameters = ParameterTuple(params)
+
+
+class HostMicroStep(MicroStep):
+    """One micro-batch: (summed loss, gradients of loss x scale / the step's tokens in each
+    weight's dtype, the embedding's gradient rows or an empty tensor)."""
+
+    def __init__(self, network, params, scale_sense):
+        # in_place: for MicroStep's unscale and copy, which this step leaves to the host
+        super().__init__(network, CardWeights(params), scale_sense, in_place=True)
+        self.carry = Buffers(self.weights, self.scale_sense, accumulate=False)
+        self.combine_flags = self.is_distributed
+        self.is_distributed = False  # the flag is combined across ranks once, by StepEnd
+
+    def construct(self, token_count, *batch):
+        loss, grads, status, rows = self.scaled_gradients(token_count, *batch)
+        checked = grads if rows is None else grads + (rows,)
+        if self.overflow_check == ISFINITE:
+            flag = ops.logical_not(ops.isfinite(ops.addn(self.hyper_map(_self_dot, checked))))
+        else:
+            flag = self.get_overflow_status(status, checked)
+        done = ops.assign(self.carry.overflow, ops.maximum(self.carry.overflow, flag.astype(ms.float32)))
+        done = ops.depend(done, ops.assign_add(self.carry.loss, loss.astype(ms.float32)))
+        rows = ops.zeros((0,), loss.dtype) if rows is None else rows
+        return ops.depend(loss, done), grads, rows
+
+
+class StepEnd(nn.Cell):
+    """The device's part of the step's end: the step's loss, tokens, stop request and overflow
+    flag (all-reduced under data parallel), the loss-scale update, the buffers cleared. As
+    FinalMicroStep's tail (training/step.py); the loss-scale cell is the micro-step's."""
+
+    def __init__(self, micro: HostMicroStep):
+        super().__init__(auto_prefix=False)
+        self.carry = micro.carry
+        self.scale_sense = micro.scale_sense
+        self.loss_scaling_manager = micro.loss_scaling_manager
+        self.distributed = micro.combine_flags
+        self.allreduce = ops.AllReduce()
+
+    def construct(self, token_count, stop):
+        scale = self.scale_sense * 1.0  # the scale this step used, read before its update
+        flags = ops.stack([self.carry.loss * 1.0, token_count, stop, self.carry.overflow * 1.0])
+        if self.distributed:
+            flags = self.allreduce(flags)
+        overflow = ops.logical_or(flags[3] > 0, ops.logical_not(ops.isfinite(flags[0])))
+        if self.loss_scaling_manager is not None:
+            overflow = self.loss_scaling_manager(self.scale_sense, overflow)
+        done = ops.assign(self.carry.loss, ops.zeros_like(self.carry.loss))
+        done = ops.depend(done, ops.assign(self.carry.overflow, ops.zeros_like(self.carry.overflow)))
+        out = ops.stack([flags[0], flags[1], overflow.astype(ms.float32), scale, flags[2]])
+        return ops.depend(out, done)
+
+
+class HostStep:
+    """One optimizer step over a list of micro-batches, the update on the host; called as
+    training/step.py's TrainStep is."""
+
+    def __init__(self, loss_cell, host: HostAdamW, scaler, grad_clip: float, accumulation_steps: int = 1,
+                 count=target_tokens):
+        self.micro = HostMicroStep(loss_cell, host.card, scaler.sense())
+        self.end = StepEnd(self.micro)
+        self.host, self.scaler, self.grad_clip = host, scaler, grad_clip
+        self.accumulation_steps, self.count = accumulation_steps, count
+
+    def __call__(self, micro_batches, lr: float, stop_requested: bool = False) -> StepResult:
+        if len(micro_batches) != self.accumulation_steps:
+            raise ValueError(f"{len(micro_batches)} micro-batches for a step built for {self.accumulation_steps}")
+        tokens = Tensor(sum(self.count(b) for b in micro_batches), ms.float32)
+        index = self.micro.embedding_index
+        for batch in micro_batches:
+            _, grads, rows = self.micro(tokens, *map(Tensor, batch))
+            self.host.accumulate(grads, index, batch[0][:, :-1], rows if index >= 0 else None)
+        out = self.end(tokens, Tensor(float(stop_requested), ms.float32))
+        loss_sum, token_total, overflow, scale, stops = (float(v) for v in out.asnumpy())
+        norm = self.host.step(lr, scale, self.grad_clip, overflow > 0)
+        token_total = int(round(token_total))
+        return StepResult(loss_sum / max(token_total, 1), token_total, norm, overflow > 0, scale, stops > 0, lr)
+
+    def loss_scale_state(self) -> dict:
+        return self.scaler.state(self.micro)
+
+    def load_loss_scale_state(self, state: dict) -> None:
+        self.scaler.load_state(self.micro, state)

@@ -1,0 +1,230 @@
+"""strategies.offload (optimizer: host) against the in-graph optimizer on the same recipe and
+batches (CPU, GRAPH_MODE): the same losses and weights, overflow skipped on both, and what
+the compiled graph holds."""
+import numpy as np
+import pytest
+
+from llama_npu.recipe.load import load_recipe
+from llama_npu.strategies.offload import OffloadSection, host_threads
+
+from conftest import SMOKE
+
+SEQ = 32
+HOST = "strategies.offload.optimizer=host"
+FP32 = ("train.optimizer.weight_decay=0.1", "train.grad_clip=0", "train.warmup_steps=2", "train.max_steps=10",
+        "train.optimizer.lr=1e-3")
+# O2 fp16, dynamic loss scale, accumulation k = 4, full recompute, chunked CE, clipping.
+FP16 = ("strategies.precision.amp_level=O2", "strategies.precision.dtype=float16",
+        # The first step's scale, 2^24 / its tokens, overflows fp16 in the backward: injected overflow;
+        # lowered by 2^12 it trains.
+        "strategies.precision.loss_scale=dynamic", "strategies.precision.loss_scale_init=16777216",
+        "strategies.precision.loss_scale_factor=4096",
+        "strategies.recompute.mode=full", "strategies.chunked_ce.enabled=true",
+        "strategies.chunked_ce.chunk_size=16", "train.grad_clip=0.5", "train.optimizer.weight_decay=0.1",
+        "train.warmup_steps=1", "train.max_steps=4", "train.optimizer.lr=1e-3", "train.micro_batch_size=2",
+        "train.global_batch_size=8")
+# A larger shape than the tiny preset, through model.* overrides.
+LARGER = ("model.hidden_size=128", "model.num_layers=3", "model.num_heads=4", "model.num_kv_heads=2",
+          "model.intermediate_size=352")
+
+
+def recipe(*overrides):
+    return load_recipe(SMOKE, [f"data.max_seq_len={SEQ}", "data.eval_files=[]", "train.global_batch_size=0",
+                               *overrides])
+
+
+def batches(steps, k, seed=0, rows=2):
+    """`steps` lists of k micro-batches (ids, labels) of random tokens, some labels masked."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        step = []
+        for _ in range(k):
+            ids = rng.integers(0, 128000, (rows, SEQ + 1)).astype(np.int32)
+            labels = ids.copy()
+            labels[:, :int(rng.integers(1, SEQ // 2))] = -100
+            step.append((ids, labels))
+        out.append(step)
+    return out
+
+
+def trainer(ms, *overrides):
+    """(step_fn, weights(): {name: fp32 numpy}, recipe) as training/session.py builds them."""
+    from llama_npu.strategies.accumulation import accumulation_steps
+    from llama_npu.strategies.network import build_network
+    from llama_npu.strategies.precision import LossScaler
+    from llama_npu.training.optimizer import build_optimizer
+    from llama_npu.training.session import host_optimizer
+    from llama_npu.training.step import TrainStep
+
+    r = recipe(*overrides)
+    ms.set_seed(0)
+    net, cell = build_network(r, on_ascend=False)
+    params, scaler, k = net.trainable_params(), LossScaler(r.strategies.precision), accumulation_steps(r)
+    host = host_optimizer(r, params)
+    if host is not None:
+        from llama_npu.training.host_step import HostStep
+
+        step = HostStep(cell, host, scaler, r.train.grad_clip, k)
+        saved = host.master_params
+    else:
+        step = TrainStep(cell, build_optimizer(params, r.train), scaler, r.train.grad_clip, k)
+        saved = params
+    return step, (lambda: {p.name: p.asnumpy().astype(np.float32) for p in saved}), r
+
+
+def train(ms, data, *overrides):
+    """(step results, final weights, the step function)."""
+    from llama_npu.training.optimizer import lr_at
+
+    step, weights, r = trainer(ms, *overrides)
+    results = [step(micro, lr_at(i + 1, r.train)) for i, micro in enumerate(data)]
+    return results, weights(), step
+
+
+def held_matrices(step, cells) -> list:
+    """The dtypes of the Parameters of a weight matrix's shape that the compiled `cells` of
+    `step` hold, the parameter-sized tensors of the graph."""
+    shapes = {tuple(p.shape) for p in step_weights(step) if len(p.shape) >= 2}
+    params = {id(p): p for cell in cells for p in cell.get_parameters()}.values()
+    return sorted(str(p.dtype) for p in params if tuple(p.shape) in shapes)
+
+
+def step_weights(step):
+    return step.host.card if hasattr(step, "host") else step.final.weights
+
+
+def assert_same_weights(got, want, rtol):
+    """Each weight within `rtol` relative, in its norm: ||got - want|| / ||want||."""
+    assert got.keys() == want.keys()
+    for name, w in want.items():
+        assert np.linalg.norm(got[name] - w) / np.linalg.norm(w) < rtol, name
+
+
+@pytest.mark.parametrize("shape", [(), LARGER], ids=["tiny", "larger"])
+def test_fp32_adamw_on_the_host_equals_the_graph_over_10_steps(ms, shape):
+    data = batches(2, 1) * 5  # two batches seen five times each: the loss falls
+    want, want_w, _ = train(ms, data, *FP32, *shape)
+    got, got_w, _ = train(ms, data, *FP32, *shape, HOST)
+    assert [r.loss for r in got] == pytest.approx([r.loss for r in want], abs=1e-6)
+    assert [r.grad_norm for r in got] == pytest.approx([r.grad_norm for r in want], rel=1e-4)
+    assert want[-1].loss < want[1].loss - 0.1  # it trained, and the next forward saw each update
+    assert_same_weights(got_w, want_w, 1e-6)
+
+
+def test_o2_fp16_loss_scale_accumulation_recompute_chunked_ce_clip_on_the_host_equals_the_graph(ms):
+    """Equal within 1e-5 in loss, the injected overflow skipped on both; the compiled graph holds
+    no fp32 master and no moments."""
+    data = batches(2, 4) * 2
+    want, want_w, graph = train(ms, data, *FP16)
+    got, got_w, host = train(ms, data, *FP16, HOST)
+    assert [(r.overflow, r.loss_scale) for r in got] == [(r.overflow, r.loss_scale) for r in want] == \
+        [(True, 2.0 ** 24)] + [(False, 2.0 ** 12)] * 3  # the overflowed step skipped, the scale lowered
+    assert [r.loss for r in got] == pytest.approx([r.loss for r in want], abs=1e-5)
+    assert want[-1].loss < want[1].loss  # it trained
+    assert_same_weights(got_w, want_w, 1e-5)
+    # The compiled graphs' parameter-sized tensors: with the optimizer on the host, the card's fp16
+    # matrices only; in the graph, an fp32 master, two moments and an accumulator for each.
+    on_card = held_matrices(host, (host.micro, host.end))
+    matrices = len(on_card)
+    assert matrices > 10 and on_card == ["Float16"] * matrices
+    assert held_matrices(graph, (graph.final, graph.accumulating)) == ["Float32"] * 4 * matrices
+
+
+@pytest.fixture(scope="session")
+def host_six_step_run(request, tmp_path_factory):
+    """six_step_run's recipe and arguments with the optimizer on the host."""
+    from conftest import SIX_STEPS, built_once, run_cli
+
+    return built_once(request, tmp_path_factory, "host_six", lambda out: run_cli(
+        "train", SMOKE, "--output-dir", out, *SIX_STEPS, "--set", HOST, check=True))
+
+
+def resumed_at_3(run, tmp_path, *switch):
+    """A copy of `run` without its step_6, resumed to step 6 with `switch`'s arguments."""
+    import shutil
+
+    from conftest import SIX_STEPS, run_cli
+
+    out = tmp_path / "resumed"
+    shutil.copytree(run, out)
+    shutil.rmtree(out / "checkpoints" / "step_6")
+    run_cli("train", SMOKE, "--output-dir", out, *SIX_STEPS, *switch, "--resume", "auto", check=True)
+    return out
+
+
+def test_the_host_checkpoint_holds_fp32_masters_and_moments_under_the_in_graph_names(ms, six_step_run,
+                                                                                   host_six_step_run):
+    def contents(run, name):
+        loaded = ms.load_checkpoint(str(run / "checkpoints" / "step_3" / name))
+        return {k: (str(v.dtype), v.shape) for k, v in loaded.items()}
+
+    import re
+
+    for name in ("model.ckpt", "optimizer.ckpt"):
+        assert contents(host_six_step_run[0], name) == contents(six_step_run[0], name)
+    stdout = host_six_step_run[1].stdout
+    params = int(re.search(r"; ([\d,]+) trainable parameters", stdout).group(1).replace(",", ""))
+    assert (f"the optimizer on the host: {host_threads(OffloadSection())} thread(s), {16 * params / 2**30:.2f} GiB of "
+            f"fp32 master weights, moments and gradient accumulators in host memory; the card keeps float32 "
+            f"weights") in stdout  # the smoke recipe trains in fp32
+    host, device = (ms.load_checkpoint(str(run[0] / "checkpoints" / "step_3" / "optimizer.ckpt"))
+                    for run in (host_six_step_run, six_step_run))
+    for name in ("global_step", "learning_rate"):  # 3 updates; the third step's learning rate
+        assert host[name].asnumpy().tolist() == pytest.approx(device[name].asnumpy().tolist(), rel=1e-7)
+    assert {dtype for dtype, _ in contents(host_six_step_run[0], "model.ckpt").values()} == {"Float32"}
+
+
+def test_a_run_resumes_from_host_to_device_and_back(ms, six_step_run, host_six_step_run, tmp_path):
+    """Stopped at step 3 with the optimizer on the host, resumed without it (and the reverse):
+    steps 4-6 are those of the run that did not switch."""
+    from conftest import assert_same_steps
+
+    host, device = host_six_step_run[0], six_step_run[0]
+    assert_same_steps(resumed_at_3(host, tmp_path / "to_device"), host, range(1, 7))
+    assert_same_steps(resumed_at_3(device, tmp_path / "to_host", "--set", HOST), device, range(1, 7))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ((HOST, "train.optimizer.name=sgd"), "strategies.offload.optimizer=host with train.optimizer.name=sgd: the host "
+                                         "runs AdamW only"),
+    ((HOST, "strategies.lora.enabled=true"),
+     "strategies.offload.optimizer=host with strategies.lora.enabled=true: the adapters' fp32 weights, gradients "
+     "and moments take 0.1 MiB on the card"),
+    ((HOST, "device.name=910b", "device.target=ascend", "strategies.parallel.model=2"),
+     "strategies.offload.optimizer=host with strategies.parallel.model=2"),
+    ((HOST, "device.name=910b", "device.target=ascend", "strategies.parallel.optimizer_shard=true",
+      "strategies.parallel.data=2"), "strategies.offload.optimizer=host with strategies.parallel.optimizer_shard=true"),
+    ((HOST, "strategies.parallel.data=2"), "strategies.offload.optimizer=host with strategies.parallel.data=2"),
+    (("strategies.offload.threads=0",), "strategies.offload.threads: expected null (this rank's share of the node's "
+                                        "cores) or 1 to 1024, got 0"),
+    (("strategies.offload.threads=5000",), "strategies.offload.threads: expected null"),
+    (("strategies.offload.optimizer=cpu",), "strategies.offload.optimizer: expected one of device, host, got 'cpu'"),
+])
+def test_what_offload_cannot_do_is_refused_naming_the_key(overrides, message):
+    from llama_npu.recipe.problems import RecipeError
+
+    with pytest.raises(RecipeError) as refused:
+        recipe(*overrides)
+    assert refused.value.problems[0].startswith(message)
+
+
+def test_train_refuses_bad_offload_threads_in_one_line_before_writing(tmp_path):
+    from conftest import run_cli
+
+    proc = run_cli("train", SMOKE, "--output-dir", tmp_path / "run", "--set", HOST, "--set",
+                   "strategies.offload.threads=-1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith("strategies.offload.threads: expected null (this rank's "
+                                                         "share of the node's cores) or 1 to 1024, got -1")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_rehearsal_keeps_the_host_optimizer_on_at_most_this_machines_cores():
+    from llama_npu.training.rehearse import rehearse
+
+    full = load_recipe(SMOKE.parent / "llama3_2_1b_zh_full_910a.yaml", [HOST, "strategies.offload.threads=1024"])
+    rehearsal, changed, not_rehearsed = rehearse(full)
+    assert rehearsal.strategies.offload.optimizer == "host" and rehearsal.strategies.offload.threads is None
+    assert "strategies.offload.threads 1024 -> None (this machine's cores)" in changed
+    assert "the card-host transfers: on the CPU the card's memory is the host's" in not_rehearsed
