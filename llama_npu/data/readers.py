@@ -171,7 +171,7 @@ def sharegpt_turns(record: dict, where: str, last: str = "assistant", why: str =
     for i, turn in enumerate(turns):
         turn = _object(turn, f"{where} turn {i + 1}", f"'{role_key}' and '{text_key}'")
         name = turn.get(role_key)
-        if name not in SHAREGPT_ROLES:
+        if not isinstance(name, str) or name not in SHAREGPT_ROLES:
             raise RecordError(f"{where} turn {i + 1}: unknown role {name!r}; expected one of "
                               f"{', '.join(SHAREGPT_ROLES)}", "unknown role")
         role = SHAREGPT_ROLES[name]

@@ -107,14 +107,24 @@ def _parquet_records(path: Path) -> Tuple[List[str], Iterator[Tuple[int, dict]]]
     import pyarrow  # imported here: only a Parquet file needs it
     import pyarrow.parquet as pq
 
+    def unreadable(exc: Exception) -> RecordError:  # pyarrow's messages may end in a newline
+        return RecordError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})")
+
     try:
         table = pq.ParquetFile(path)
     except (pyarrow.ArrowException, OSError) as exc:
-        raise RecordError(f"{path}: not a readable Parquet file ({exc})") from None
+        raise unreadable(exc) from None
 
     def records():
         row = 0
-        for batch in table.iter_batches():
+        batches = table.iter_batches()
+        while True:
+            try:  # a damaged page shows only when its batch is decoded
+                batch = next(batches, None)
+            except (pyarrow.ArrowException, OSError) as exc:
+                raise unreadable(exc) from None
+            if batch is None:
+                return
             for record in batch.to_pylist():
                 row += 1
                 yield row, {str(key): _cell(value) for key, value in record.items()}
@@ -155,6 +165,8 @@ def _sheet_records(path: Path, encoding: str) -> Tuple[List[str], Iterator[Tuple
 def _turns(record: dict, where: str) -> object:
     """A ShareGPT record with its JSON-text turns decoded, or the RecordError of bad JSON."""
     for key in TURN_KEYS:
+        if record.get(key) == "":  # a row of a table holding both: the other's cell is empty, no field
+            del record[key]
         if isinstance(record.get(key), str) and record[key].strip():
             try:
                 record[key] = json.loads(record[key])

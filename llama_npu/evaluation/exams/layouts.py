@@ -105,14 +105,17 @@ def _rows(layout: Layout, path: Path):
     """(line number, row as a list of strings) after the header, which is checked."""
 
     reader = csv.reader(decode_file(path, hint=convert_layout_hint).splitlines(keepends=True))
-    if layout.columns is not None:
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[: len(layout.columns)]] != list(layout.columns):
-            raise RecordError(f"{path}:1: header is {','.join(header or [])!r}; {layout.title} files start with "
-                              f"{','.join(layout.columns)!r}")
-    for row in reader:
-        if any(cell.strip() for cell in row):
-            yield reader.line_num, row
+    try:
+        if layout.columns is not None:
+            header = next(reader, None)
+            if header is None or [h.strip() for h in header[: len(layout.columns)]] != list(layout.columns):
+                raise RecordError(f"{path}:1: header is {','.join(header or [])!r}; {layout.title} files start with "
+                                  f"{','.join(layout.columns)!r}")
+        for row in reader:
+            if any(cell.strip() for cell in row):
+                yield reader.line_num, row
+    except csv.Error as exc:  # e.g. a cell past the csv module's field limit (an unclosed quote)
+        raise RecordError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
 
 
 def _question(layout: Layout, subject: str, path: Path, lineno: int, row: List[str], index: int) -> Question:
