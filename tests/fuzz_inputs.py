@@ -184,7 +184,8 @@ def read_set(case: List[str], work: Path) -> None:
 
 # ---------------------------------------------------------------- data records
 
-words = text.filter(lambda s: s.strip())  # a value a record requires: not blank
+# A value a record requires: not blank, in any container (a workbook drops control characters).
+words = text.filter(lambda s: any(c.isalnum() for c in s))
 
 
 @st.composite
@@ -333,7 +334,8 @@ def record_cases(draw) -> RecordCase:
     if draw(st.booleans()) and records and isinstance(records[0], dict):
         for key in draw(st.lists(st.sampled_from([k for k in records[0] if isinstance(k, str)] or [""]), max_size=2, unique=True)):
             column = draw(st.sampled_from(["指令", "输出", "Prompt", "col 1", draw(words).strip()]))
-            if column in records[0] or column in columns.values():
+            column = _xlsx_safe(column).strip() if container == "xlsx" else column
+            if not column or column in records[0] or column in columns.values():
                 continue
             columns[key] = column
             for r in records:

@@ -21,9 +21,14 @@ from .schema import Recipe
 from .validate import validate
 
 
+def _printable(key: str) -> str:
+    """`key` as an error line can show it: a newline or another control character escaped."""
+    return key if key.isprintable() else repr(key)[1:-1]
+
+
 def _unknown_key(key: str, candidates) -> RecipeError:
     name = key.rsplit(".", 1)[-1]
-    key = key if key.isprintable() else repr(key)[1:-1]  # a control character would break the line
+    key = _printable(key)
     close = difflib.get_close_matches(name, list(candidates), n=1)
     hint = f" (did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?)" if close else ""
     return RecipeError(f"unknown key '{key}'{hint}")
@@ -59,6 +64,7 @@ def _apply_override(tree: dict, assignment: str, cls=Recipe) -> None:
         raise RecipeError(f"--set {assignment!r}: expected KEY=VALUE, e.g. train.max_steps=20")
     key, raw = assignment.split("=", 1)
     parts = key.strip().split(".")
+    key = _printable(key)
     node, node_cls = tree, cls
     for depth, part in enumerate(parts):
         hints = typing.get_type_hints(node_cls)
@@ -101,7 +107,7 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
         mark = getattr(exc, "problem_mark", None)
         at = mark.index if mark else getattr(exc, "position", None)  # a ReaderError (a control character) has no mark
         where = f"{path}:{text.count(chr(10), 0, at) + 1}" if at is not None else str(path)
-        what = getattr(exc, "problem", None) or getattr(exc, "reason", None) or exc
+        what = getattr(exc, "problem", None) or exc
         raise RecipeError(f"{where}: not valid YAML ({' '.join(str(what).split())})") from None
     if not isinstance(tree, dict):
         raise RecipeError(f"{path}: expected a mapping with sections model, data, train, strategies, device")
