@@ -7,8 +7,10 @@ parameters are sharded):
   model.ckpt       trained weights, loadable with mindspore.load_checkpoint
   optimizer.ckpt   optimizer state (moments, step counter, learning rate)
   state.json       the sidecar: step, samples consumed, RNG, loss scale, recipe hash and the
-                   byte size and CRC-32 of each file above; written last, so its presence
-                   (with sizes that match) is what makes a checkpoint complete.
+                   byte size and CRC-32 of each file above; its presence (with sizes that
+                   match) is what makes a checkpoint complete.
+  checksums.json   size and CRC-32 of every file above, state.json and config.json included
+                   (checkpoints/checksums.py); every command checks the files it reads by it.
 A checkpoint is written under a temporary name and renamed into place, so a crash while
 saving leaves the previous checkpoints untouched. Both .ckpt files also carry MindSpore's own
 CRC (crc_check), checked again when they are loaded.
@@ -19,12 +21,12 @@ import json
 import os
 import re
 import shutil
-import zlib
 from pathlib import Path
 from typing import Optional
 
 from ..common.atomic import staged_directory
 from ..common.console import warn
+from .checksums import MANIFEST, Verdict, check, file_crc32, write_manifest
 
 WEIGHTS = "model.ckpt"
 OPTIMIZER = "optimizer.ckpt"
@@ -65,14 +67,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 24):
-            crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 def _named(params) -> list:
@@ -134,33 +128,107 @@ def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state
             with open(partial / name, "rb") as fh:
                 os.fsync(fh.fileno())
         names = (WEIGHTS, OPTIMIZER)
-        state = dict(state, step=step, files={name: (partial / name).stat().st_size for name in names},
-                     crc32={name: _crc32(partial / name) for name in names})
+        crcs = {name: file_crc32(partial / name) for name in names}
+        state = dict(state, step=step, files={name: (partial / name).stat().st_size for name in names}, crc32=crcs)
         with open(partial / SIDECAR, "w", encoding="utf-8") as fh:
             json.dump(state, fh, indent=2)
             fh.flush()
             os.fsync(fh.fileno())
+        write_manifest(partial, f"llama-npu train (step {step})", crcs)
     _fsync_dir(root)
     return final
 
 
-def inspect(path: Path, verify: bool = False) -> tuple[Optional[dict], Optional[str]]:
+def inspect(path: Path, verify: bool = False, reading=None) -> tuple[Optional[dict], Optional[str]]:
     """(sidecar, None) for a complete checkpoint, else (None, why it is not). `verify` also
-    reads every file against the CRC-32 its sidecar recorded."""
+    reads the files of `reading` (default: every file) against their CRC-32."""
     path = Path(path)
     try:
         state = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        sizes = {name: int(size) for name, size in state.get("files", {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
         return None, f"sidecar {SIDECAR} unreadable ({exc})"
-    for name, size in state.get("files", {}).items():
+    for name, size in sizes.items():
         actual = (path / name).stat().st_size if (path / name).exists() else -1
         if actual != size:
             return None, f"{name} has {actual} bytes, expected {size}"
     if verify:
-        for name, crc in state.get("crc32", {}).items():
-            if _crc32(path / name) != crc:
-                return None, f"{path / name} is damaged or unreadable (its CRC-32 differs from {SIDECAR}'s)"
+        names = reading or [p.name for p in sorted(path.iterdir()) if p.is_file()]
+        problem_found = check(path, names, recorded_checksums(state)).problem
+        if problem_found:
+            return None, problem_found
     return state, None
+
+
+def recorded_checksums(state: dict) -> dict:
+    """name -> (bytes, CRC-32) of the .ckpt files a sidecar recorded (what covers a step
+    written before checksums.json)."""
+    crcs = state.get("crc32") if isinstance(state.get("crc32"), dict) else {}
+    sizes = state.get("files") if isinstance(state.get("files"), dict) else {}
+    return {name: (sizes[name], crc) for name, crc in crcs.items() if name in sizes}
+
+
+def _verdict(directory: Path, names) -> Verdict:
+    try:
+        state = json.loads((directory / SIDECAR).read_text(encoding="utf-8")) if (directory / SIDECAR).is_file() else {}
+        recorded = recorded_checksums(state) if isinstance(state, dict) else {}
+    except (OSError, ValueError):
+        recorded = {}  # a damaged sidecar: the manifest names it, or it stays unverified
+    return check(directory, names, recorded)
+
+
+def _read_together(paths) -> dict:
+    """directory -> the names read in it; a step's sidecar is always read with its files."""
+    by_dir: dict = {}
+    for path in map(Path, paths):
+        by_dir.setdefault(path.parent, []).append(path.name)
+    for directory, names in by_dir.items():
+        if (directory / SIDECAR).is_file() and SIDECAR not in names:
+            names.append(SIDECAR)
+    return by_dir
+
+
+def damage(paths) -> Optional[str]:
+    """The first of `paths` that is damaged (one clause naming the file), or None."""
+    for directory, names in _read_together(paths).items():
+        found = _verdict(directory, names).problem
+        if found:
+            return found
+    return None
+
+
+def _remedy(directory: Path, verdict: Verdict) -> str:
+    if _STEP_DIR.match(directory.name) and (directory / SIDECAR).exists():
+        older = [p for p in _step_dirs(directory.parent) if step_of(p) < step_of(directory) and problem(p) is None]
+        return (f"use an older step, such as {older[-1]}" if older
+                else "no older step is complete: train again from the start")
+    if verdict.made_by:
+        return f"write it again: {verdict.made_by}"
+    return "write it again from its source (convert hf-to-ms, quantize or merge-checkpoints, whichever made it)"
+
+
+_WARNED: set = set()
+
+
+def warn_once(message: str) -> None:
+    """A warning a command would otherwise repeat (eval resolves its checkpoint twice)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warn(message)
+
+
+def verify_read(paths) -> None:
+    """Before a command reads `paths` (files of checkpoints, converted or quantized
+    directories): raise CheckpointError, one line naming the first damaged file and what to
+    do; warn once about the files no checksum covers (a directory of an older llama-npu)."""
+    for directory, names in _read_together(paths).items():
+        verdict = _verdict(directory, names)
+        if verdict.problem:
+            raise CheckpointError(f"{verdict.problem}; {_remedy(directory, verdict)}")
+        if verdict.unverified:
+            warn_once(f"{directory}: {', '.join(verdict.unverified)} read unverified: no checksum covers "
+                 f"{'them' if len(verdict.unverified) > 1 else 'it'} (written by a llama-npu older than {MANIFEST}; "
+                 f"write the directory again to have it verified)")
 
 
 def problem(path: Path) -> Optional[str]:

@@ -24,7 +24,8 @@ from typing import Optional
 from ..common.atomic import check_writable, staged_directory
 from ..model.architecture import resolve_shape
 from ..recipe.stored import STORED_RECIPE, stored_recipe
-from .files import WEIGHTS, rank_roots, read_state
+from .checksums import write_manifest
+from .files import WEIGHTS, rank_roots, read_state, verify_read
 
 
 class MergeError(RuntimeError):
@@ -111,6 +112,7 @@ def merge_shards(run_dir: Path, dst: Path, step: Optional[int] = None) -> Path:
             shard = rank / f"step_{step}" / WEIGHTS
             if read_state(shard.parent) is None:
                 raise MergeError(f"{shard.parent} is not a complete checkpoint")
+            verify_read([shard])
             src = Path(tmp) / "src" / f"rank_{index}" / WEIGHTS
             src.parent.mkdir(parents=True)
             if not pipelined:  # every rank holds every parameter's shard: link it
@@ -129,4 +131,5 @@ def merge_shards(run_dir: Path, dst: Path, step: Optional[int] = None) -> Path:
         with staged_directory(dst) as staging:
             shutil.move(str(merged), str(staging / WEIGHTS))
             (staging / "config.json").write_text(json.dumps(description, indent=2), encoding="utf-8")
+            write_manifest(staging, f"llama-npu merge-checkpoints {run_dir} --step {step} --dst {dst}")
     return dst

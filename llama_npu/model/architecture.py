@@ -7,7 +7,8 @@ builder (model/llama.py), LoRA (strategies/lora.py) and the planner all read one
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from typing import Optional
 
 VOCAB_SIZE = 128256
 
@@ -43,6 +44,27 @@ PRESETS = {
     # keeps the full vocabulary, so the logits dominate its cost exactly as they do at 1B.
     "tiny": LlamaShape(64, 2, 4, 2, 128),
 }
+
+
+# Each dimension's largest value among Llama 3.2's models. A file (config.json, a checkpoint's
+# description) giving a larger one describes no model the harness builds, and its sizes must
+# be refused before anything is allocated from them: 2^40 layers would exhaust the host.
+LARGEST = {f.name: max(getattr(p, f.name) for p in PRESETS.values()) for f in fields(LlamaShape)}
+
+
+def shape_problem(values: dict, keys: Optional[dict] = None) -> Optional[str]:
+    """Why `values` (LlamaShape's fields, read from a file) is no Llama 3.2 shape, or None;
+    `keys` names each field as the file spells it (config.json's num_hidden_layers)."""
+    keys = keys or {}
+    for name, largest in LARGEST.items():
+        value = values.get(name)
+        if type(value) is not int or not 1 <= value <= largest:  # bool is no size either
+            return f"{keys.get(name, name)}={value!r}; expected a whole number from 1 to {largest} (Llama 3.2's largest)"
+    if values["hidden_size"] % values["num_heads"] or values["num_heads"] % values["num_kv_heads"]:
+        return (f"{keys.get('hidden_size', 'hidden_size')}={values['hidden_size']}, {keys.get('num_heads', 'num_heads')}"
+                f"={values['num_heads']}, {keys.get('num_kv_heads', 'num_kv_heads')}={values['num_kv_heads']}: the "
+                f"heads must divide the hidden size and the KV heads the heads")
+    return None
 
 
 def resolve_shape(section) -> LlamaShape:

@@ -20,14 +20,16 @@ from typing import Dict
 
 import numpy as np
 
+from ..checkpoints.checksums import write_manifest
+from ..checkpoints.files import verify_read
 from ..common.atomic import check_writable, staged_directory
 from ..common.console import note, tracked_items
 from ..data.tokenizer import default_tokenizer_path
-from ..model.architecture import VOCAB_SIZE, LlamaShape
+from ..model.architecture import VOCAB_SIZE, LlamaShape, shape_problem
 from ..model.llama import MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA
 from .hf_export import write_model_files
-from .pretrained import (ResolvedWeights, checkpoint_tensors, read_adapters, read_checkpoint_dir, resolve_weights,
-                         verify_tensors)
+from .pretrained import (ResolvedWeights, checkpoint_tensors, json_object, read_adapters, read_checkpoint_dir,
+                         resolve_weights, verify_tensors)
 from .tensor_files import (CODES, CONFIG, HF_WEIGHTS, INT8_SCALE, LINEAR, LORA_A, WEIGHTS, CkptWriter, ConvertError,
                            SafetensorsWriter, StoredTensor, dequantize_rows, expected_shapes, from_float32,
                            int8_rounded, lora_factors, rename, row_blocks, safetensors_index, to_float32)
@@ -35,11 +37,16 @@ from .tensor_files import (CODES, CONFIG, HF_WEIGHTS, INT8_SCALE, LINEAR, LORA_A
 
 # ---------------------------------------------------------------- Hugging Face side
 
+# LlamaShape's fields as a Hugging Face config.json names them.
+HF_KEYS = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+           "num_kv_heads": "num_key_value_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
+
+
 def read_hf_config(src: Path) -> tuple[LlamaShape, dict]:
     path = src / CONFIG
     if not path.is_file():
         raise ConvertError(f"{src}: no {CONFIG}; expected a Hugging Face Llama 3.2 directory")
-    config = json.loads(path.read_text(encoding="utf-8"))
+    config = json_object(path)
     if config.get("model_type") != "llama":
         raise ConvertError(f"{path}: model_type is {config.get('model_type')!r}, expected 'llama'")
     if not config.get("tie_word_embeddings", False):
@@ -53,12 +60,14 @@ def read_hf_config(src: Path) -> tuple[LlamaShape, dict]:
                                f"{ROPE_SCALING[key]}")
     if float(config.get("rope_theta", 0)) != ROPE_THETA:
         raise ConvertError(f"{path}: rope_theta={config.get('rope_theta')}, expected {ROPE_THETA}")
-    shape = LlamaShape(config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-                       config.get("num_key_value_heads", config["num_attention_heads"]),
-                       config["intermediate_size"], config["vocab_size"])
-    if shape.vocab_size != VOCAB_SIZE:
-        raise ConvertError(f"{path}: vocab_size={shape.vocab_size}; the Llama 3.2 tokenizer needs {VOCAB_SIZE}")
-    return shape, config
+    if config.get("vocab_size") != VOCAB_SIZE:
+        raise ConvertError(f"{path}: vocab_size={config.get('vocab_size')!r}; the Llama 3.2 tokenizer needs {VOCAB_SIZE}")
+    values = {name: config.get(key) for name, key in HF_KEYS.items()}
+    values["num_kv_heads"] = config.get("num_key_value_heads", values["num_heads"])
+    problem = shape_problem(values, HF_KEYS)
+    if problem:
+        raise ConvertError(f"{path}: {problem}")
+    return LlamaShape(**values), config
 
 
 def check_tokenizer(src: Path) -> None:
@@ -162,10 +171,11 @@ def hf_to_ms(src: Path, dst: Path, dtype: str = "float32") -> Path:
         writer = CkptWriter(staging / WEIGHTS)
         for name, dims in tracked_items(expected, "convert"):
             writer.write(rename(name, to_ms=True), CODES[dtype], dims, _converted_blocks(tensors[name], CODES[dtype]))
-        writer.close()
+        crc = writer.close()
         meta = {"format": "llama-npu", "shape": shape.__dict__, "dtype": dtype, "source": str(src),
                 "source_dtypes": sorted({t.code for t in tensors.values()}), "hf_config": config}
         (staging / CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        write_manifest(staging, f"llama-npu convert hf-to-ms --src {src} --dst {dst} --dtype {dtype}", {WEIGHTS: crc})
     return dst
 
 
@@ -205,6 +215,7 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
         raise ConvertError(f"{dst} exists; remove it or choose another --dst")
     check_writable(dst, "--dst")
     source = _export_source(src, weights, merge_lora)
+    verify_read(source.files())
     shape, meta = read_checkpoint_dir(source.base)
     dtype = dtype or {"BF16": "bfloat16", "F16": "float16"}.get((meta.get("source_dtypes") or ["F32"])[0], "float32")
     stored = checkpoint_tensors(source.weights)
@@ -223,6 +234,7 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
                                                    source.alpha, int8_cost))
         writer.close()
         write_model_files(staging, hf_config(shape, dtype, meta.get("hf_config")), source.tokenizer)
+        write_manifest(staging, f"llama-npu convert ms-to-hf --src {src} --dst {dst}")
     if int8_cost is not None and meta.get("quantization"):
         note("int8 base (strategies.lora.base_dtype): the adapters are folded into the quantized base's q x s")
     elif int8_cost is not None:

@@ -24,9 +24,9 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..checkpoints.files import CheckpointError, problem, step_dirs_newest_first
+from ..checkpoints.files import CheckpointError, damage, problem, step_dirs_newest_first, verify_read, warn_once
 from ..data.tables import ReadOptions
-from ..model.architecture import LlamaShape, resolve_shape
+from ..model.architecture import LARGEST, LlamaShape, resolve_shape, shape_problem
 from ..recipe.problems import RecipeError
 from ..recipe.stored import STORED_RECIPE, stored_recipe
 from .tensor_files import (CONFIG, INT8_SCALE, LINEAR, LORA_A, WEIGHTS, ConvertError, StoredTensor, ckpt_index,
@@ -65,12 +65,28 @@ def read_checkpoint_dir(src: Path) -> tuple[LlamaShape, dict]:
     path = Path(src) / CONFIG
     if not path.is_file():
         raise ConvertError(f"{src}: no {CONFIG}; expected a directory written by llama-npu convert hf-to-ms")
-    meta = json.loads(path.read_text(encoding="utf-8"))
+    meta = json_object(path)
     if meta.get("format") != "llama-npu":
         hint = (" (a Hugging Face directory: convert it first with llama-npu convert hf-to-ms --src "
                 f"{src} --dst DIR)" if meta.get("model_type") else "")
         raise ConvertError(f"{path}: not a llama-npu checkpoint description{hint}")
-    return LlamaShape(**meta["shape"]), meta
+    shape = meta.get("shape")
+    problem_found = (shape_problem(shape, {name: f"shape.{name}" for name in shape}) if isinstance(shape, dict)
+                     and set(shape) == set(LARGEST) else f"shape={shape!r}; expected {sorted(LARGEST)}")
+    if problem_found:
+        raise ConvertError(f"{path}: {problem_found}")
+    return LlamaShape(**shape), meta
+
+
+def json_object(path: Path) -> dict:
+    """A config.json's object, or one line naming the file."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConvertError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ConvertError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def verify_tensors(found: Dict[str, tuple], shape: LlamaShape, source) -> None:
@@ -122,6 +138,8 @@ def pretrained_source(recipe, wanted: LlamaShape) -> tuple[Path, LlamaShape, dic
                               f"llama-npu convert hf-to-ms)")
     if (directory / STORED_RECIPE).is_file():
         raise CheckpointError(f"model.checkpoint={directory}: a run directory; {run_start_hint(directory)}")
+    if (directory / WEIGHTS).is_file():
+        verify_read([directory / CONFIG, directory / WEIGHTS])
     try:
         shape, meta = read_checkpoint_dir(directory)
     except ConvertError as exc:
@@ -224,12 +242,25 @@ class ResolvedWeights:
     reading: ReadOptions = field(default_factory=ReadOptions)  # the run's data.columns and data.encoding
     base_int8: bool = False  # a LoRA run over an int8 base (strategies.lora.base_dtype): folded into q x s
 
+    def files(self) -> list:
+        """Every file reading these weights reads."""
+        return [self.base / CONFIG, self.weights] + ([self.adapters] if self.adapters is not None else [])
 
-def _newest_step(run_dir: Path) -> Path:
+
+def _newest_step(run_dir: Path, verify: bool = False) -> Path:
+    """The newest complete step of a run; with `verify`, the newest whose files read back
+    sound, saying which newer ones were passed over and why."""
+    skipped = []
     for step in step_dirs_newest_first(run_dir / "checkpoints"):
-        if problem(step) is None:
+        reason = problem(step) or (damage([step / WEIGHTS, step / CONFIG]) if verify else None)
+        if reason is None:
+            if skipped:
+                warn_once(f"{run_dir}: using {step.name}, not the newest step: "
+                          + "; ".join(f"{path.name} skipped ({why})" for path, why in skipped))
             return step
-    raise CheckpointError(f"{run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
+        skipped.append((step, reason))
+    why = f" ({'; '.join(f'{path.name}: {reason}' for path, reason in skipped)})" if skipped else ""
+    raise CheckpointError(f"{run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}{why}")
 
 
 def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
@@ -255,7 +286,7 @@ def resolve_weights(path: Path) -> ResolvedWeights:
     """A converted directory, a step directory, or a run directory (its newest complete step)."""
     path = Path(path)
     if (path / STORED_RECIPE).is_file():
-        return _from_run(path, _newest_step(path))
+        return _from_run(path, _newest_step(path, verify=True))
     if path.parent.name == "checkpoints" and (path.parent.parent / STORED_RECIPE).is_file():
         reason = problem(path)
         if reason is not None:
@@ -286,7 +317,9 @@ def fold_adapters(weights: dict, adapters_path: Path, alpha: float) -> dict:
 
 def model_weights(resolved: ResolvedWeights, keep_int8: bool = False) -> tuple[LlamaShape, dict, dict]:
     """(shape, config.json contents, name -> Tensor of the whole model, adapters folded; a
-    quantized model's int8 weights and scales as stored with `keep_int8` and no adapters)."""
+    quantized model's int8 weights and scales as stored with `keep_int8` and no adapters).
+    Every file is verified (checkpoints/checksums.py) before a byte of it is used."""
+    verify_read(resolved.files())
     shape, meta = read_checkpoint_dir(resolved.base)
     weights = read_weights(resolved.weights, meta, keep_int8 and resolved.adapters is None)
     if resolved.base_int8 and not meta.get("quantization"):  # the float base the run held as int8

@@ -16,6 +16,7 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 
+from ..checkpoints.checksums import write_manifest
 from ..common.atomic import check_writable, staged_directory
 from .pretrained import model_weights, resolve_weights
 from .tensor_files import CONFIG, INT8_SCALE, LINEAR, WEIGHTS, ConvertError, quantize_rows
@@ -47,9 +48,10 @@ def quantize_checkpoint(src: Path, dst: Path) -> dict:
     if not layers:
         raise ConvertError(f"{source.weights}: no decoder linear weights to quantize")
     with staged_directory(dst) as staging:
-        ms.save_checkpoint(params, str(staging / WEIGHTS))
+        ms.save_checkpoint(params, str(staging / WEIGHTS), crc_check=True)
         meta = dict(meta, quantization={"scheme": "int8 weight-only, per-output-channel symmetric, fp32 scales; "
                                                   "embedding and norms fp16",
                                         "linear_layers": layers, "bytes_before": before, "bytes_after": after})
         (staging / CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        write_manifest(staging, f"llama-npu quantize --checkpoint {src} --dst {dst}")
     return meta["quantization"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import binascii
 import json
+import math
 import mmap
 import re
 import struct
@@ -113,6 +114,13 @@ def from_float32(values: np.ndarray, code: str) -> np.ndarray:
 
 # ---------------------------------------------------------------- one tensor of a file
 
+MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit on its JSON header
+
+
+def _whole_numbers(value) -> bool:
+    return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
+
+
 @dataclass
 class StoredTensor:
     """Where one tensor's bytes are: (offset, length) pieces of `path`, in order."""
@@ -126,8 +134,18 @@ class StoredTensor:
     def nbytes(self) -> int:
         return sum(length for _, length in self.pieces)
 
+    def check_size(self) -> None:
+        """Its shape and dtype agree with the bytes stored (which lie within the file), or one
+        line: a header's shape is never trusted for an allocation on its own."""
+        if self.code not in NUMPY:  # a type no weight of ours has: never read (read() refuses it)
+            return
+        expected = np.dtype(NUMPY[self.code]).itemsize * math.prod(self.shape)
+        if expected != self.nbytes:
+            raise ConvertError(f"{self.path}: tensor {self.name} ({self.code}, shape {self.shape}) should hold "
+                               f"{expected:,} bytes, the file holds {self.nbytes:,} for it")
+
     def read(self) -> np.ndarray:
-        """The tensor, memory-mapped read-only (a copy only when it is in several pieces);
+        """The tensor (index readers checked its size: check_size), memory-mapped read-only (a copy only when it is in several pieces);
         its pages are released when the array is dropped."""
         arrays = []
         with open(self.path, "rb") as fh:
@@ -151,19 +169,29 @@ def safetensors_index(path: Path) -> Dict[str, StoredTensor]:
     with open(path, "rb") as fh:
         try:
             (length,) = struct.unpack("<Q", fh.read(8))
+            if length > min(size - 8, MAX_HEADER_BYTES):  # checked before the header is read into memory
+                raise ValueError(f"its header claims {length:,} bytes of a {size:,}-byte file")
             header = json.loads(fh.read(length))
-        except (struct.error, ValueError, MemoryError) as exc:
+            if not isinstance(header, dict):
+                raise ValueError("its header is not a JSON object")
+        except (struct.error, ValueError) as exc:
             raise ConvertError(f"{path}: not a safetensors file ({exc})") from None
     tensors = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info["dtype"] not in NUMPY or info["dtype"] == "I8":
-            raise ConvertError(f"{path}: tensor {name} has dtype {info['dtype']}; expected F32, F16 or BF16")
-        start, end = info["data_offsets"]
+        info = info if isinstance(info, dict) else {}
+        if info.get("dtype") not in NUMPY or info["dtype"] == "I8":
+            raise ConvertError(f"{path}: tensor {name} has dtype {info.get('dtype')!r}; expected F32, F16 or BF16")
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not (_whole_numbers(shape) and _whole_numbers(offsets) and len(offsets) == 2 and offsets[0] <= offsets[1]):
+            raise ConvertError(f"{path}: tensor {name} has shape {shape!r} and data_offsets {offsets!r}; expected "
+                               f"lists of whole numbers, the offsets [start, end]")
+        start, end = offsets
         if 8 + length + end > size:
             raise ConvertError(f"{path}: tensor {name} runs past the end of the file (truncated?)")
-        tensors[name] = StoredTensor(path, name, info["dtype"], tuple(info["shape"]), [(8 + length + start, end - start)])
+        tensors[name] = StoredTensor(path, name, info["dtype"], tuple(shape), [(8 + length + start, end - start)])
+        tensors[name].check_size()
     return tensors
 
 
@@ -219,7 +247,7 @@ def _varint(value: int) -> bytes:
 
 def _read_varint(fh) -> int:
     shift = result = 0
-    while True:
+    while shift < 64:  # protobuf's varints are at most 10 bytes
         byte = fh.read(1)
         if not byte:
             raise EOFError("truncated")
@@ -227,6 +255,7 @@ def _read_varint(fh) -> int:
         if byte[0] < 0x80:
             return result
         shift += 7
+    raise ValueError("malformed varint")
 
 
 def ckpt_index(path: Path) -> Dict[str, StoredTensor]:
@@ -244,9 +273,13 @@ def ckpt_index(path: Path) -> Dict[str, StoredTensor]:
             if _read_varint(fh) != 0x0A:  # Checkpoint.value
                 raise ValueError("unexpected record")
             value_end = _read_varint(fh) + fh.tell()
+            if value_end > end:  # every length is checked against the file before anything is read by it
+                raise ValueError("a record runs past the end of the file (truncated?)")
             name, dims, kind, piece = None, [], "", None
             while fh.tell() < value_end:
                 key, length = _read_varint(fh), _read_varint(fh)
+                if fh.tell() + length > value_end:
+                    raise ValueError("malformed record")
                 if key == 0x0A:  # Value.tag
                     name = fh.read(length).decode()
                 elif key == 0x12:  # Value.tensor
@@ -257,6 +290,8 @@ def ckpt_index(path: Path) -> Dict[str, StoredTensor]:
                             dims.append(_read_varint(fh))
                             continue
                         inner_length = _read_varint(fh)
+                        if fh.tell() + inner_length > tensor_end:
+                            raise ValueError("malformed record")
                         if inner == 0x12:  # tensor_type
                             kind = fh.read(inner_length).decode()
                         else:  # tensor_content: where it is, not what
@@ -271,6 +306,8 @@ def ckpt_index(path: Path) -> Dict[str, StoredTensor]:
                 stored = tensors[name] = StoredTensor(path, name, codes.get(kind, kind), tuple(dims))
             if piece is not None:
                 stored.pieces.append(piece)
+    for stored in tensors.values():
+        stored.check_size()
     return tensors
 
 
@@ -312,9 +349,12 @@ class CkptWriter:
             pending_bytes += block.nbytes
         flush()
 
-    def close(self) -> None:
-        self.fh.write(b"crc_num" + self.crc.to_bytes(10, byteorder="big"))
+    def close(self) -> int:
+        """Write the trailer; return the CRC-32 of the whole file (checksums.json's)."""
+        trailer = b"crc_num" + self.crc.to_bytes(10, byteorder="big")
+        self.fh.write(trailer)
         self.fh.close()
+        return binascii.crc32(trailer, self.crc)
 
 
 def row_blocks(array: np.ndarray, block_bytes: int = 64 * 1024 * 1024) -> Iterator[slice]:
