@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import datetime
 import io
 import json
 import os
@@ -281,6 +282,8 @@ def _serialized(container: str, records: list, draw) -> str | bytes:
         from openpyxl import Workbook
 
         book = Workbook()
+        # fixed times: the same case must give the same bytes (hypothesis replays it)
+        book.properties.created = book.properties.modified = datetime.datetime(2026, 1, 1)
         sheet = book.active
         for r, row in enumerate([header, *rows], start=1):
             for c, value in enumerate(row, start=1):
@@ -332,7 +335,8 @@ def record_cases(draw) -> RecordCase:
     meant = json.loads(json.dumps(records))  # before the column map renames keys
     columns = {}
     if draw(st.booleans()) and records and isinstance(records[0], dict):
-        for key in draw(st.lists(st.sampled_from([k for k in records[0] if isinstance(k, str)] or [""]), max_size=2, unique=True)):
+        keys = [k for k in records[0] if isinstance(k, str)] or [""]
+        for key in draw(st.lists(st.sampled_from(keys), max_size=2, unique=True)):
             column = draw(st.sampled_from(["指令", "输出", "Prompt", "col 1", draw(words).strip()]))
             column = _xlsx_safe(column).strip() if container == "xlsx" else column
             if not column or column in records[0] or column in columns.values():
@@ -503,6 +507,303 @@ def read_exam(case: ExamCase, work: Path) -> None:
     read(case.task, work / "exam", case.split, case.subjects, case.shots)
 
 
+# ---------------------------------------------------------------- Hugging Face directories
+
+# Llama 3.2's layout at the smallest size its checks take (the vocabulary is the real one):
+# a 2 MB bfloat16 model, so that a case converts in milliseconds.
+TINY = dict(hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=16, vocab_size=128256)
+_BUILT: dict = {}
+
+
+def _safetensors(header: dict, data: bytes, length: Optional[int] = None) -> bytes:
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(encoded) if length is None else length) + encoded + data
+
+
+def tiny_hf_files() -> dict:
+    """name -> bytes of a valid Hugging Face directory of the TINY shape (built once)."""
+    if "hf" not in _BUILT:
+        import numpy as np
+
+        from llama_npu.model.architecture import LlamaShape
+        from llama_npu.weights.convert import hf_config
+        from llama_npu.weights.tensor_files import expected_shapes
+
+        shape = LlamaShape(**TINY)
+        header, blobs, offset = {}, [], 0
+        rng = np.random.default_rng(0)
+        for name, dims in expected_shapes(shape).items():
+            blob = rng.standard_normal(dims, dtype=np.float32).astype(np.float16).tobytes()  # F16: numpy has it
+            header[name] = {"dtype": "F16", "shape": list(dims), "data_offsets": [offset, offset + len(blob)]}
+            blobs.append(blob)
+            offset += len(blob)
+        _BUILT["hf"] = {"config.json": json.dumps(hf_config(shape, "float16"), indent=2).encode(),
+                        "model.safetensors": _safetensors(header, b"".join(blobs)),
+                        "tokenizer_config.json": b'{"bos_token": "<|begin_of_text|>"}'}
+    return dict(_BUILT["hf"])
+
+
+def _split_header(data: bytes) -> tuple:
+    """(header, data) of a safetensors file; ({}, data) when an earlier mutation broke it."""
+    try:
+        (length,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + length])
+    except (struct.error, ValueError):
+        return {}, data
+    return (header if isinstance(header, dict) else {}), data[8 + length:]
+
+
+def _json(data: Optional[bytes]):
+    try:
+        return json.loads(data or b"")
+    except ValueError:
+        return None
+
+
+@st.composite
+def hf_cases(draw) -> dict:
+    """A Hugging Face directory (name -> bytes; None: a directory in the file's place) with its
+    config.json values set to anything, its safetensors header lying (dtype, shape, offsets,
+    length), shards and their index, a tokenizer.json of another vocabulary, files damaged
+    or missing."""
+    files = tiny_hf_files()
+    for _ in range(draw(st.integers(0, 3))):
+        how = draw(st.sampled_from(["config", "config", "header", "header", "length", "shards", "tokenizer",
+                                    "damage", "remove", "dir"]))
+        config = _json(files.get("config.json"))
+        if how == "config" and isinstance(config, dict):
+            key = draw(st.sampled_from(sorted(config) + ["rope_scaling", "num_key_value_heads", "extra"]))
+            config[key] = draw(st.one_of(values, st.sampled_from([0, -1, 2**40, 2**63, 3, 4096, 128257, 1.5, True,
+                                                                  "8", None, {"rope_type": "llama3"}])))
+            files["config.json"] = json.dumps(config).encode()
+        elif how == "header" and files.get("model.safetensors"):
+            header, data = _split_header(files["model.safetensors"])
+            name = draw(st.sampled_from(sorted(header) or ["x"]))
+            what = draw(st.sampled_from(["dtype", "shape", "data_offsets", "entry", "remove", "rename"]))
+            if not isinstance(header.get(name), dict):
+                header[name] = draw(values)
+            elif what == "remove":
+                del header[name]
+            elif what == "rename":
+                header[draw(text)] = header.pop(name)
+            elif what == "entry":
+                header[name] = draw(values)
+            else:
+                header[name][what] = draw(st.one_of(values, st.sampled_from(
+                    ["F32", "BF16", "I8", "F64", "U8", "BOOL", [2**40, 2**40], [8, 2**62], [0, 2**63], [-1, 5],
+                     [5, 1], [0], [], [128256, 8, 1]])))
+            files["model.safetensors"] = _safetensors(header, data)
+        elif how == "length" and files.get("model.safetensors"):
+            header, data = _split_header(files["model.safetensors"])
+            files["model.safetensors"] = _safetensors(header, data, draw(st.sampled_from(
+                [0, 1, 7, 2**31, 2**40, 2**64 - 1, len(json.dumps(header)) + 1])))
+        elif how == "shards" and files.get("model.safetensors"):
+            header, data = _split_header(files.pop("model.safetensors"))
+            names = sorted(n for n in header if isinstance(header[n], dict) and "data_offsets" in header[n])
+            cut = draw(st.integers(0, len(names)))
+            shard_map = {}
+            for shard, part in (("model-00001-of-00002.safetensors", names[:cut]),
+                                ("model-00002-of-00002.safetensors", names[cut:])):
+                sub, blobs, offset = {}, [], 0
+                for n in part:
+                    offsets = header[n]["data_offsets"]
+                    fits = isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                    blob = data[offsets[0]:offsets[1]] if fits else b""
+                    sub[n] = dict(header[n], data_offsets=[offset, offset + len(blob)])
+                    blobs.append(blob)
+                    offset += len(blob)
+                    shard_map[n] = shard
+                files[shard] = _safetensors(sub, b"".join(blobs))
+            if draw(st.booleans()):
+                shard_map[draw(st.sampled_from(names or ["x"]))] = draw(st.sampled_from(
+                    ["model-00003-of-00002.safetensors", "../config.json", "", "/etc/passwd"]))
+            index = {"metadata": {}, "weight_map": shard_map}
+            if draw(st.booleans()):
+                index = draw(st.sampled_from([{"weight_map": draw(values)}, draw(values), {"metadata": {}}]))
+            files["model.safetensors.index.json"] = json.dumps(index).encode()
+        elif how == "tokenizer":
+            files["tokenizer.json"] = draw(st.one_of(
+                st.binary(max_size=64), values.map(lambda v: json.dumps(v).encode()),
+                st.dictionaries(text, st.integers(-1, 200000), max_size=4).map(
+                    lambda vocab: json.dumps({"model": {"vocab": vocab}}).encode())))
+        elif how == "damage":
+            name = draw(st.sampled_from(sorted(n for n in files if files[n] is not None) or ["config.json"]))
+            files[name] = draw(damaged(files.get(name) or b""))
+        elif how == "remove" and files:
+            files.pop(draw(st.sampled_from(sorted(files))))
+        elif how == "dir":
+            files[draw(st.sampled_from(["config.json", "model.safetensors", "tokenizer.json"]))] = None
+    return files
+
+
+def _write_tree(root: Path, files: dict) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, body in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if body is None:
+            path.mkdir(exist_ok=True)
+        elif not path.is_dir():
+            path.write_bytes(body)
+
+
+def lay_out_hf(case: dict, work: Path) -> None:
+    _write_tree(work / "hf", case)
+
+
+def _quiet(call, *args):
+    """`call(*args)` with its progress lines and bars kept off the console."""
+    import contextlib
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return call(*args)
+
+
+def convert_hf(case: dict, work: Path) -> None:
+    """What `convert hf-to-ms` does (numpy only): the headers checked, then every tensor
+    streamed into model.ckpt."""
+    from llama_npu.weights.convert import hf_to_ms
+
+    _quiet(hf_to_ms, work / "hf", work / "converted", "float32")
+
+
+# ---------------------------------------------------------------- checkpoint directories
+
+def tiny_run_files() -> dict:
+    """relative path -> bytes of a finished run of the TINY shape: its recipe, two complete
+    steps (model.ckpt, optimizer.ckpt, config.json, state.json, checksums.json, as
+    checkpoints/files.save_checkpoint writes them), built once without MindSpore."""
+    if "run" not in _BUILT:
+        import tempfile
+
+        import numpy as np
+
+        from llama_npu.checkpoints.checksums import file_crc32, write_manifest
+        from llama_npu.weights.convert import hf_to_ms
+        from llama_npu.weights.tensor_files import CkptWriter
+
+        files = {"recipe.yaml": (REPO / "recipes" / "cpu_smoke.yaml").read_bytes()}
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            _write_tree(tmp / "hf", tiny_hf_files())
+            _quiet(hf_to_ms, tmp / "hf", tmp / "converted", "float32")
+            writer = CkptWriter(tmp / "optimizer.ckpt")
+            writer.write("adam_m.model.tok_embeddings.embedding_weight", "F32", (4,), [np.ones(4, np.float32)])
+            writer.close()
+            for step in (3, 6):
+                directory = tmp / "run" / "checkpoints" / f"step_{step}"
+                directory.mkdir(parents=True)
+                for name, source in (("model.ckpt", tmp / "converted" / "model.ckpt"),
+                                     ("config.json", tmp / "converted" / "config.json"),
+                                     ("optimizer.ckpt", tmp / "optimizer.ckpt")):
+                    (directory / name).write_bytes(source.read_bytes())
+                names = ("model.ckpt", "optimizer.ckpt")
+                state = {"step": step, "samples_consumed": step * 8, "loss_scale": {"scale": 1.0, "clean_steps": 0},
+                         "recipe_hash": "0" * 16, "files": {n: (directory / n).stat().st_size for n in names},
+                         "crc32": {n: file_crc32(directory / n) for n in names}}
+                (directory / "state.json").write_text(json.dumps(state, indent=2), encoding="utf-8")
+                write_manifest(directory, f"llama-npu train (step {step})")
+            for path in sorted((tmp / "run").rglob("*")):
+                if path.is_file():
+                    files[str(path.relative_to(tmp / "run"))] = path.read_bytes()
+        _BUILT["run"] = files
+    return dict(_BUILT["run"])
+
+
+DEAD_PID = 2**22 + 1  # above Linux's largest pid_max: never a live process
+
+
+@st.composite
+def checkpoint_cases(draw) -> dict:
+    """A run directory (relative path -> bytes) whose steps are damaged in every way that
+    matters: a file truncated, a byte flipped, a file missing, state.json's values set to
+    anything (with checksums.json sealed over the lie, or not, or gone), leftovers of killed
+    saves (.step_N.partial-PID, .step_N.old-PID, of dead or live processes)."""
+    files = tiny_run_files()
+    steps = ("checkpoints/step_3", "checkpoints/step_6")
+    for _ in range(draw(st.integers(0, 3))):
+        how = draw(st.sampled_from(["damage", "damage", "state", "state", "remove", "leftover", "recipe",
+                                    "unsealed"]))
+        step = draw(st.sampled_from(steps))
+        if how == "damage":
+            name = draw(st.sampled_from(sorted(n for n in files if n.startswith(step)) or ["recipe.yaml"]))
+            files[name] = draw(damaged(files.get(name) or b""))
+        elif how == "state" and f"{step}/state.json" in files:
+            state = _json(files[f"{step}/state.json"])
+            if isinstance(state, dict):
+                key = draw(st.sampled_from(sorted(state) + ["step", "files", "crc32"]))
+                if draw(st.booleans()):
+                    state[key] = draw(st.one_of(values, st.sampled_from([0, -1, 2**63, 9, "6", None, {}])))
+                elif isinstance(state.get(key), dict) and state[key]:
+                    state[key][draw(st.sampled_from(sorted(state[key])))] = draw(values)
+                else:
+                    state.pop(key, None)
+            files[f"{step}/state.json"] = json.dumps(state).encode()
+            if draw(st.booleans()):  # sealed over the lie: the manifest agrees, the sidecar's values do not
+                files[f"{step}/checksums.json"] = _resealed(files, step)
+        elif how == "remove":
+            name = draw(st.sampled_from(sorted(n for n in files if n.startswith(step)) or ["recipe.yaml"]))
+            files.pop(name, None)
+        elif how == "unsealed":
+            files.pop(f"{step}/checksums.json", None)  # a step written by an older llama-npu
+        elif how == "leftover":
+            kind = draw(st.sampled_from(["partial", "old"]))
+            pid = draw(st.sampled_from([DEAD_PID, os.getppid(), 1]))
+            number = draw(st.sampled_from([3, 6, 9]))
+            for name in [n for n in files if n.startswith(f"{draw(st.sampled_from(steps))}/")]:
+                if draw(st.integers(0, 3)):  # some of its files: a save cut off
+                    files[f"checkpoints/.step_{number}.{kind}-{pid}/{name.rsplit('/', 1)[1]}"] = files[name]
+        elif how == "recipe":
+            files["recipe.yaml"] = draw(st.one_of(recipe_texts(), st.binary(max_size=40)))
+    return files
+
+
+def _resealed(files: dict, step: str) -> bytes:
+    import tempfile
+
+    from llama_npu.checkpoints.checksums import write_manifest
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, body in files.items():
+            if name.startswith(f"{step}/") and body is not None and not name.endswith("checksums.json"):
+                (Path(tmp) / name.rsplit("/", 1)[1]).write_bytes(body)
+        write_manifest(Path(tmp), "llama-npu train")
+        return (Path(tmp) / "checksums.json").read_bytes()
+
+
+def lay_out_run(case: dict, work: Path) -> None:
+    _write_tree(work / "run", case)
+
+
+def repair(case: dict, work: Path) -> None:
+    """What `train` does first in a run directory: clear what killed saves left (a refusal
+    here, of a save still under way, must change nothing either)."""
+    from llama_npu.checkpoints.leftovers import repair_killed_saves
+
+    _quiet(repair_killed_saves, work / "run")
+
+
+def resume_and_export(case: dict, work: Path) -> None:
+    """What `train --resume auto` does next, before MindSpore (the complete steps, the step
+    every rank can resume, its sidecar's values), then what `eval`, `generate` and `convert
+    ms-to-hf` read (the run's newest good step, verified, its tensors streamed out)."""
+    from llama_npu.checkpoints.files import inspect
+    from llama_npu.checkpoints.policy import Checkpointer
+    from llama_npu.strategies.parallel import World
+    from llama_npu.training.preflight import check_rewind, resume_candidates
+    from llama_npu.weights.convert import ms_to_hf
+
+    run = work / "run"
+    candidates = _quiet(resume_candidates, run, "auto")
+    check_rewind(run, candidates)
+    chosen = _quiet(Checkpointer(run, World(), keep_last=2).choose, candidates)
+    if chosen is not None:
+        state = inspect(chosen)[0]
+        # what resume reads of it
+        int(state["step"]), int(state["samples_consumed"]), float(state.get("loss_scale", {"scale": 1})["scale"])
+    _quiet(ms_to_hf, run, work / "exported")
+
+
 # ---------------------------------------------------------------- command-line flags
 
 def _parser():
@@ -546,15 +847,19 @@ def nothing(case, work: Path) -> None:
 class Kind:
     cases: Callable  # () -> a hypothesis strategy of cases
     lay_out: Callable  # (case, work dir): the case's files
-    read: Callable  # (case, work dir) -> None, as a command reads it; raises the project's own error to refuse
+    # (case, work dir) -> None each, in order, as commands read it; each raises the project's
+    # own error to refuse, and a refusal must leave the files as that stage found them
+    stages: tuple
 
 
 KINDS = {
-    "recipes": Kind(recipe_texts, lay_out_recipe, read_recipe),
-    "set": Kind(set_strings, nothing, read_set),
-    "records": Kind(record_cases, lay_out_records, read_records),
-    "exams": Kind(exam_cases, lay_out_exam, read_exam),
-    "flags": Kind(flag_lists, nothing, parse_flags),
+    "recipes": Kind(recipe_texts, lay_out_recipe, (read_recipe,)),
+    "set": Kind(set_strings, nothing, (read_set,)),
+    "records": Kind(record_cases, lay_out_records, (read_records,)),
+    "exams": Kind(exam_cases, lay_out_exam, (read_exam,)),
+    "hf": Kind(hf_cases, lay_out_hf, (convert_hf,)),
+    "checkpoints": Kind(checkpoint_cases, lay_out_run, (repair, resume_and_export)),
+    "flags": Kind(flag_lists, nothing, (parse_flags,)),
 }
 
 
@@ -584,19 +889,22 @@ def attempt(kind: str, case, work: Path) -> str:
     """'accepted' or 'refused'; a Defect when the refusal breaks a promise; any other
     exception is a traceback the user would have seen."""
     KINDS[kind].lay_out(case, work)
-    before = snapshot(work)
-    try:
+    for stage in KINDS[kind].stages:
+        before = snapshot(work)
         try:
-            KINDS[kind].read(case, work)
-        except SystemExit as exc:
-            if exc.code not in (0, 2):
-                raise
-            if exc.code == 2:
-                raise UsageError() from None
-        return "accepted"
-    except user_errors() as exc:
-        if not isinstance(exc, UsageError):
-            check_refusal(exc, [])
-        if snapshot(work) != before:
-            raise Defect(f"a refusal changed files under {work}") from None
-        return "refused"
+            try:
+                stage(case, work)
+            except SystemExit as exc:
+                if exc.code not in (0, 2):
+                    raise
+                if exc.code == 2:
+                    raise UsageError() from None
+        except user_errors() as exc:
+            if not isinstance(exc, UsageError):
+                check_refusal(exc, [])
+            after = snapshot(work)
+            if after != before:
+                changed = sorted(p for p in {*before, *after} if before.get(p, 0) != after.get(p, 0))
+                raise Defect(f"a refusal ({exc}) changed {', '.join(changed[:4])} under {work}") from None
+            return "refused"
+    return "accepted"

@@ -43,7 +43,8 @@ def test_a_key_written_with_no_value(tmp_path):
 
 def test_a_strategy_key_with_no_value(tmp_path):
     text = SMOKE.read_text(encoding="utf-8").replace("    rank: 8\n", "    rank: 8\n    dropout:\n")
-    assert _refusal(load_recipe, _recipe(tmp_path, text)).startswith("strategies.lora.dropout: no value; expected float")
+    assert _refusal(load_recipe, _recipe(tmp_path, text)).startswith(
+        "strategies.lora.dropout: no value; expected float")
 
 
 @pytest.mark.parametrize("value", ["nan", ".nan", "-.inf", "1e400"])
@@ -80,7 +81,8 @@ def _jsonl(tmp_path, *records) -> str:
 
 def test_a_sharegpt_role_that_is_not_text(tmp_path):
     # A list or a mapping as a turn's role was looked up in a dict: TypeError, unhashable.
-    path = _jsonl(tmp_path, {"conversations": [{"from": ["human"], "value": "你好"}, {"from": "gpt", "value": "好"}]})
+    turns = [{"from": ["human"], "value": "你好"}, {"from": "gpt", "value": "好"}]
+    path = _jsonl(tmp_path, {"conversations": turns})
     assert _refusal(read_records, [path], "sharegpt").startswith(f"{path}:1 turn 1: unknown role ['human']; expected")
 
 

@@ -99,7 +99,9 @@ def _json_records(path: Path, encoding: str) -> Iterator[Tuple[int, object]]:
     if text.lstrip().startswith("["):
         yield from _array_records(path, text)
         return
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # Lines end at \n, \r\n or \r (never inside a JSON string, which escapes them): splitlines()
+    # would also cut at U+2028 and U+0085, which a JSON string may hold as they are.
+    for lineno, line in enumerate(text.replace("\r\n", "\n").replace("\r", "\n").split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -42,6 +42,11 @@ HF_KEYS = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num
            "num_kv_heads": "num_key_value_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
 
 
+def _equals(value, expected: float) -> bool:
+    """A config.json number (any JSON value) is `expected`; a string or a list is no number."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == float(expected)
+
+
 def read_hf_config(src: Path) -> tuple[LlamaShape, dict]:
     path = src / CONFIG
     if not path.is_file():
@@ -52,13 +57,13 @@ def read_hf_config(src: Path) -> tuple[LlamaShape, dict]:
     if not config.get("tie_word_embeddings", False):
         raise ConvertError(f"{path}: tie_word_embeddings is false; Llama 3.2 1B/3B tie the LM head to the embedding")
     scaling = config.get("rope_scaling") or {}
-    if scaling.get("rope_type", scaling.get("type")) != "llama3":
+    if not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) != "llama3":
         raise ConvertError(f"{path}: rope_scaling must be of rope_type 'llama3' (Llama 3.2), got {scaling!r}")
     for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-        if float(scaling.get(key, -1)) != float(ROPE_SCALING[key]):
+        if not _equals(scaling.get(key), ROPE_SCALING[key]):
             raise ConvertError(f"{path}: rope_scaling.{key}={scaling.get(key)}, the harness builds Llama 3.2's "
                                f"{ROPE_SCALING[key]}")
-    if float(config.get("rope_theta", 0)) != ROPE_THETA:
+    if not _equals(config.get("rope_theta"), ROPE_THETA):
         raise ConvertError(f"{path}: rope_theta={config.get('rope_theta')}, expected {ROPE_THETA}")
     if config.get("vocab_size") != VOCAB_SIZE:
         raise ConvertError(f"{path}: vocab_size={config.get('vocab_size')!r}; the Llama 3.2 tokenizer needs {VOCAB_SIZE}")
@@ -76,9 +81,10 @@ def check_tokenizer(src: Path) -> None:
     path = src / "tokenizer.json"
     if not path.is_file():
         return
-    theirs = json.loads(path.read_text(encoding="utf-8"))
+    theirs = json_object(path).get("model")
     ours = json.loads(default_tokenizer_path().read_text(encoding="utf-8"))
-    vocab_theirs, vocab_ours = theirs.get("model", {}).get("vocab", {}), ours["model"]["vocab"]
+    vocab_theirs, vocab_ours = theirs.get("vocab", {}) if isinstance(theirs, dict) else {}, ours["model"]["vocab"]
+    vocab_theirs = vocab_theirs if isinstance(vocab_theirs, dict) else {}
     if vocab_theirs != vocab_ours:
         differing = next((t for t in vocab_ours if vocab_theirs.get(t) != vocab_ours[t]), None)
         raise ConvertError(f"{path}: not the Llama 3.2 tokenizer (token {differing!r} maps to "
@@ -89,7 +95,13 @@ def hf_tensors(src: Path) -> Dict[str, StoredTensor]:
     """name -> where it is, over the directory's safetensors shards (headers only)."""
     index = src / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = json_object(index).get("weight_map")
+        shards = list(weight_map.values()) if isinstance(weight_map, dict) else []
+        # shard names are files of this directory: "../x" or "/x" would read another one
+        if not shards or not all(isinstance(s, str) and s and Path(s).name == s for s in shards):
+            raise ConvertError(f"{index}: weight_map must map each tensor to a shard file of {src}, got "
+                               f"{str(weight_map)[:200]}")
+        shards = sorted(set(shards))
     elif (src / HF_WEIGHTS).is_file():
         shards = [HF_WEIGHTS]
     else:

@@ -181,7 +181,7 @@ def safetensors_index(path: Path) -> Dict[str, StoredTensor]:
         if name == "__metadata__":
             continue
         info = info if isinstance(info, dict) else {}
-        if info.get("dtype") not in NUMPY or info["dtype"] == "I8":
+        if not isinstance(info.get("dtype"), str) or info["dtype"] not in NUMPY or info["dtype"] == "I8":
             raise ConvertError(f"{path}: tensor {name} has dtype {info.get('dtype')!r}; expected F32, F16 or BF16")
         shape, offsets = info.get("shape"), info.get("data_offsets")
         if not (_whole_numbers(shape) and _whole_numbers(offsets) and len(offsets) == 2 and offsets[0] <= offsets[1]):

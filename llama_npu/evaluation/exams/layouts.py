@@ -12,6 +12,7 @@ its YAMLs name), with every bad row one line naming its file and line.
 from __future__ import annotations
 
 import csv
+import io
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +84,7 @@ def check_directory(layout: Layout, root: Path, split: str) -> List[str]:
     if split not in layout.splits:
         raise RecordError(f"--split {split}: {layout.title} has the splits {', '.join(layout.splits)}")
     directory = root / split
-    subjects = sorted(s for s in (layout.subject_of(p, split) for p in directory.glob("*.csv")) if s) \
+    subjects = sorted(s for s in (layout.subject_of(p, split) for p in directory.glob("*.csv") if p.is_file()) if s) \
         if directory.is_dir() else []
     if not subjects:
         found = ", ".join(sorted(p.name + ("/" if p.is_dir() else "") for p in root.iterdir())[:6]) or "nothing"
@@ -104,7 +105,8 @@ def convert_layout_hint(path: Path, source: str) -> str:
 def _rows(layout: Layout, path: Path):
     """(line number, row as a list of strings) after the header, which is checked."""
 
-    reader = csv.reader(decode_file(path, hint=convert_layout_hint).splitlines(keepends=True))
+    # newline="": the csv module ends rows itself, so U+2028 or U+0085 in a cell stays in it
+    reader = csv.reader(io.StringIO(decode_file(path, hint=convert_layout_hint), newline=""))
     try:
         if layout.columns is not None:
             header = next(reader, None)
