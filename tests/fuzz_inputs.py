@@ -664,7 +664,7 @@ def convert_hf(case: dict, work: Path) -> None:
     streamed into model.ckpt."""
     from llama_npu.weights.convert import hf_to_ms
 
-    _quiet(hf_to_ms, work / "hf", work / "converted", "float32")
+    _quiet(hf_to_ms, work / "hf", work / "converted", "float16")
 
 
 # ---------------------------------------------------------------- checkpoint directories
@@ -686,7 +686,7 @@ def tiny_run_files() -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             _write_tree(tmp / "hf", tiny_hf_files())
-            _quiet(hf_to_ms, tmp / "hf", tmp / "converted", "float32")
+            _quiet(hf_to_ms, tmp / "hf", tmp / "converted", "float16")
             writer = CkptWriter(tmp / "optimizer.ckpt")
             writer.write("adam_m.model.tok_embeddings.embedding_weight", "F32", (4,), [np.ones(4, np.float32)])
             writer.close()

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from fuzz_inputs import KINDS, attempt
 
 # Cases a kind in CI; scripts/fuzz.py --cases N for a long run.
-CI_CASES = {"recipes": 150, "set": 150, "records": 150, "exams": 100, "flags": 150}
+CI_CASES = {"recipes": 150, "set": 150, "records": 150, "exams": 100, "hf": 60, "checkpoints": 60, "flags": 150}
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

@@ -149,3 +149,137 @@ def test_an_internal_error_is_one_line_and_a_file(tmp_path):
                            f"(the full traceback is in {tmp_path}/llama-npu-traceback-")
     saved, = tmp_path.glob("llama-npu-traceback-*.txt")
     assert "in broken" in saved.read_text(encoding="utf-8") and str(saved) in line
+
+
+def test_a_jsonl_string_holding_a_line_separator(tmp_path):
+    # JSON keeps U+2028 and U+0085 unescaped inside a string; str.splitlines() cut the line there.
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"text": "第一段\u2028第二段\x85完"}, ensure_ascii=False) + "\r\n", encoding="utf-8")
+    assert [r.text for r in read_records([str(path)], "text")] == ["第一段\u2028第二段\x85完"]
+
+
+def test_an_exam_cell_holding_a_line_separator(tmp_path):
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "astronomy_test.csv").write_text("太阳\u2028是?,A,B,C,D,A\n", encoding="utf-8")
+    exam = read_exam("mmlu", tmp_path, None, None, 0)
+    assert [q.doc["question"] for q in exam.questions["astronomy"]] == ["太阳\u2028是?"]
+
+
+def test_a_directory_named_like_an_exam_file(tmp_path):
+    (tmp_path / "test" / "astronomy_test.csv").mkdir(parents=True)
+    (tmp_path / "test" / "geography_test.csv").write_text("Q?,A,B,C,D,B\n", encoding="utf-8")
+    assert list(read_exam("mmlu", tmp_path, None, None, 0).questions) == ["geography"]
+
+
+def test_a_column_name_with_a_newline(tmp_path):
+    path = tmp_path / "data.tsv"
+    path.write_text('"指\n令"\toutput\n问\t答\n', encoding="utf-8")
+    from llama_npu.data.tables import ReadOptions
+
+    assert _refusal(read_records, [str(path)], "alpaca", ReadOptions.of({"instruction": "指令"})) == \
+        f"{path}: no column '指令' (data.columns: instruction: 指令); its columns: 指\\n令, output"
+
+
+def test_a_workbook_with_a_damaged_sheet(tmp_path):
+    # The zip's directory reads, a member's deflate stream does not: zlib.error escaped openpyxl.
+    from openpyxl import Workbook
+
+    book = Workbook()
+    book.active.append(["instruction", "output"])
+    book.active.append(["问" * 200, "答" * 200])
+    path = tmp_path / "data.xlsx"
+    book.save(path)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"xl/worksheets/sheet1.xml") + len("xl/worksheets/sheet1.xml") + 20  # inside its deflate data
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert _refusal(read_records, [str(path)], "alpaca").startswith(f"{path}: not a readable .xlsx workbook (")
+
+
+def _tiny_hf(tmp_path, **changed):
+    from fuzz_inputs import tiny_hf_files
+
+    files = tiny_hf_files()
+    for name, body in changed.items():
+        files[name.replace("__", ".")] = body
+    for name, body in files.items():
+        (tmp_path / name).write_bytes(body)
+    return tmp_path
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("rope_scaling", 4096, "rope_scaling must be of rope_type 'llama3' (Llama 3.2), got 4096"),
+    ("rope_theta", [500000.0], "rope_theta=[500000.0], expected 500000.0"),
+    ("rope_theta", "500000", "rope_theta=500000, expected 500000.0"),
+])
+def test_config_values_of_another_type(tmp_path, key, value, expected):
+    from fuzz_inputs import tiny_hf_files
+    from llama_npu.weights.convert import checked_hf_model
+    from llama_npu.weights.tensor_files import ConvertError
+
+    config = json.loads(tiny_hf_files()["config.json"])
+    config[key] = value
+    src = _tiny_hf(tmp_path, config__json=json.dumps(config).encode())
+    with pytest.raises(ConvertError) as refused:
+        checked_hf_model(src)
+    assert str(refused.value) == f"{src / 'config.json'}: {expected}"
+
+
+@pytest.mark.parametrize("index", [{"weight_map": {"a": ["x"]}}, {"weight_map": {"a": "../config.json"}}, [1],
+                                   {"metadata": {}}])
+def test_a_shard_index_of_another_shape(tmp_path, index):
+    from llama_npu.weights.convert import checked_hf_model
+    from llama_npu.weights.tensor_files import ConvertError
+
+    src = _tiny_hf(tmp_path, **{"model.safetensors.index.json": json.dumps(index).encode()})
+    with pytest.raises(ConvertError) as refused:
+        checked_hf_model(src)
+    assert str(refused.value).startswith(f"{src / 'model.safetensors.index.json'}: ")
+
+
+@pytest.mark.parametrize("tokenizer", [b"null", b"[]", b'{"model": 3}', b'{"model": {"vocab": [1]}}', b"\xff"])
+def test_a_tokenizer_json_of_another_shape(tmp_path, tokenizer):
+    from llama_npu.weights.convert import checked_hf_model
+    from llama_npu.weights.tensor_files import ConvertError
+
+    src = _tiny_hf(tmp_path, **{"tokenizer.json": tokenizer})
+    with pytest.raises(ConvertError) as refused:
+        checked_hf_model(src)
+    assert str(refused.value).startswith(f"{src / 'tokenizer.json'}: ")
+
+
+def test_a_safetensors_dtype_that_is_not_text(tmp_path):
+    from fuzz_inputs import _safetensors, _split_header, tiny_hf_files
+    from llama_npu.weights.convert import checked_hf_model
+    from llama_npu.weights.tensor_files import ConvertError
+
+    header, data = _split_header(tiny_hf_files()["model.safetensors"])
+    header["model.norm.weight"]["dtype"] = ["F16"]
+    src = _tiny_hf(tmp_path, model__safetensors=_safetensors(header, data))
+    with pytest.raises(ConvertError, match=r"tensor model.norm.weight has dtype \['F16'\]; expected F32, F16 or BF16"):
+        checked_hf_model(src)
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("step", None, "step is None, expected 6"),
+    ("step", 9, "step is 9, expected 6"),
+    ("samples_consumed", "48", "samples_consumed is '48', expected a whole number"),
+    ("loss_scale", 5, "loss_scale is 5, expected {scale: a number above 0, clean_steps: a whole number}"),
+    ("crc32", {"model.ckpt": [1]}, "crc32 is {'model.ckpt': [1]}, expected file name -> CRC-32"),
+])
+def test_a_sidecar_whose_values_lie(tmp_path, key, value, expected):
+    # With checksums.json sealed over it, the sidecar passed every check and resume read
+    # state["step"] (KeyError, TypeError) or continued at another step than the directory's.
+    from fuzz_inputs import _resealed, tiny_run_files
+    from llama_npu.checkpoints.files import inspect
+
+    files = tiny_run_files()
+    state = json.loads(files["checkpoints/step_6/state.json"])
+    state[key] = value
+    files["checkpoints/step_6/state.json"] = json.dumps(state).encode()
+    files["checkpoints/step_6/checksums.json"] = _resealed(files, "checkpoints/step_6")
+    for name, body in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(body)
+    assert inspect(tmp_path / "checkpoints" / "step_6", verify=True) == (None, f"sidecar state.json: {expected}")
+    assert inspect(tmp_path / "checkpoints" / "step_3", verify=True)[1] is None
