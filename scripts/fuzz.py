@@ -8,7 +8,7 @@ file changed). The goal is 0 in both columns.
 
 Each case runs in-process, below the CLI (tests/fuzz_inputs.py: the functions the commands
 call), under an address-space limit of MEMORY_LIMIT: no input may make a reader allocate
-beyond what a valid input of its size needs. tests/test_fuzz.py runs the same generators in
+beyond what a valid input of its size needs; and within CASE_SECONDS. tests/test_fuzz.py runs the same generators in
 CI with fewer cases. Exit 1 when any defect was found; the first case of each distinct
 defect is printed with its traceback.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import resource
+import signal
 import sys
 import tempfile
 import traceback
@@ -32,6 +33,17 @@ from fuzz_inputs import KINDS, Defect, attempt  # noqa: E402
 # The process with its libraries loaded (pyarrow, openpyxl, the tokenizer, hypothesis) maps
 # about 0.6 GB; every input is a few kB, so 2 GiB leaves room only for honest work.
 MEMORY_LIMIT = 2 << 30
+# A case is a few kB read in a fraction of a second; one still running after this is a hang
+# (plan --fit --devices 10^9 searched for minutes), counted with the tracebacks.
+CASE_SECONDS = 60
+
+
+class Hang(Exception):
+    pass
+
+
+def _hang(signum, frame):
+    raise Hang(f"still running after {CASE_SECONDS} s")
 COLUMNS = ("tried", "refused", "accepted", "tracebacks", "broken")
 
 
@@ -45,6 +57,7 @@ def fuzz(kind: str, cases: int, start: int, shown: dict) -> collections.Counter:
     def one(case):
         counts["tried"] += 1
         with tempfile.TemporaryDirectory() as work:
+            signal.alarm(CASE_SECONDS)
             try:
                 counts[attempt(kind, case, Path(work))] += 1
             except Exception as exc:  # noqa: BLE001 -- every other exception is what we count
@@ -56,6 +69,8 @@ def fuzz(kind: str, cases: int, start: int, shown: dict) -> collections.Counter:
                     shown[key] = True
                     print(f"--- {kind}: {column[:-1]}: {repr(case)[:800]}\n{''.join(traceback.format_exception(exc))}",
                           file=sys.stderr)
+            finally:
+                signal.alarm(0)
 
     one()
     return counts
@@ -69,6 +84,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed: the same seed draws the same cases")
     args = parser.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    signal.signal(signal.SIGALRM, _hang)
 
     shown: dict = {}
     rows = {kind: fuzz(kind, args.cases, args.seed, shown) for kind in args.kind or KINDS}

@@ -489,16 +489,26 @@ def exam_cases(draw) -> ExamCase:
     return ExamCase(task, split, chosen, draw(st.sampled_from([0, 0, 1, 5])), files)
 
 
-def lay_out_exam(case: ExamCase, work: Path) -> None:
-    root = work / "exam"
-    root.mkdir()
-    for name, body in case.files.items():
+def _write_tree(root: Path, files: dict) -> None:
+    """relative path -> bytes (None: a directory) under `root`; a generated name that would
+    leave it ("..", "/x") or that no file system takes (NUL, too long) is left out."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, body in files.items():
         path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if body is None:
-            path.mkdir(exist_ok=True)
-        elif not path.is_dir():
-            path.write_bytes(body)
+        if "\x00" in name or root.resolve() not in path.resolve().parents:
+            continue
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if body is None:
+                path.mkdir(exist_ok=True)
+            elif not path.is_dir():
+                path.write_bytes(body)
+        except OSError:  # a file where a directory goes, a name too long
+            continue
+
+
+def lay_out_exam(case: ExamCase, work: Path) -> None:
+    _write_tree(work / "exam", case.files)
 
 
 def read_exam(case: ExamCase, work: Path) -> None:
@@ -634,17 +644,6 @@ def hf_cases(draw) -> dict:
         elif how == "dir":
             files[draw(st.sampled_from(["config.json", "model.safetensors", "tokenizer.json"]))] = None
     return files
-
-
-def _write_tree(root: Path, files: dict) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    for name, body in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if body is None:
-            path.mkdir(exist_ok=True)
-        elif not path.is_dir():
-            path.write_bytes(body)
 
 
 def lay_out_hf(case: dict, work: Path) -> None:
@@ -822,19 +821,40 @@ def flag_lists(draw) -> List[str]:
     command = draw(st.sampled_from(sorted(commands)))
     options = [s for a in commands[command]._actions for s in a.option_strings if s not in ("-h", "--help")]
     argv = [command]
+    if command == "plan" and draw(st.booleans()):  # a plan that gets past its first check
+        argv += draw(st.sampled_from([[str(RECIPES[0])], [str(draw(st.sampled_from(RECIPES)))],
+                                      ["--model", "llama3.2-1b", "--device", "910a"],
+                                      ["--model", "llama3.2-3b", "--device", "910b", "--fit"]]))
     for _ in range(draw(st.integers(0, 5))):
         flag = draw(st.sampled_from(options + ["--no-such-flag", "-x", "--"] if options else ["--x"]))
         argv.append(flag)
         for _ in range(draw(st.integers(0, 2))):
-            argv.append(draw(st.one_of(st.sampled_from(_ODD_TEXT), text, st.integers(-5, 10**20).map(str))))
+            argv.append(draw(st.one_of(st.sampled_from(_ODD_TEXT + PLAN_VALUES), text,
+                                       st.integers(-5, 10**20).map(str))))
     return argv
 
 
+# Values plan's options take (it runs in full: analytical, no MindSpore, a fraction of a second).
+PLAN_VALUES = ["1", "8", "65536", "1000000000", "2048", "131073", "28GB", "0GB", "512MB", "--fit", "train",
+               "inference", "int8", "bf16", "micro_batch", "seq_len", "speed", "out.yaml", "910b4", "cpu",
+               str(REPO / "data" / "zh_instruct_train.jsonl"), str(REPO / "data" / "zh_pref_train.jsonl"),
+               "strategies.parallel.data=4", "train.micro_batch_size=0", "data.max_seq_len=nan"]
+
+
 def parse_flags(case: List[str], work: Path) -> None:
+    """Every sub-command's arguments parsed; `plan`'s also run, in the work directory (its
+    --write-recipe writes a relative path there)."""
     import contextlib
 
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-        _parser().parse_args(case)
+        args = _parser().parse_args(case)
+        if args.command == "plan":
+            here = os.getcwd()
+            os.chdir(work)
+            try:
+                args.func(args)
+            finally:
+                os.chdir(here)
 
 
 # ---------------------------------------------------------------- the kinds and what counts

@@ -283,3 +283,19 @@ def test_a_sidecar_whose_values_lie(tmp_path, key, value, expected):
         (tmp_path / name).write_bytes(body)
     assert inspect(tmp_path / "checkpoints" / "step_6", verify=True) == (None, f"sidecar state.json: {expected}")
     assert inspect(tmp_path / "checkpoints" / "step_3", verify=True)[1] is None
+
+
+def test_a_device_count_past_any_cluster():
+    # plan --fit searched the layouts of 10^9 devices for minutes (10^8: over 2 minutes).
+    from llama_npu.cli import build_parser
+    from llama_npu.memory.plan_report import run_plan
+
+    args = build_parser().parse_args(["plan", "--model", "llama3.2-1b", "--device", "910a", "--devices",
+                                      "1000000000", "--fit"])
+    assert _refusal(run_plan, args) == "--devices: expected a count from 1 to 65,536, got 1000000000"
+
+
+def test_a_sequence_past_llama_3_2s_context():
+    # Accepted, the plan printed a 22-digit total that ran into its next column.
+    assert _refusal(load_recipe, SMOKE, ["data.max_seq_len=1000000000000"]) == \
+        "data.max_seq_len: expected 1 to 131072 (Llama 3.2's context), got 1000000000000"
