@@ -24,6 +24,8 @@ from conftest import REPO
     ("eval_memory.py", ["--long-tokens", "128"], "GiB (under the 4 GiB bound)"),
     # #22: conversions stream; the round trip is bit-exact (the 1B figure is the README's, measured in full)
     ("convert_memory.py", ["--hidden", "256", "--layers", "2"], "round trip bit-exact; peak RSS "),
+    # #41: the CRC-32 pass before a checkpoint is read, beside the read it protects
+    ("verified_reads.py", ["--gb", "0.02", "--runs", "1"], "ratio verification / load: "),
     # #21: eval --task's questions per second and peak RSS, batch 8 against batch 1
     ("exam_throughput.py", ["--questions", "8", "--runs", "0x1,0x8"], "ratio batch 8 / batch 1, 0-shot questions"),
 ])

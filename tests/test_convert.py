@@ -235,9 +235,11 @@ def test_shipped_recipes_train_from_float32_and_float16_conversions(shrunk_run, 
 
 
 def test_a_mismatched_checkpoint_is_one_line_naming_the_tensor(ms, conversions, tmp_path):
-    """check_pretrained reads only config.json and the tensor headers, before any data is tokenized."""
+    """check_pretrained reads config.json and the tensor headers (after the checksums), before any data is
+    tokenized."""
     import shutil
 
+    from llama_npu.checkpoints.checksums import write_manifest
     from llama_npu.checkpoints.files import CheckpointError
     from llama_npu.weights.pretrained import check_pretrained, tensor_index
 
@@ -253,6 +255,7 @@ def test_a_mismatched_checkpoint_is_one_line_naming_the_tensor(ms, conversions, 
         tensors = {k: v for k, v in dict(weights, **changes).items() if v is not None}
         ms.save_checkpoint([{"name": k, "data": v} for k, v in tensors.items()], str(broken / "model.ckpt"),
                            crc_check=True)
+        write_manifest(broken, "a wrong tensor, sealed as sound")  # the shape check, not the checksum's, is tested
 
     rewrite(**{"model.layers.1.attention.wk.weight": ms.Tensor(np.zeros((16, 64)), ms.float16)})
     with pytest.raises(CheckpointError, match=r"model\.ckpt: tensor model\.layers\.1\.attention\.wk\.weight has "

@@ -12,8 +12,8 @@ and CRC-32 its state.json recorded, a .ckpt by the CRC-32 MindSpore appends to i
 _parse_ckpt_proto in mindspore/train/serialization.py); what neither covers is named in a
 warning and read unverified.
 
-CRC-32 runs at about 2.4 GB/s a core here (zlib.crc32), so verifying a 3B checkpoint costs a
-few seconds, less than loading it (benchmarks/verified_reads.py). A leaf module: zlib and json.
+The CRC-32 pass costs about half of mindspore.load_checkpoint's read of the same file
+(benchmarks/verified_reads.py). A leaf module: zlib and json.
 """
 from __future__ import annotations
 
@@ -32,15 +32,18 @@ _SOUND: set = set()  # (file, size, mtime, crc) already verified in this process
 
 
 def file_crc32(path: Path, length: Optional[int] = None) -> int:
-    """CRC-32 of `path`'s first `length` bytes (all of it by default), streamed."""
+    """CRC-32 of `path`'s first `length` bytes (all of it by default), streamed through one
+    reused buffer (a third faster than fresh reads: benchmarks/verified_reads.py)."""
     crc, left = 0, length
-    with open(path, "rb") as fh:
+    buffer = bytearray(1 << 24)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as fh:
         while left is None or left > 0:
-            chunk = fh.read(1 << 24 if left is None else min(1 << 24, left))
-            if not chunk:
+            read = fh.readinto(view if left is None or left >= len(buffer) else view[:left])
+            if not read:
                 break
-            crc = zlib.crc32(chunk, crc)
-            left = None if left is None else left - len(chunk)
+            crc = zlib.crc32(view[:read], crc)
+            left = None if left is None else left - read
     return crc
 
 

@@ -139,9 +139,9 @@ def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state
     return final
 
 
-def inspect(path: Path, verify: bool = False, reading=None) -> tuple[Optional[dict], Optional[str]]:
+def inspect(path: Path, verify: bool = False) -> tuple[Optional[dict], Optional[str]]:
     """(sidecar, None) for a complete checkpoint, else (None, why it is not). `verify` also
-    reads the files of `reading` (default: every file) against their CRC-32."""
+    reads every file against its CRC-32 (checksums.json's, or an older step's sidecar's)."""
     path = Path(path)
     try:
         state = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
@@ -156,7 +156,7 @@ def inspect(path: Path, verify: bool = False, reading=None) -> tuple[Optional[di
         if actual != size:
             return None, f"{name} has {actual} bytes, expected {size}"
     if verify:
-        names = reading or [p.name for p in sorted(path.iterdir()) if p.is_file()]
+        names = [p.name for p in sorted(path.iterdir()) if p.is_file()]
         problem_found = check(path, names, recorded_checksums(state)).problem
         if problem_found:
             return None, problem_found

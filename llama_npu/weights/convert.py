@@ -20,7 +20,7 @@ from typing import Dict
 
 import numpy as np
 
-from ..checkpoints.checksums import write_manifest
+from ..checkpoints.checksums import MANIFEST, write_manifest
 from ..checkpoints.files import verify_read
 from ..common.atomic import check_writable, staged_directory
 from ..common.console import note, tracked_items
@@ -42,9 +42,9 @@ HF_KEYS = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num
            "num_kv_heads": "num_key_value_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
 
 
-def _equals(value, expected: float) -> bool:
-    """A config.json number (any JSON value) is `expected`; a string or a list is no number."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == float(expected)
+def _equals(value, expected) -> bool:
+    """A config.json number equal to `expected` (a string or a list is no number)."""
+    return type(value) in (int, float) and float(value) == float(expected)
 
 
 def read_hf_config(src: Path) -> tuple[LlamaShape, dict]:
@@ -154,7 +154,10 @@ def _converted_blocks(stored: StoredTensor, code: str):
 
 def checked_hf_model(src: Path) -> tuple[LlamaShape, dict, Dict[str, StoredTensor]]:
     """(shape, config, name -> tensor) of a Hugging Face Llama 3.2 directory whose config,
-    tokenizer and every tensor header agree; nothing is read beyond the headers."""
+    tokenizer and every tensor header agree; nothing is read beyond the headers (but an
+    export of ours, whose checksums.json is verified first)."""
+    if (src / MANIFEST).is_file():
+        verify_read([path for path in src.iterdir() if path.is_file() and path.name != MANIFEST])
     shape, config = read_hf_config(src)
     check_tokenizer(src)
     tensors = hf_tensors(src)

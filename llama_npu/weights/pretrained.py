@@ -1,10 +1,10 @@
 """Pretrained weights into a built network: the one loader train, eval, generate and
 ms-to-hf share.
 
-`check_pretrained(recipe)` checks model.checkpoint against the recipe (its config.json, then
-each tensor's name and shape, read from the file's record headers without building the
-model or reading the weights), so a mismatch is one line before anything is tokenized or
-written. It has no side effects.
+`check_pretrained(recipe)` checks model.checkpoint against the recipe (its files against
+their checksums, its config.json, then each tensor's name and shape, read from the file's
+record headers without building the model), so damage or a mismatch is one line before
+anything is tokenized or written. It has no side effects.
 
 `load_weights` casts each tensor to the dtype its Parameter has in the network the recipe
 built, so a float32 or float16 conversion loads under any amp level, LoRA or not:
@@ -158,7 +158,8 @@ def pretrained_source(recipe, wanted: LlamaShape) -> tuple[Path, LlamaShape, dic
 
 def check_pretrained(recipe) -> None:
     """Raise RecipeError / CheckpointError (one line) when model.checkpoint cannot start
-    `recipe`'s model. Reads config.json and the checkpoint's headers only."""
+    `recipe`'s model. Reads the files once for their checksums, then config.json and the
+    checkpoint's headers only."""
     if recipe.model.checkpoint:
         directory, shape, meta = pretrained_source(recipe, resolve_shape(recipe.model))
         found = tensor_index(directory / WEIGHTS)
