@@ -154,7 +154,8 @@ def test_an_internal_error_is_one_line_and_a_file(tmp_path):
 def test_a_jsonl_string_holding_a_line_separator(tmp_path):
     # JSON keeps U+2028 and U+0085 unescaped inside a string; str.splitlines() cut the line there.
     path = tmp_path / "data.jsonl"
-    path.write_text(json.dumps({"text": "第一段\u2028第二段\x85完"}, ensure_ascii=False) + "\r\n", encoding="utf-8")
+    line = json.dumps({"text": "第一段\u2028第二段\x85完"}, ensure_ascii=False)
+    path.write_text(line + "\r\n", encoding="utf-8")
     assert [r.text for r in read_records([str(path)], "text")] == ["第一段\u2028第二段\x85完"]
 
 

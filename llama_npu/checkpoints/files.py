@@ -149,7 +149,10 @@ def inspect(path: Path, verify: bool = False) -> tuple[Optional[dict], Optional[
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         return None, f"sidecar {SIDECAR} unreadable ({exc})"
     wrong = _sidecar_problem(path, state)
-    if wrong:
+    if wrong:  # a damaged sidecar is named as such, with what to do, when checksums.json knows it
+        verdict = _verdict(path, [SIDECAR])
+        if verdict.problem:
+            return None, f"{verdict.problem}; {_remedy(path, verdict)}"
         return None, f"sidecar {SIDECAR}: {wrong}"
     for name, size in sizes.items():
         actual = (path / name).stat().st_size if (path / name).exists() else -1
