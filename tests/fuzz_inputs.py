@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import codecs
 import csv
-import datetime
 import io
 import json
 import os
@@ -59,12 +58,14 @@ values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=
 @st.composite
 def damaged(draw, data: bytes) -> bytes:
     """`data` as a broken disk or a cut-off copy leaves it: truncated, a byte flipped, bytes
-    inserted or removed; or whole."""
-    how = draw(st.sampled_from(["whole", "whole", "truncate", "flip", "insert", "delete", "empty"]))
+    inserted or removed; or whole. Or as a hostile hand writes it: nested thousands deep."""
+    how = draw(st.sampled_from(["whole", "whole", "truncate", "flip", "insert", "delete", "empty", "deep"]))
     if how == "whole" or not data:
         return data
     if how == "empty":
         return b""
+    if how == "deep":
+        return draw(st.sampled_from([b"[", b"{\"a\": ", b"- "])) * 20000 + data
     at = draw(st.integers(0, len(data) - 1))
     if how == "truncate":
         return data[:at]
@@ -265,6 +266,29 @@ def _xlsx_safe(value):
     return value
 
 
+_WORKBOOKS: dict = {}
+
+
+def _workbook(header: list, rows: list) -> bytes:
+    """The rows as an .xlsx, the same bytes each time for the same rows: hypothesis replays a
+    case and needs the same bytes, and openpyxl stamps the time of saving into the zip."""
+    key = json.dumps([header, rows])
+    if key not in _WORKBOOKS:
+        from openpyxl import Workbook
+
+        book = Workbook()
+        sheet = book.active
+        for r, row in enumerate([header, *rows], start=1):
+            for c, value in enumerate(row, start=1):
+                cell = sheet.cell(r, c, value)
+                if isinstance(value, str) and value.startswith("="):
+                    cell.data_type = "s"  # text, as Excel keeps a typed "=x"; openpyxl would make it a formula
+        out = io.BytesIO()
+        book.save(out)
+        _WORKBOOKS[key] = out.getvalue()
+    return _WORKBOOKS[key]
+
+
 def _serialized(container: str, records: list, draw) -> str | bytes:
     if container == "jsonl":
         blank = draw(st.sampled_from(["", "\n", "  \n"]))
@@ -274,25 +298,14 @@ def _serialized(container: str, records: list, draw) -> str | bytes:
     header, rows = _table(records)
     if container in ("csv", "tsv"):
         out = io.StringIO()
-        writer = csv.writer(out, delimiter="," if container == "csv" else "\t",
-                            lineterminator=draw(st.sampled_from(["\r\n", "\n"])))
+        # "\r\n": with "\n" alone the csv module leaves a cell's lone "\r" unquoted, a file no
+        # reader (nor Excel) reads back as written
+        writer = csv.writer(out, delimiter="," if container == "csv" else "\t", lineterminator="\r\n",
+                            quoting=draw(st.sampled_from([csv.QUOTE_MINIMAL, csv.QUOTE_ALL])))
         writer.writerows([header, *rows])
         return out.getvalue()
     if container == "xlsx":
-        from openpyxl import Workbook
-
-        book = Workbook()
-        # fixed times: the same case must give the same bytes (hypothesis replays it)
-        book.properties.created = book.properties.modified = datetime.datetime(2026, 1, 1)
-        sheet = book.active
-        for r, row in enumerate([header, *rows], start=1):
-            for c, value in enumerate(row, start=1):
-                cell = sheet.cell(r, c, value)
-                if isinstance(value, str) and value.startswith("="):
-                    cell.data_type = "s"  # text, as Excel keeps a typed "=x"; openpyxl would make it a formula
-        out = io.BytesIO()
-        book.save(out)
-        return out.getvalue()
+        return _workbook(header, rows)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -558,7 +571,7 @@ def _split_header(data: bytes) -> tuple:
     try:
         (length,) = struct.unpack("<Q", data[:8])
         header = json.loads(data[8:8 + length])
-    except (struct.error, ValueError):
+    except (struct.error, ValueError, RecursionError):
         return {}, data
     return (header if isinstance(header, dict) else {}), data[8 + length:]
 
@@ -566,7 +579,7 @@ def _split_header(data: bytes) -> tuple:
 def _json(data: Optional[bytes]):
     try:
         return json.loads(data or b"")
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

@@ -146,7 +146,7 @@ def inspect(path: Path, verify: bool = False) -> tuple[Optional[dict], Optional[
     try:
         state = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
         sizes = {name: int(size) for name, size in state.get("files", {}).items()}
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as exc:
         return None, f"sidecar {SIDECAR} unreadable ({exc})"
     wrong = _sidecar_problem(path, state)
     if wrong:  # a damaged sidecar is named as such, with what to do, when checksums.json knows it
@@ -201,7 +201,7 @@ def _verdict(directory: Path, names) -> Verdict:
     try:
         state = json.loads((directory / SIDECAR).read_text(encoding="utf-8")) if (directory / SIDECAR).is_file() else {}
         recorded = recorded_checksums(state) if isinstance(state, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         recorded = {}  # a damaged sidecar: the manifest names it, or it stays unverified
     return check(directory, names, recorded)
 

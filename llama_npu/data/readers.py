@@ -73,6 +73,8 @@ def _array_records(path: Path, text: str) -> Iterator[Tuple[int, object]]:
             item, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
             raise RecordError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON array ({_json_error(exc)})") from None
+        except RecursionError:
+            raise RecordError(f"{path}:{line}: a record nested too deeply to read (thousands of levels)") from None
         yield line, item
         pos = skip_space(pos)
         if text.startswith("]", pos):
@@ -109,6 +111,9 @@ def _json_records(path: Path, encoding: str) -> Iterator[Tuple[int, object]]:
         except json.JSONDecodeError as exc:
             yield lineno, RecordError(f"{path}:{lineno}:{exc.colno}: malformed JSON ({_json_error(exc, True)}); expected "
                                       f"one object per line", "malformed JSON")
+        except RecursionError:
+            yield lineno, RecordError(f"{path}:{lineno}: a record nested too deeply to read (thousands of levels); "
+                                      f"expected one object per line", "malformed JSON")
 
 
 def _string(record: dict, key: str, where: str, required: bool, what: str = "", mapped: bool = True) -> str:

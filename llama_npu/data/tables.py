@@ -141,13 +141,14 @@ def _parquet_records(path: Path) -> Tuple[List[str], Iterator[Tuple[int, dict]]]
         row = 0
         batches = table.iter_batches()
         while True:
-            try:  # a damaged page shows only when its batch is decoded
+            try:  # a damaged page shows only when its batch is decoded (ValueError: its text not UTF-8)
                 batch = next(batches, None)
-            except (pyarrow.ArrowException, OSError) as exc:
+                decoded = [] if batch is None else batch.to_pylist()
+            except (pyarrow.ArrowException, OSError, ValueError) as exc:
                 raise unreadable(exc) from None
             if batch is None:
                 return
-            for record in batch.to_pylist():
+            for record in decoded:
                 row += 1
                 yield row, {str(key): _cell(value) for key, value in record.items()}
     return [str(name) for name in table.schema_arrow.names], records()
@@ -195,6 +196,8 @@ def _turns(record: dict, where: str) -> object:
             except json.JSONDecodeError as exc:
                 return RecordError(f"{where}: column '{key}' is not a JSON list of turns ({exc.msg} at character "
                                    f"{exc.pos})", "malformed JSON")
+            except RecursionError:
+                return RecordError(f"{where}: column '{key}' nests too deeply to read as JSON turns", "malformed JSON")
     return record
 
 

@@ -78,7 +78,7 @@ def _apply_override(tree: dict, assignment: str, cls=Recipe) -> None:
             # YAML parsing gives 1e-4 -> float, true -> bool, [a, b] -> list; _build coerces.
             try:
                 node[part] = yaml.safe_load(raw) if raw.strip() else ""
-            except yaml.YAMLError:
+            except (yaml.YAMLError, ValueError, RecursionError):  # see load_recipe
                 node[part] = raw
         else:
             if not dataclasses.is_dataclass(tp):
@@ -103,7 +103,9 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
         raise RecipeError(f"{path}: not UTF-8 text (byte offset {exc.start}); save the recipe as UTF-8") from None
     try:
         tree = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
+    # PyYAML raises ValueError for an escape past U+10FFFF ("\U00110000"), RecursionError for
+    # thousands of nested brackets
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
         mark = getattr(exc, "problem_mark", None)
         at = mark.index if mark else getattr(exc, "position", None)  # a ReaderError (a control character) has no mark
         where = f"{path}:{text.count(chr(10), 0, at) + 1}" if at is not None else str(path)

@@ -174,7 +174,7 @@ def safetensors_index(path: Path) -> Dict[str, StoredTensor]:
             header = json.loads(fh.read(length))
             if not isinstance(header, dict):
                 raise ValueError("its header is not a JSON object")
-        except (struct.error, ValueError) as exc:
+        except (struct.error, ValueError, RecursionError) as exc:  # RecursionError: a header nested thousands deep
             raise ConvertError(f"{path}: not a safetensors file ({exc})") from None
     tensors = {}
     for name, info in header.items():
