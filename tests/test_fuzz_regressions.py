@@ -300,3 +300,33 @@ def test_a_sequence_past_llama_3_2s_context():
     # Accepted, the plan printed a 22-digit total that ran into its next column.
     assert _refusal(load_recipe, SMOKE, ["data.max_seq_len=1000000000000"]) == \
         "data.max_seq_len: expected 1 to 131072 (Llama 3.2's context), got 1000000000000"
+
+
+def test_a_yaml_escape_past_unicode(tmp_path):
+    # PyYAML raises a bare ValueError (chr() arg not in range) for "\U00110000".
+    path = _recipe(tmp_path, 'model:\n  checkpoint: "\\U00110000"\n')
+    assert _refusal(load_recipe, path) == f"{path}: not valid YAML (chr() arg not in range(0x110000))"
+
+
+def test_nesting_thousands_deep(tmp_path):
+    # RecursionError escaped the YAML and JSON parsers.
+    deep = "[" * 20_000
+    assert _refusal(load_recipe, _recipe(tmp_path, f"model: {deep}\n")).startswith(
+        f"{tmp_path / 'recipe.yaml'}: not valid YAML (maximum recursion depth exceeded")
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text(deep + "\n", encoding="utf-8")
+    assert _refusal(read_records, [str(jsonl)], "alpaca").startswith(
+        f"{jsonl}:1: a record nested too deeply to read (thousands of levels)")
+    array = tmp_path / "data.json"
+    array.write_text("[" + deep, encoding="utf-8")
+    assert _refusal(read_records, [str(array)], "alpaca") == \
+        f"{array}:1: a record nested too deeply to read (thousands of levels)"
+
+
+def test_a_config_json_nested_thousands_deep(tmp_path):
+    from llama_npu.weights.convert import checked_hf_model
+    from llama_npu.weights.tensor_files import ConvertError
+
+    src = _tiny_hf(tmp_path, config__json=b"[" * 20_000)
+    with pytest.raises(ConvertError, match=r"config.json: not readable JSON \(maximum recursion depth exceeded"):
+        checked_hf_model(src)
