@@ -115,11 +115,18 @@ def _internal_error(exc: Exception) -> int:
     import tempfile
     import traceback
 
-    fd, path = tempfile.mkstemp(prefix="llama-npu-traceback-", suffix=".txt")
-    with open(fd, "w", encoding="utf-8") as fh:
-        fh.write(f"llama-npu {' '.join(sys.argv[1:])}\n\n{''.join(traceback.format_exception(exc))}")
-    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    print(f"llama-npu: error: internal error, not a problem of your input: {type(exc).__name__}: {first} "
+    full = "".join(traceback.format_exception(exc))
+    try:
+        fd, path = tempfile.mkstemp(prefix="llama-npu-traceback-", suffix=".txt")
+        with open(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"llama-npu {' '.join(sys.argv[1:])}\n\n{full}")
+    except OSError:  # no writable temporary directory: the traceback on the console is all there is
+        print(full, file=sys.stderr, end="")
+        path = "the lines above"
+    # MindSpore's messages run over many lines (a C++ stack follows what failed): one line, its head
+    message = " ".join(str(exc).split())
+    message = message if len(message) <= 300 else message[:300] + "..."
+    print(f"llama-npu: error: internal error, not a problem of your input: {type(exc).__name__}: {message} "
           f"(the full traceback is in {path}; please report it with that file)", file=sys.stderr)
     return 1
 
