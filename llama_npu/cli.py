@@ -2,7 +2,8 @@
 its own arguments and calling one function elsewhere), and what a failure exits with.
 
 Exit codes: 0 success, 2 bad input (recipe, arguments, data, output directory), 1 a
-failure during the run (non-finite streak, a checkpoint that cannot be written) or, for
+failure during the run (non-finite streak, a checkpoint that cannot be written; an internal
+error, printed as one line naming the file that holds its traceback) or, for
 `plan`, a plan that does not fit, 75 (stopping.PREEMPTED) training stopped by
 SIGTERM/SIGINT after saving a checkpoint, 128+N signal N during start-up (nothing kept) or
 a second signal (exit at once).
@@ -103,6 +104,31 @@ def main(argv=None) -> int:
         number = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
         print(f"llama-npu: error: interrupted ({number.name})", file=sys.stderr)
         return 128 + number
+    except Exception as exc:  # noqa: BLE001 -- a defect of ours, not the input's: one line, the rest in a file
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> int:
+    """One line saying so, and where the full traceback is. What the command was writing is
+    already unwound (common/atomic.staged_directory removes a staged output on any exception),
+    so nothing that existed is touched."""
+    import tempfile
+    import traceback
+
+    full = "".join(traceback.format_exception(exc))
+    try:
+        fd, path = tempfile.mkstemp(prefix="llama-npu-traceback-", suffix=".txt")
+        with open(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"llama-npu {' '.join(sys.argv[1:])}\n\n{full}")
+    except OSError:  # no writable temporary directory: the traceback on the console is all there is
+        print(full, file=sys.stderr, end="")
+        path = "the lines above"
+    # MindSpore's messages run over many lines (a C++ stack follows what failed): one line, its head
+    message = " ".join(str(exc).split())
+    message = message if len(message) <= 300 else message[:300] + "..."
+    print(f"llama-npu: error: internal error, not a problem of your input: {type(exc).__name__}: {message} "
+          f"(the full traceback is in {path}; please report it with that file)", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def read_manifest(directory: Path) -> Tuple[Optional[dict], Optional[str]]:
         sealed = record.pop("crc32")
         ok = record["format"] == _FORMAT and sealed == _sealed(record) and all(
             isinstance(e["bytes"], int) and isinstance(e["crc32"], int) for e in record["files"].values())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         ok = False
     if not ok:
         return None, f"{path} is damaged (it no longer matches the CRC-32 it was sealed with)"

@@ -146,8 +146,14 @@ def inspect(path: Path, verify: bool = False) -> tuple[Optional[dict], Optional[
     try:
         state = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
         sizes = {name: int(size) for name, size in state.get("files", {}).items()}
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as exc:
         return None, f"sidecar {SIDECAR} unreadable ({exc})"
+    wrong = _sidecar_problem(path, state)
+    if wrong:  # a damaged sidecar is named as such, with what to do, when checksums.json knows it
+        verdict = _verdict(path, [SIDECAR])
+        if verdict.problem:
+            return None, f"{verdict.problem}; {_remedy(path, verdict)}"
+        return None, f"sidecar {SIDECAR}: {wrong}"
     for name, size in sizes.items():
         actual = (path / name).stat().st_size if (path / name).exists() else -1
         if actual != size:
@@ -160,19 +166,42 @@ def inspect(path: Path, verify: bool = False) -> tuple[Optional[dict], Optional[
     return state, None
 
 
+def _sidecar_problem(path: Path, state: dict) -> Optional[str]:
+    """What a resume would read wrongly from the sidecar's values (the step it continues at,
+    the samples to skip, the loss scale), or None."""
+    def count(value) -> bool:
+        return type(value) is int and value >= 0
+
+    step = state.get("step")
+    named = _STEP_DIR.match(path.name)
+    if not count(step) or (named and step != int(named.group(1))):
+        return f"step is {step!r}, expected {named.group(1) if named else 'a whole number'}"
+    crcs = state.get("crc32", {})
+    if not isinstance(crcs, dict) or not all(count(crc) for crc in crcs.values()):
+        return f"crc32 is {crcs!r}, expected file name -> CRC-32"
+    if not count(state.get("samples_consumed")):
+        return f"samples_consumed is {state.get('samples_consumed')!r}, expected a whole number"
+    scale = state.get("loss_scale", {"scale": 1.0, "clean_steps": 0})  # a selftest's shards save none
+    if not (isinstance(scale, dict) and isinstance(scale.get("scale"), (int, float)) and not isinstance(
+            scale["scale"], bool) and 0 < scale["scale"] < float("inf") and count(scale.get("clean_steps"))):
+        return f"loss_scale is {scale!r}, expected {{scale: a number above 0, clean_steps: a whole number}}"
+    return None
+
+
 def recorded_checksums(state: dict) -> dict:
     """name -> (bytes, CRC-32) of the .ckpt files a sidecar recorded (what covers a step
     written before checksums.json)."""
     crcs = state.get("crc32") if isinstance(state.get("crc32"), dict) else {}
     sizes = state.get("files") if isinstance(state.get("files"), dict) else {}
-    return {name: (sizes[name], crc) for name, crc in crcs.items() if name in sizes}
+    return {name: (sizes[name], crc) for name, crc in crcs.items()
+            if name in sizes and type(sizes[name]) is int and type(crc) is int}  # inspect refuses any other
 
 
 def _verdict(directory: Path, names) -> Verdict:
     try:
         state = json.loads((directory / SIDECAR).read_text(encoding="utf-8")) if (directory / SIDECAR).is_file() else {}
         recorded = recorded_checksums(state) if isinstance(state, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         recorded = {}  # a damaged sidecar: the manifest names it, or it stays unverified
     return check(directory, names, recorded)
 

@@ -38,7 +38,8 @@ def resume(recipe: Recipe, checkpointer: Checkpointer, candidates: Optional[list
     state = compile_then_resume(step_fn, example_batches, checkpointer, path, net, optimizer)
     if warn_recipe_hash and state.get("recipe_hash") != recipe.digest():
         warn(f"the recipe differs from the one {path} was trained with")
-    step_fn.load_loss_scale_state(state["loss_scale"])
+    if "loss_scale" in state:  # checked by inspect when present; a selftest's shards save none
+        step_fn.load_loss_scale_state(state["loss_scale"])
     checkpointer.start_branch(start_step)
     note(f"resumed from {path} at step {start_step}")
     return start_step, state["samples_consumed"]

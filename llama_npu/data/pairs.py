@@ -46,7 +46,7 @@ def _reply(record: dict, key: str, where: str) -> str:
     if isinstance(value, dict):
         role_key, text_key = ("from", "value") if "from" in value or "value" in value else ("role", "content")
         role = value.get(role_key, "assistant")  # a message without a role is the reply
-        if SHAREGPT_ROLES.get(role) != "assistant":
+        if not isinstance(role, str) or SHAREGPT_ROLES.get(role) != "assistant":
             raise RecordError(f"{where}: '{key}' is a message from {role!r}; expected the assistant's reply; "
                               f"{SKIP_HINT}", f"'{key}' not from the assistant")
         holder, at = value, f"{where} '{key}'"

@@ -73,6 +73,8 @@ def _array_records(path: Path, text: str) -> Iterator[Tuple[int, object]]:
             item, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
             raise RecordError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON array ({_json_error(exc)})") from None
+        except RecursionError:
+            raise RecordError(f"{path}:{line}: a record nested too deeply to read (thousands of levels)") from None
         yield line, item
         pos = skip_space(pos)
         if text.startswith("]", pos):
@@ -99,7 +101,9 @@ def _json_records(path: Path, encoding: str) -> Iterator[Tuple[int, object]]:
     if text.lstrip().startswith("["):
         yield from _array_records(path, text)
         return
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # Lines end at \n, \r\n or \r (never inside a JSON string, which escapes them): splitlines()
+    # would also cut at U+2028 and U+0085, which a JSON string may hold as they are.
+    for lineno, line in enumerate(text.replace("\r\n", "\n").replace("\r", "\n").split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -107,6 +111,9 @@ def _json_records(path: Path, encoding: str) -> Iterator[Tuple[int, object]]:
         except json.JSONDecodeError as exc:
             yield lineno, RecordError(f"{path}:{lineno}:{exc.colno}: malformed JSON ({_json_error(exc, True)}); expected "
                                       f"one object per line", "malformed JSON")
+        except RecursionError:
+            yield lineno, RecordError(f"{path}:{lineno}: a record nested too deeply to read (thousands of levels); "
+                                      f"expected one object per line", "malformed JSON")
 
 
 def _string(record: dict, key: str, where: str, required: bool, what: str = "", mapped: bool = True) -> str:
@@ -171,7 +178,7 @@ def sharegpt_turns(record: dict, where: str, last: str = "assistant", why: str =
     for i, turn in enumerate(turns):
         turn = _object(turn, f"{where} turn {i + 1}", f"'{role_key}' and '{text_key}'")
         name = turn.get(role_key)
-        if name not in SHAREGPT_ROLES:
+        if not isinstance(name, str) or name not in SHAREGPT_ROLES:
             raise RecordError(f"{where} turn {i + 1}: unknown role {name!r}; expected one of "
                               f"{', '.join(SHAREGPT_ROLES)}", "unknown role")
         role = SHAREGPT_ROLES[name]

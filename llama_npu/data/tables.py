@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
@@ -65,6 +66,11 @@ def map_columns(record: object, columns: Dict[str, str]) -> object:
     return mapped
 
 
+def _shown(name: str) -> str:
+    """A column name as one line can show it: a newline in a quoted header cell escaped."""
+    return name if name.isprintable() else repr(name)[1:-1]
+
+
 def _cell(value: object) -> object:
     """A cell as the readers take it: text; a whole number stored as a float without its
     ".0"; an empty cell ""; a Parquet list or mapping as it is."""
@@ -91,13 +97,29 @@ def _xlsx_rows(path: Path) -> Iterator[Tuple[int, List[object]]]:
     from openpyxl import load_workbook  # imported here: only an .xlsx needs it
     from openpyxl.utils.exceptions import InvalidFileException
 
+    # What a damaged workbook raises from openpyxl's zip, deflate and XML layers (an XML
+    # ParseError is a SyntaxError); the sheet is read lazily, so its rows can raise them too.
+    damaged = (InvalidFileException, zipfile.BadZipFile, zlib.error, KeyError, IndexError, OSError, EOFError,
+               ValueError, TypeError, SyntaxError)
+
+    def unreadable(exc: Exception) -> RecordError:
+        return RecordError(f"{path}: not a readable .xlsx workbook ({' '.join(str(exc).split())}); save it from Excel "
+                           f"as .xlsx or CSV UTF-8")
+
     try:
         book = load_workbook(path, read_only=True, data_only=True)
-    except (InvalidFileException, zipfile.BadZipFile, KeyError, OSError) as exc:
-        raise RecordError(f"{path}: not a readable .xlsx workbook ({exc}); save it from Excel as .xlsx or "
-                          f"CSV UTF-8") from None
+        rows = enumerate(book.worksheets[0].iter_rows(values_only=True), start=1)
+    except damaged as exc:
+        raise unreadable(exc) from None
     try:
-        yield from enumerate(book.worksheets[0].iter_rows(values_only=True), start=1)
+        while True:
+            try:
+                row = next(rows, None)
+            except damaged as exc:
+                raise unreadable(exc) from None
+            if row is None:
+                return
+            yield row
     finally:
         book.close()
 
@@ -107,15 +129,26 @@ def _parquet_records(path: Path) -> Tuple[List[str], Iterator[Tuple[int, dict]]]
     import pyarrow  # imported here: only a Parquet file needs it
     import pyarrow.parquet as pq
 
+    def unreadable(exc: Exception) -> RecordError:  # pyarrow's messages may end in a newline
+        return RecordError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})")
+
     try:
         table = pq.ParquetFile(path)
     except (pyarrow.ArrowException, OSError) as exc:
-        raise RecordError(f"{path}: not a readable Parquet file ({exc})") from None
+        raise unreadable(exc) from None
 
     def records():
         row = 0
-        for batch in table.iter_batches():
-            for record in batch.to_pylist():
+        batches = table.iter_batches()
+        while True:
+            try:  # a damaged page shows only when its batch is decoded (ValueError: its text not UTF-8)
+                batch = next(batches, None)
+                decoded = [] if batch is None else batch.to_pylist()
+            except (pyarrow.ArrowException, OSError, ValueError) as exc:
+                raise unreadable(exc) from None
+            if batch is None:
+                return
+            for record in decoded:
                 row += 1
                 yield row, {str(key): _cell(value) for key, value in record.items()}
     return [str(name) for name in table.schema_arrow.names], records()
@@ -135,8 +168,8 @@ def _sheet_records(path: Path, encoding: str) -> Tuple[List[str], Iterator[Tuple
         header.pop()
     twice = sorted({name for name in header if name and header.count(name) > 1})
     if twice:
-        raise RecordError(f"{path}:{header_row}: the header row repeats {', '.join(twice)}; each column needs its "
-                          f"own name")
+        raise RecordError(f"{path}:{header_row}: the header row repeats {', '.join(map(_shown, twice))}; each column "
+                          f"needs its own name")
 
     def records():
         for row, cells in rows:
@@ -155,12 +188,16 @@ def _sheet_records(path: Path, encoding: str) -> Tuple[List[str], Iterator[Tuple
 def _turns(record: dict, where: str) -> object:
     """A ShareGPT record with its JSON-text turns decoded, or the RecordError of bad JSON."""
     for key in TURN_KEYS:
+        if record.get(key) == "":  # a row of a table holding both: the other's cell is empty, no field
+            del record[key]
         if isinstance(record.get(key), str) and record[key].strip():
             try:
                 record[key] = json.loads(record[key])
             except json.JSONDecodeError as exc:
                 return RecordError(f"{where}: column '{key}' is not a JSON list of turns ({exc.msg} at character "
                                    f"{exc.pos})", "malformed JSON")
+            except RecursionError:
+                return RecordError(f"{where}: column '{key}' nests too deeply to read as JSON turns", "malformed JSON")
     return record
 
 
@@ -171,7 +208,8 @@ def table_records(path: Path, options: ReadOptions) -> Iterator[Tuple[int, objec
     missing = {key: column for key, column in options.columns.items() if column not in header}
     if missing and header:
         raise RecordError(f"{path}: no column {', '.join(repr(c) for c in missing.values())} (data.columns: "
-                          f"{', '.join(f'{k}: {c}' for k, c in missing.items())}); its columns: {', '.join(header)}")
+                          f"{', '.join(f'{k}: {_shown(c)}' for k, c in missing.items())}); its columns: "
+                          f"{', '.join(map(_shown, header))}")
     for row, record in records:
         if not isinstance(record, RecordError):
             record = _turns(map_columns(record, options.columns), f"{path}:{row}")

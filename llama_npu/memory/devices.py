@@ -45,6 +45,9 @@ DEVICES = {
 }
 # Every name a recipe's device.name may take -> the device.target it runs on.
 DEVICE_TARGETS = {"cpu": "cpu", **{name: "ascend" for name in DEVICES}}
+# The most devices a plan takes: plan --fit searches the layouts of the count, in time that
+# grows with it (a second at this bound, minutes at 10^8).
+MAX_DEVICES = 65536
 
 
 def cpu_device() -> Device:

@@ -23,7 +23,7 @@ from ..recipe.load import load_recipe, recipe_from_dict
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe
 from ..strategies import offload, parallel, precision
-from .devices import DEVICE_TARGETS, GB, get_device, parse_bytes
+from .devices import DEVICE_TARGETS, GB, MAX_DEVICES, get_device, parse_bytes
 from .parameter_count import cached_parameter_count
 from .fit_choice import change_list, never_run_on_npu, recommend
 from .planner import (Plan, Strategy, estimate, estimate_inference, fit_inference, gb, scales_out_of_place,
@@ -184,8 +184,8 @@ def check_arguments(args) -> None:
         raise RecipeError(f"--model: expected llama3.2-1b or llama3.2-3b, got {args.model!r}")
     if args.model and not args.device:
         raise RecipeError(f"--model needs --device ({', '.join(DEVICE_TARGETS)}); a recipe names its own device.name")
-    if args.devices is not None and args.devices < 1:
-        raise RecipeError(f"--devices: expected a count > 0, got {args.devices}")
+    if args.devices is not None and not 1 <= args.devices <= MAX_DEVICES:
+        raise RecipeError(f"--devices: expected a count from 1 to {MAX_DEVICES:,}, got {args.devices}")
     if args.seq_len is not None and not 0 < args.seq_len <= MAX_POSITIONS:
         raise RecipeError(f"--seq-len: expected 1 to {MAX_POSITIONS} (Llama 3.2's context), got {args.seq_len}")
     if not args.host_bandwidth > 0:

@@ -1,6 +1,7 @@
 """A recipe value as its key's type: from YAML, or from a --set string."""
 from __future__ import annotations
 
+import math
 import typing
 from typing import Any, Dict, List
 
@@ -29,6 +30,8 @@ def coerce(value: Any, tp, key: str) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "", "auto")):
             return None
         return coerce(value, inner, key)
+    if value is None:  # `key:` written with nothing after the colon
+        raise RecipeError(f"{key}: no value; expected {type_name(tp)} (or leave the key out for its default)")
     if origin in (list, List):
         item_type = typing.get_args(tp)[0]
         if isinstance(value, str):
@@ -60,12 +63,13 @@ def coerce(value: Any, tp, key: str) -> Any:
 def _number(value: Any, tp, key: str):
     """An int or float key's value, from a number (a whole one for int) or its text; true and
     false are no numbers."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and \
-            (tp is float or isinstance(value, int) or value.is_integer()):
-        return tp(value)
     if isinstance(value, str):
         try:
-            return tp(value)
+            value = tp(value)
         except ValueError:
             pass
-    raise RecipeError(f"{key}: expected {'an integer' if tp is int else 'a number'}, got {value!r}")
+    # NaN and infinity would pass every range check (NaN compares false) and train on nonsense.
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
+            (tp is float or isinstance(value, int) or value.is_integer()):
+        return tp(value)
+    raise RecipeError(f"{key}: expected {'an integer' if tp is int else 'a finite number'}, got {value!r}")

@@ -21,8 +21,14 @@ from .schema import Recipe
 from .validate import validate
 
 
+def _printable(key: str) -> str:
+    """`key` as an error line can show it: a newline or another control character escaped."""
+    return key if key.isprintable() else repr(key)[1:-1]
+
+
 def _unknown_key(key: str, candidates) -> RecipeError:
     name = key.rsplit(".", 1)[-1]
+    key = _printable(key)
     close = difflib.get_close_matches(name, list(candidates), n=1)
     hint = f" (did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?)" if close else ""
     return RecipeError(f"unknown key '{key}'{hint}")
@@ -47,10 +53,8 @@ def _build(cls, data: Any, prefix: str, problems: Problems):
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value, full, problems)
-        else:
-            coerced = problems.check(coerce, value, tp, full)
-            if coerced is not None or value is None:
-                kwargs[key] = coerced
+        elif problems.passes(coerce, value, tp, full):  # a refused value leaves the default
+            kwargs[key] = coerce(value, tp, full)
     return cls(**kwargs)
 
 
@@ -60,6 +64,7 @@ def _apply_override(tree: dict, assignment: str, cls=Recipe) -> None:
         raise RecipeError(f"--set {assignment!r}: expected KEY=VALUE, e.g. train.max_steps=20")
     key, raw = assignment.split("=", 1)
     parts = key.strip().split(".")
+    key = _printable(key)
     node, node_cls = tree, cls
     for depth, part in enumerate(parts):
         hints = typing.get_type_hints(node_cls)
@@ -73,7 +78,7 @@ def _apply_override(tree: dict, assignment: str, cls=Recipe) -> None:
             # YAML parsing gives 1e-4 -> float, true -> bool, [a, b] -> list; _build coerces.
             try:
                 node[part] = yaml.safe_load(raw) if raw.strip() else ""
-            except yaml.YAMLError:
+            except (yaml.YAMLError, ValueError, RecursionError):  # see load_recipe
                 node[part] = raw
         else:
             if not dataclasses.is_dataclass(tp):
@@ -93,11 +98,19 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
     if not path.is_file():
         raise RecipeError(f"recipe file not found: {path}")
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text (byte offset {exc.start}); save the recipe as UTF-8") from None
+    try:
+        tree = yaml.safe_load(text) or {}
+    # PyYAML raises ValueError for an escape past U+10FFFF ("\U00110000"), RecursionError for
+    # thousands of nested brackets
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise RecipeError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        at = mark.index if mark else getattr(exc, "position", None)  # a ReaderError (a control character) has no mark
+        where = f"{path}:{text.count(chr(10), 0, at) + 1}" if at is not None else str(path)
+        what = getattr(exc, "problem", None) or exc
+        raise RecipeError(f"{where}: not valid YAML ({' '.join(str(what).split())})") from None
     if not isinstance(tree, dict):
         raise RecipeError(f"{path}: expected a mapping with sections model, data, train, strategies, device")
     return recipe_from_dict(tree, overrides, workers)

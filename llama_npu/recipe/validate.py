@@ -9,6 +9,7 @@ import re
 from ..data.formats import FORMATS, ON_BAD_RECORD
 from ..memory.devices import DEVICE_TARGETS
 from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
+from ..model.llama import MAX_POSITIONS
 from ..objectives import preference
 from ..strategies import STRATEGIES
 from ..training.objective_config import check_objective
@@ -73,7 +74,9 @@ def check_data(d) -> None:
 def check_sizes(recipe) -> None:
     """The sequence length and the train section's counts, which the batch checks build on."""
     t, problems = recipe.train, Problems()
-    problems.check(positive, "data.max_seq_len", recipe.data.max_seq_len)
+    if not 0 < recipe.data.max_seq_len <= MAX_POSITIONS:  # the planner and the model's RoPE table stop there
+        problems.append(f"data.max_seq_len: expected 1 to {MAX_POSITIONS} (Llama 3.2's context), got "
+                        f"{recipe.data.max_seq_len}")
     problems.check(positive, "train.max_steps", t.max_steps)
     problems.check(positive, "train.micro_batch_size", t.micro_batch_size)
     problems.check(positive, "train.global_batch_size", t.global_batch_size, True)

@@ -81,9 +81,10 @@ def check_tokenizer(src: Path) -> None:
     path = src / "tokenizer.json"
     if not path.is_file():
         return
-    theirs = json.loads(path.read_text(encoding="utf-8"))
+    theirs = json_object(path).get("model")
     ours = json.loads(default_tokenizer_path().read_text(encoding="utf-8"))
-    vocab_theirs, vocab_ours = theirs.get("model", {}).get("vocab", {}), ours["model"]["vocab"]
+    vocab_theirs, vocab_ours = theirs.get("vocab", {}) if isinstance(theirs, dict) else {}, ours["model"]["vocab"]
+    vocab_theirs = vocab_theirs if isinstance(vocab_theirs, dict) else {}
     if vocab_theirs != vocab_ours:
         differing = next((t for t in vocab_ours if vocab_theirs.get(t) != vocab_ours[t]), None)
         raise ConvertError(f"{path}: not the Llama 3.2 tokenizer (token {differing!r} maps to "
@@ -94,7 +95,13 @@ def hf_tensors(src: Path) -> Dict[str, StoredTensor]:
     """name -> where it is, over the directory's safetensors shards (headers only)."""
     index = src / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = json_object(index).get("weight_map")
+        shards = list(weight_map.values()) if isinstance(weight_map, dict) else []
+        # shard names are files of this directory: "../x" or "/x" would read another one
+        if not shards or not all(isinstance(s, str) and s and Path(s).name == s for s in shards):
+            raise ConvertError(f"{index}: weight_map must map each tensor to a shard file of {src}, got "
+                               f"{str(weight_map)[:200]}")
+        shards = sorted(set(shards))
     elif (src / HF_WEIGHTS).is_file():
         shards = [HF_WEIGHTS]
     else:

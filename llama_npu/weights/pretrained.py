@@ -82,7 +82,7 @@ def json_object(path: Path) -> dict:
     """A config.json's object, or one line naming the file."""
     try:
         value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: thousands of nested brackets
         raise ConvertError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(value, dict):
         raise ConvertError(f"{path}: expected a JSON object, got {type(value).__name__}")

@@ -174,14 +174,14 @@ def safetensors_index(path: Path) -> Dict[str, StoredTensor]:
             header = json.loads(fh.read(length))
             if not isinstance(header, dict):
                 raise ValueError("its header is not a JSON object")
-        except (struct.error, ValueError) as exc:
+        except (struct.error, ValueError, RecursionError) as exc:  # RecursionError: a header nested thousands deep
             raise ConvertError(f"{path}: not a safetensors file ({exc})") from None
     tensors = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         info = info if isinstance(info, dict) else {}
-        if info.get("dtype") not in NUMPY or info["dtype"] == "I8":
+        if not isinstance(info.get("dtype"), str) or info["dtype"] not in NUMPY or info["dtype"] == "I8":
             raise ConvertError(f"{path}: tensor {name} has dtype {info.get('dtype')!r}; expected F32, F16 or BF16")
         shape, offsets = info.get("shape"), info.get("data_offsets")
         if not (_whole_numbers(shape) and _whole_numbers(offsets) and len(offsets) == 2 and offsets[0] <= offsets[1]):

@@ -12,6 +12,7 @@ its YAMLs name), with every bad row one line naming its file and line.
 from __future__ import annotations
 
 import csv
+import io
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +84,7 @@ def check_directory(layout: Layout, root: Path, split: str) -> List[str]:
     if split not in layout.splits:
         raise RecordError(f"--split {split}: {layout.title} has the splits {', '.join(layout.splits)}")
     directory = root / split
-    subjects = sorted(s for s in (layout.subject_of(p, split) for p in directory.glob("*.csv")) if s) \
+    subjects = sorted(s for s in (layout.subject_of(p, split) for p in directory.glob("*.csv") if p.is_file()) if s) \
         if directory.is_dir() else []
     if not subjects:
         found = ", ".join(sorted(p.name + ("/" if p.is_dir() else "") for p in root.iterdir())[:6]) or "nothing"
@@ -104,15 +105,19 @@ def convert_layout_hint(path: Path, source: str) -> str:
 def _rows(layout: Layout, path: Path):
     """(line number, row as a list of strings) after the header, which is checked."""
 
-    reader = csv.reader(decode_file(path, hint=convert_layout_hint).splitlines(keepends=True))
-    if layout.columns is not None:
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[: len(layout.columns)]] != list(layout.columns):
-            raise RecordError(f"{path}:1: header is {','.join(header or [])!r}; {layout.title} files start with "
-                              f"{','.join(layout.columns)!r}")
-    for row in reader:
-        if any(cell.strip() for cell in row):
-            yield reader.line_num, row
+    # newline="": the csv module ends rows itself, so U+2028 or U+0085 in a cell stays in it
+    reader = csv.reader(io.StringIO(decode_file(path, hint=convert_layout_hint), newline=""))
+    try:
+        if layout.columns is not None:
+            header = next(reader, None)
+            if header is None or [h.strip() for h in header[: len(layout.columns)]] != list(layout.columns):
+                raise RecordError(f"{path}:1: header is {','.join(header or [])!r}; {layout.title} files start with "
+                                  f"{','.join(layout.columns)!r}")
+        for row in reader:
+            if any(cell.strip() for cell in row):
+                yield reader.line_num, row
+    except csv.Error as exc:  # e.g. a cell past the csv module's field limit (an unclosed quote)
+        raise RecordError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
 
 
 def _question(layout: Layout, subject: str, path: Path, lineno: int, row: List[str], index: int) -> Question:
