@@ -28,7 +28,7 @@ from conftest import REPO
     ("exam_throughput.py", ["--questions", "8", "--runs", "0x1,0x8"], "ratio batch 8 / batch 1, 0-shot questions"),
 ])
 def test_benchmark_runs_and_prints_its_result(script, args, result):
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result in proc.stdout

@@ -345,7 +345,7 @@ def test_inference_plan_counts_weights_by_precision_and_the_kv_cache():
     on_910b = estimate_inference(PRESETS["llama3.2-1b"], P["llama3.2-1b"], DEVICES["910b"], "int8", 1, 512)
     assert on_910b.components["dequantized_weight"] == 0
     # docs/memory.md and its Chinese version are generated from these formulas and current
-    check = subprocess.run([sys.executable, "scripts/memory_tables.py", "--check"], cwd=REPO,
+    check = subprocess.run([sys.executable, "scripts/memory_tables.py", "--check"],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
 

@@ -375,7 +375,7 @@ def test_launch_stops_every_rank_on_a_signal_and_names_a_killed_rank(dp2_launch,
     proc = subprocess.run([sys.executable, "scripts/fault_matrix.py", "--chain", "--cells", "sigkill_worker:mid_save",
                            "sigint_launch:mid_step", "--reference", str(reference), "--json",
                            str(tmp_path / "cells.json"), "--work", str(tmp_path / "work")],
-                          cwd=REPO, capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     kill, stop = json.loads((tmp_path / "cells.json").read_text())
     assert stop["exit_status"] == PREEMPTED, stop
