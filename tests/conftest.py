@@ -289,3 +289,30 @@ def lora_export(shrunk_run, tmp_path_factory):
     export = tmp_path_factory.mktemp("lora-export") / "hf"
     run_cli("convert", "ms-to-hf", "--src", run, "--dst", export, check=True)
     return run, export
+
+
+def write_layouts(records: list, directory: Path, stem: str = "data") -> dict:
+    """suffix -> the same records as a JSON array, CSV, TSV, .xlsx and Parquet file (a list or
+    mapping value as JSON text in the spreadsheets, as an export of it holds it), and as JSONL."""
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from openpyxl import Workbook
+
+    directory.mkdir(parents=True, exist_ok=True)
+    header = list(dict.fromkeys(key for record in records for key in record))
+    cells = [[v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in (r.get(k, "") for k in header)]
+             for r in records]
+    paths = {suffix: directory / f"{stem}{suffix}" for suffix in (".jsonl", ".json", ".csv", ".tsv", ".xlsx", ".parquet")}
+    paths[".jsonl"].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    paths[".json"].write_text(json.dumps(records, ensure_ascii=False, indent=1), encoding="utf-8")
+    for suffix in (".csv", ".tsv"):
+        with open(paths[suffix], "w", encoding="utf-8", newline="") as fh:
+            csv.writer(fh, delimiter="\t" if suffix == ".tsv" else ",").writerows([header, *cells])
+    book = Workbook()
+    for row in [header, *cells]:
+        book.active.append(row)
+    book.save(paths[".xlsx"])
+    pq.write_table(pa.Table.from_pylist(records), paths[".parquet"])
+    return paths

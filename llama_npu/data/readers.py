@@ -211,6 +211,14 @@ def is_pair(raw: object) -> bool:
     return isinstance(raw, dict) and all(key in raw for key in PAIR_KEYS)
 
 
+def is_pair_file(path: Path, options: ReadOptions = ReadOptions()) -> bool:
+    """Whether a file's first record, read with `options`, is a preference pair (eval --data
+    scores those against a DPO run's reference)."""
+    for _, raw in _raw_records(Path(path), options):
+        return is_pair(raw)
+    return False
+
+
 def _wrong_format(raw: object, fmt: str, error: RecordError, parsers: dict) -> RecordError:
     """`error`, or, when the record carries another format's keys, an error saying so."""
     if parsers is PARSERS and is_pair(raw):
