@@ -26,7 +26,8 @@ TABLE_SUFFIXES = (*DELIMITERS, ".xlsx", ".xls", ".parquet")
 # LLaMA-Factory's dataset_info.json `columns` names (its data/README.md) for the alpaca keys,
 # so that a map written for it works here too.
 ALIASES = {"prompt": "instruction", "query": "input", "response": "output"}
-TURN_KEYS = ("conversations", "messages")  # ShareGPT: the turns, JSON text in a CSV cell
+# ShareGPT's turns and alpaca's history (LLaMA-Factory's): lists, as JSON text in a CSV cell
+TURN_KEYS = ("conversations", "messages", "history")
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def _sheet_records(path: Path, encoding: str) -> Tuple[List[str], Iterator[Tuple
 
 
 def _turns(record: dict, where: str) -> object:
-    """A ShareGPT record with its JSON-text turns decoded, or the RecordError of bad JSON."""
+    """A record with its JSON-text turns (or history) decoded, or the RecordError of bad JSON."""
     for key in TURN_KEYS:
         if isinstance(record.get(key), str) and record[key].strip():
             try:
