@@ -142,7 +142,8 @@ def test_devices_that_break_the_layout_reach_the_fit_search():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == ("as given: on 8 devices, train.global_batch_size=16 is not divisible by "
-                        "train.micro_batch_size=4 x data parallel 8 = 32")
+                        "train.micro_batch_size=4 x data parallel 8 = 32; set train.global_batch_size=32, or "
+                        "train.micro_batch_size=1 or train.micro_batch_size=2")
     assert lines[-1] == ("changed from the recipe: micro_batch 4 -> 2 (micro-batch 4 x data 8 = 32 does not divide "
                          "the global batch 16), data 1 -> 8")
     text = run_cli("plan", FULL_910A, "--set", "train.micro_batch_size=4", "--devices", "32", "--fit").stdout

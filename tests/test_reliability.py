@@ -250,7 +250,7 @@ def test_validate_lists_every_startup_problem_and_train_refuses_before_writing(t
     for line, expected in zip(lines, [
             "device.target=ascend (device.name=910b): this host has no Ascend NPU",
             f"data.format=alpaca: no record of {no_record} parses; the first: {no_record}:1: read as alpaca, but "
-            f"the record has 'conversations', a sharegpt field: pass --format sharegpt",
+            f"the record has 'conversations', a sharegpt field: set data.format: sharegpt in the recipe",
             f"{tmp_path / 'gone.jsonl'}: file not found",
             f"model.checkpoint={weights} holds hidden 128",
             f"output directory {out} is not empty"]):

@@ -278,7 +278,7 @@ def _wrong_format(raw: object, fmt: str, error: RecordError, parsers: dict) -> R
             where = str(error).split(": ", 1)[0]
             article = "an" if other[0] in "aeiou" else "a"
             return RecordError(f"{where}: read as {fmt}, but the record has '{found[0]}', {article} {other} field: "
-                               f"pass --format {other} (data.format: {other} in a recipe)",
+                               f"set data.format: {other} in the recipe (prepare-data: --format {other})",
                                f"{other} record read as {fmt}")
     return error
 
