@@ -131,7 +131,7 @@ def test_the_two_node_checklist_is_numbered_steps_whose_commands_parse(page):
     for command in commands:
         build_parser().parse_args(shlex.split(command)[1:])  # exits (2) on an unknown option
     launch = (REPO / "scripts" / "launch.sh").read_text()
-    for variable in re.findall(r"\b([A-Z_]+)=\S+ (?:\\|scripts/launch\.sh)", section) + ["MASTER_PORT"]:
+    for variable in re.findall(r"\b([A-Z_]+)=\S+ (?:\\|scripts/launch\.sh)", section) + ["MASTER_ADDR", "MASTER_PORT"]:
         assert variable in launch, variable
     assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in section
     assert "HCCL_SOCKET_IFNAME==" in section and "HCCL_IF_IP=" in section
