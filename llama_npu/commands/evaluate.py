@@ -17,6 +17,7 @@ from ..evaluation.perplexity import evaluate_checkpoint
 from ..recipe.stored import owning_recipe
 from .arguments import WEIGHTS_HELP, add_device_argument, add_weights_argument
 
+RECORDS_A_BATCH = 4
 EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat", "compare_chat")
 
 
@@ -34,7 +35,10 @@ def add_parser(subparsers) -> None:
                          "its held-out loss; else 2048); each batch is padded only to the power-of-two bucket "
                          "(64 and up) of its longest record; with --task (default 2048), a longer prompt loses "
                          "shots first")
-    ev.add_argument("--batch-size", type=int, default=4, help="records (with --task: prompts) per forward pass")
+    ev.add_argument("--batch-size", type=int,
+                    help=f"records (with --task: prompts) per forward pass (default {RECORDS_A_BATCH}); preference "
+                         f"pairs: pairs per forward pass (default: the run's train.micro_batch_size, so that scoring "
+                         f"takes the memory training took)")
     add_device_argument(ev)
     add_weights_argument(ev)
     ev.add_argument("--json", action="store_true", help="print one JSON object")
@@ -72,8 +76,8 @@ def run(args) -> int:
         from ..evaluation.preference_eval import evaluate_pairs
 
         return run_pairs(args, evaluate_pairs)  # preference pairs: a DPO run's scores
-    result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size, args.device,
-                                 args.weights)
+    result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len,
+                                 args.batch_size or RECORDS_A_BATCH, args.device, args.weights)
     if args.json:
         print(json.dumps(result))
     else:
@@ -107,6 +111,7 @@ def run_pairs(args, evaluate_pairs) -> int:
 
 def run_benchmark(args) -> int:
     """eval --task."""
+    args.batch_size = args.batch_size or RECORDS_A_BATCH
     result = exam_request(args)
     print(json.dumps(result, ensure_ascii=False) if args.json else format_summary(result))
     if args.output and not args.json:

@@ -5,6 +5,7 @@ The losses are the run's own cells (objectives/preference_loss.py), so eval and 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -44,10 +45,13 @@ def log_probs(checkpoint: Path, pairs, batch_size: int, length: int, device: str
     return summed, -reference_log_probs(WholeRowMeans(sequences), pairs, batch_size, length, "policy NLL")[:, 0]
 
 
-def evaluate_pairs(checkpoint: Path, data_files, batch_size: int = 4, device: str = "auto") -> dict:
+def evaluate_pairs(checkpoint: Path, data_files, batch_size: Optional[int] = None, device: str = "auto") -> dict:
     """The DPO loss, the metrics (TRL's names) and the pair count over `data_files`, at the
-    run's data.max_seq_len."""
+    run's data.max_seq_len, `batch_size` pairs a forward pass (None: the run's
+    train.micro_batch_size: on the CPU backend a graph keeps all its buffers, so 4 pairs a
+    pass at the run's length took twice the memory of the run's own 1 pair a micro-batch)."""
     recipe = run_recipe(checkpoint)
+    batch_size = batch_size or recipe.train.micro_batch_size
     d = recipe.dpo
     if d.reference != "none" and not recipe.model.checkpoint:
         raise RecordError(f"{checkpoint}: the run started from random weights (no model.checkpoint), so its "
