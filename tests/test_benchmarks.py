@@ -22,6 +22,8 @@ from conftest import REPO
     ("packing.py", ["--max-seq-len", "256"], "ratio best-fit decreasing / in order, effective tokens per step: "),
     # #16: eval's defaults stay under 4 GiB of host RSS on three short texts (CPU backend)
     ("eval_memory.py", ["--long-tokens", "128"], "GiB (under the 4 GiB bound)"),
+    # #42: scoring pairs takes at most 1.2 times the host memory of the DPO run on them
+    ("pair_eval_memory.py", ["--pairs", "2", "--steps", "1"], "(within the 1.2 goal)"),
     # #22: conversions stream; the round trip is bit-exact (the 1B figure is the README's, measured in full)
     ("convert_memory.py", ["--hidden", "256", "--layers", "2"], "round trip bit-exact; peak RSS "),
     # #21: eval --task's questions per second and peak RSS, batch 8 against batch 1
