@@ -36,7 +36,7 @@ def add_parser(subparsers) -> None:
                          "(64 and up) of its longest record; with --task (default 2048), a longer prompt loses "
                          "shots first")
     ev.add_argument("--batch-size", type=int,
-                    help=f"records (with --task: prompts) per forward pass (default {RECORDS_A_BATCH}); preference "
+                    help=f"records (with --task: prompts) per forward pass (default: {RECORDS_A_BATCH}); preference "
                          f"pairs: pairs per forward pass (default: the run's train.micro_batch_size, so that scoring "
                          f"takes the memory training took)")
     add_device_argument(ev)
