@@ -20,9 +20,14 @@ fi
 stamp="$VENV/.llama-npu-installed"
 want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "setup: installing pinned dependencies (mindspore, mindformers: ~3.4 GB the first time)"
+    echo "setup: installing pinned dependencies (mindspore, mindformers, torch for the tests: ~4.5 GB the first time)"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
-    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]" 2>&1 | grep -v "is ignored" || true
+    # setuptools ends every editable build with an "Editable installation." warning block
+    # (InformationOnly, setuptools/command/editable_wheel.py), which pip >= 25 prints as a
+    # BuildBackendWarning (pip/_internal/utils/deprecation.py); this filter, inherited by the
+    # build backend's process, drops that one message and changes nothing of the install.
+    PYTHONWARNINGS="ignore:Editable installation${PYTHONWARNINGS:+,$PYTHONWARNINGS}" \
+        "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]" 2>&1 | grep -v "is ignored" || true
     # MindFormers writes ./output/log on import unless told where: not into the checkout.
     LOG_MF_PATH="${TMPDIR:-/tmp}/llama-npu-setup-logs" \
         "$VENV/bin/python" -c "import mindspore, mindformers, llama_npu" >/dev/null 2>&1 || {

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import importlib.util
 import json
 import os
@@ -51,8 +52,51 @@ TINY_RUN = ["--set", "data.max_seq_len=32", "--set", "train.micro_batch_size=2",
 SIX_STEPS = [*TINY_RUN, "--set", "train.max_steps=6", "--set", "train.save_every=3", "--set", "train.keep_last=5"]
 
 
+def shipped_view(root: Path, into: Path) -> Path:
+    """`into` holding a link to each top-level entry of the checkout `root` that git tracks, and
+    to its .venv: the checkout as shipped, without what a user's own work put there (runs/, a
+    prepared data directory, kernel_meta/), which no test may read or write. Outside git (a
+    source tree copied without .git) the entries .gitignore names are left out instead."""
+    listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout:
+        names = {line.split("/", 1)[0] for line in listed.stdout.splitlines()}
+    else:
+        ignored = [line.strip().rstrip("/") for line in (root / ".gitignore").read_text().splitlines() if line.strip()]
+        names = {p.name for p in root.iterdir() if not any(fnmatch.fnmatch(p.name, pattern) for pattern in ignored)}
+    for name in names | {".venv"}:
+        if (root / name).exists():
+            (into / name).symlink_to(root / name)
+    return into
+
+
+def written_by_users(root: Path) -> set[str]:
+    """Every path under the checkout but .git, .venv and Python's byte-code caches."""
+    found = set()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in {".git", ".venv", "__pycache__", ".pytest_cache"}]
+        found.update(os.path.relpath(os.path.join(folder, name), root) for name in dirs + files)
+    return found
+
+
 @pytest.fixture(scope="session", autouse=True)
-def ms(tmp_path_factory):
+def shipped_checkout(tmp_path_factory):
+    """Every test, and every command it starts, runs in a view of the checkout as shipped (see
+    shipped_view): a user's runs/cpu_smoke, left by scripts/smoke.sh, made `validate` add "output
+    directory ... is not empty" to the lines seven tests expected. At the end, the session fails
+    if anything new appeared in the checkout or in the view: tests write under temporary
+    directories only."""
+    before = written_by_users(REPO)
+    view = shipped_view(REPO, tmp_path_factory.mktemp("checkout"))
+    started_in = os.getcwd()
+    os.chdir(view)
+    yield view
+    os.chdir(started_in)
+    wrote = sorted(written_by_users(REPO) - before) + sorted(p.name for p in view.iterdir() if not p.is_symlink())
+    assert not wrote, f"tests wrote into the checkout: {wrote[:20]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ms(shipped_checkout, tmp_path_factory):
     """MindSpore for in-process tests: CPU and GRAPH_MODE, set before any test runs a kernel;
     MindFormers' log files kept out of the repo and its INFO lines out of the output."""
     quiet_frameworks(tmp_path_factory.mktemp("framework-logs"))
@@ -64,8 +108,9 @@ def ms(tmp_path_factory):
     return mindspore
 
 
-def run_cli(*args, timeout=600, check=False, env=None, cwd=REPO, **popen) -> subprocess.CompletedProcess:
-    """The real command line in a subprocess, in the repository unless `cwd` says where;
+def run_cli(*args, timeout=600, check=False, env=None, cwd=None, **popen) -> subprocess.CompletedProcess:
+    """The real command line in a subprocess, in the shipped checkout's view (the current
+    directory, see shipped_checkout) unless `cwd` says where;
     `popen` goes to subprocess.run (e.g. preexec_fn)."""
     # elsewhere than the repository, `-m llama_npu` finds this checkout through PYTHONPATH
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
@@ -82,7 +127,7 @@ def start_training(out, *args, log_dir):
     log_dir.mkdir(parents=True, exist_ok=True)
     stdout, stderr = open(log_dir / "stdout", "w"), open(log_dir / "stderr", "w")
     return subprocess.Popen([sys.executable, "-m", "llama_npu", "train", str(SMOKE), "--output-dir", str(out),
-                             *map(str, args)], cwd=REPO, stdout=stdout, stderr=stderr)
+                             *map(str, args)], stdout=stdout, stderr=stderr)
 
 
 def free_port() -> int:
@@ -151,7 +196,7 @@ def run_launch(recipe, workers, *args, log_dir, env=None, timeout=300) -> subpro
     """scripts/launch.sh on CPU workers; the timeout is far below msrun's default cluster
     time-out (600 s), so a launch that waits it out fails the test."""
     env = {**os.environ, "MASTER_PORT": str(free_port()), "LOG_DIR": str(log_dir), **(env or {})}
-    return subprocess.run(["bash", "scripts/launch.sh", str(recipe), str(workers), *map(str, args)], cwd=REPO,
+    return subprocess.run(["bash", "scripts/launch.sh", str(recipe), str(workers), *map(str, args)],
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -244,3 +289,30 @@ def lora_export(shrunk_run, tmp_path_factory):
     export = tmp_path_factory.mktemp("lora-export") / "hf"
     run_cli("convert", "ms-to-hf", "--src", run, "--dst", export, check=True)
     return run, export
+
+
+def write_layouts(records: list, directory: Path, stem: str = "data") -> dict:
+    """suffix -> the same records as a JSON array, CSV, TSV, .xlsx and Parquet file (a list or
+    mapping value as JSON text in the spreadsheets, as an export of it holds it), and as JSONL."""
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from openpyxl import Workbook
+
+    directory.mkdir(parents=True, exist_ok=True)
+    header = list(dict.fromkeys(key for record in records for key in record))
+    cells = [[v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in (r.get(k, "") for k in header)]
+             for r in records]
+    paths = {suffix: directory / f"{stem}{suffix}" for suffix in (".jsonl", ".json", ".csv", ".tsv", ".xlsx", ".parquet")}
+    paths[".jsonl"].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    paths[".json"].write_text(json.dumps(records, ensure_ascii=False, indent=1), encoding="utf-8")
+    for suffix in (".csv", ".tsv"):
+        with open(paths[suffix], "w", encoding="utf-8", newline="") as fh:
+            csv.writer(fh, delimiter="\t" if suffix == ".tsv" else ",").writerows([header, *cells])
+    book = Workbook()
+    for row in [header, *cells]:
+        book.active.append(row)
+    book.save(paths[".xlsx"])
+    pq.write_table(pa.Table.from_pylist(records), paths[".parquet"])
+    return paths

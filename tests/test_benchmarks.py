@@ -22,6 +22,8 @@ from conftest import REPO
     ("packing.py", ["--max-seq-len", "256"], "ratio best-fit decreasing / in order, effective tokens per step: "),
     # #16: eval's defaults stay under 4 GiB of host RSS on three short texts (CPU backend)
     ("eval_memory.py", ["--long-tokens", "128"], "GiB (under the 4 GiB bound)"),
+    # #42: scoring pairs takes at most 1.2 times the host memory of the DPO run on them
+    ("pair_eval_memory.py", ["--pairs", "2", "--steps", "1"], "(within the 1.2 goal)"),
     # #22: conversions stream; the round trip is bit-exact (the 1B figure is the README's, measured in full)
     ("convert_memory.py", ["--hidden", "256", "--layers", "2"], "round trip bit-exact; peak RSS "),
     # #41: the CRC-32 pass before a checkpoint is read, beside the read it protects
@@ -33,7 +35,7 @@ from conftest import REPO
                            "--micro", "1", "--k", "2", "--step-steps", "1"], "ratio step with offload / without: "),
 ])
 def test_benchmark_runs_and_prints_its_result(script, args, result):
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result in proc.stdout

@@ -369,7 +369,7 @@ def test_a_terminated_conversion_leaves_nothing(hf_dir, tmp_path):
     transformers.LlamaForCausalLM(config).save_pretrained(src, safe_serialization=True)
     dst = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "llama_npu", "convert", "hf-to-ms", "--src", src, "--dst", dst],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     while not list(tmp_path.glob(".out.partial-*")) and proc.poll() is None:
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)

@@ -5,7 +5,7 @@ import shutil
 import signal
 import subprocess
 
-from conftest import REPO, free_port, run_cli, wait_until
+from conftest import free_port, run_cli, wait_until
 
 
 def dead_pid() -> int:
@@ -78,7 +78,7 @@ def test_a_second_signal_to_launch_sh_ends_everything_at_once_and_keeps_the_last
     env = {**os.environ, "MASTER_PORT": str(free_port()), "LOG_DIR": str(logs)}
     launch = subprocess.Popen(["bash", "scripts/launch.sh", str(out / "recipe.yaml"), "1", "--output-dir", str(out),
                                "--resume", "auto", "--set", "train.max_steps=1000", "--set", "train.save_every=1"],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # A step of the resumed run is done: the first signal's stop then saves the next one.
     wait_until(lambda: "step 7" in text(out / "metrics.jsonl").replace('"step": ', "step "), launch, "step 7")
     launch.send_signal(signal.SIGTERM)

@@ -198,3 +198,19 @@ def test_doctor_does_not_say_runs_here_for_a_recipe_that_reads_its_data_wrong(tm
     assert "runs here" not in line and ("cannot start: data.format=sharegpt: no record of "
                                         "data/zh_instruct_train.jsonl parses") in line
     assert "'instruction', an alpaca field" in line
+
+
+def test_eval_reads_every_layout_train_reads_to_the_loss_of_the_jsonl(six_step_run, tmp_path):
+    """JSON array, CSV, TSV, .xlsx and Parquet copies of held-out records: evaluated together,
+    their loss per target token and their counts are the JSONL's five times over."""
+    from conftest import write_layouts
+
+    records = [json.loads(line) for line in (REPO / "data" / "zh_instruct_eval.jsonl").read_text().splitlines()[:6]]
+    paths = write_layouts(records, tmp_path)
+    jsonl = json.loads(run_cli("eval", "--checkpoint", six_step_run[0], "--data", paths[".jsonl"], "--json",
+                               check=True).stdout.splitlines()[-1])
+    others = [paths[s] for s in (".json", ".csv", ".tsv", ".xlsx", ".parquet")]
+    every = json.loads(run_cli("eval", "--checkpoint", six_step_run[0], "--data", *others, "--json",
+                               check=True).stdout.splitlines()[-1])
+    assert jsonl["records"] == 6 and (every["records"], every["target_tokens"]) == (30, 5 * jsonl["target_tokens"])
+    assert every["loss"] == pytest.approx(jsonl["loss"], rel=1e-5)

@@ -105,3 +105,34 @@ def test_every_local_link_and_anchor_resolves():
 ])
 def test_slugs_follow_github(heading, slug):
     assert github_slug(heading) == slug
+
+
+def two_node_steps(page: Path) -> str:
+    text = page.read_text(encoding="utf-8")
+    start = text.index("## Two nodes" if page.name == "multi-device.md" else "## 两个节点")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+@pytest.mark.parametrize("page", ["multi-device.md", "multi-device.zh-CN.md"])
+@pytest.mark.quick
+def test_the_two_node_checklist_is_numbered_steps_whose_commands_parse(page):
+    """The steps a user follows on two servers: seven, in order, in both languages; every
+    llama-npu command in them parses, every variable launch.sh is given it reads, and the
+    HCCL interface variables are CANN's names."""
+    import shlex
+
+    from llama_npu.cli import build_parser
+
+    section = two_node_steps(REPO / "docs" / page)
+    assert re.findall(r"^(\d+)\. \*\*", section, re.M) == [str(n) for n in range(1, 8)]
+    commands = [line.strip() for line in re.findall(r"`(llama-npu [^`]+)`|^\s*(llama-npu .+)$", section, re.M)
+                for line in line if line]
+    assert {c.split()[1] for c in commands} == {"validate", "doctor", "merge-checkpoints", "train"}
+    for command in commands:
+        build_parser().parse_args(shlex.split(command)[1:])  # exits (2) on an unknown option
+    launch = (REPO / "scripts" / "launch.sh").read_text()
+    for variable in re.findall(r"\b([A-Z_]+)=\S+ (?:\\|scripts/launch\.sh)", section) + ["MASTER_ADDR", "MASTER_PORT"]:
+        assert variable in launch, variable
+    assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in section
+    assert "HCCL_SOCKET_IFNAME==" in section and "HCCL_IF_IP=" in section
+    assert section.count("kill -9") == 1  # said once

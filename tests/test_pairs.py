@@ -95,8 +95,8 @@ def test_validate_names_every_bad_pair_once_with_its_line(tmp_path, rendered_len
         f"'chosen'; data.columns: {{rejected: NAME}} reads it from another); {SKIP}",
         f"{data}:3: field 'rejected' is empty; expected a non-empty string; {SKIP}",
         f"{data}:4: 'chosen' equals 'rejected'; a pair needs two different replies; {SKIP}",
-        f"{data}:6: read as alpaca, but the record has 'conversations', a sharegpt field: pass --format sharegpt "
-        f"(data.format: sharegpt in a recipe)",
+        f"{data}:6: read as alpaca, but the record has 'conversations', a sharegpt field: set data.format: sharegpt "
+        f"in the recipe (prepare-data: --format sharegpt)",
         f"{data}:7: not a preference pair: train.objective: dpo expects 'chosen' and 'rejected' replies; {SKIP}",
         f"{data}:5: the prompt takes {prompt_tokens} tokens, which leaves no room for a reply within "
         f"data.max_seq_len=32; shorten it or raise data.max_seq_len; {SKIP}"]]

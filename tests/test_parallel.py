@@ -94,7 +94,7 @@ def test_one_host_rehearses_two_nodes_as_docs_multi_device_writes_it(dp2_launch,
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "NODE_RANK": str(n), "LOCAL_WORKERS": "1",
                "MASTER_PORT": port, "LOG_DIR": str(tmp_path / f"logs{n}")}
         nodes.append(subprocess.Popen(["bash", "scripts/launch.sh", str(SMOKE), "2", "--output-dir", str(run),
-                                       *EIGHT_STEPS, "--set", "train.max_steps=2"], cwd=REPO, env=env,
+                                       *EIGHT_STEPS, "--set", "train.max_steps=2"], env=env,
                                       stdout=open(tmp_path / f"node{n}.out", "w"),
                                       stderr=open(tmp_path / f"node{n}.err", "w")))
     consoles = lambda: [(tmp_path / f"node{n}.err").read_text()[-2000:] for n in (0, 1)]  # noqa: E731

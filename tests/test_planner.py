@@ -2,6 +2,7 @@
 exit codes, and the recipe --write-recipe writes."""
 import json
 import re
+import shutil
 
 import pytest
 
@@ -175,7 +176,8 @@ def test_devices_that_break_the_layout_reach_the_fit_search():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == ("as given: on 8 devices, train.global_batch_size=16 is not divisible by "
-                        "train.micro_batch_size=4 x data parallel 8 = 32")
+                        "train.micro_batch_size=4 x data parallel 8 = 32; set train.global_batch_size=32, or "
+                        "train.micro_batch_size=1 or train.micro_batch_size=2")
     assert lines[-1] == ("changed from the recipe: micro_batch 4 -> 2 (micro-batch 4 x data 8 = 32 does not divide "
                          "the global batch 16), data 1 -> 8")
     text = run_cli("plan", FULL_910A, "--set", "train.micro_batch_size=4", "--devices", "32", "--fit").stdout
@@ -309,7 +311,7 @@ def test_the_written_recipe_trains_as_written_when_shrunk(tmp_path):
     assert "never run on an NPU" not in proc.stdout
     assert not out.read_text().splitlines()[1].startswith("#")  # no mark on a single-device layout
     recipe = load_recipe(out)
-    assert recipe.data.pack and recipe.data.train_files == ["data/zh_instruct_train.jsonl"]
+    assert recipe.data.pack and recipe.data.train_files == [str(REPO / "data" / "zh_instruct_train.jsonl")]  # absolute
     assert (recipe.device.name, recipe.strategies.precision.dtype) == ("910a", "float16")
     run_dir = tmp_path / "run"
     train = run_cli("train", out, "--rehearse", "--output-dir", run_dir, check=True)
@@ -383,7 +385,7 @@ def test_inference_plan_counts_weights_by_precision_and_the_kv_cache():
     on_910b = estimate_inference(PRESETS["llama3.2-1b"], P["llama3.2-1b"], DEVICES["910b"], "int8", 1, 512)
     assert on_910b.components["dequantized_weight"] == 0
     # docs/memory.md and its Chinese version are generated from these formulas and current
-    check = subprocess.run([sys.executable, "scripts/memory_tables.py", "--check"], cwd=REPO,
+    check = subprocess.run([sys.executable, "scripts/memory_tables.py", "--check"],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
 
@@ -551,3 +553,22 @@ def test_inference_fit_falls_back_to_int8_and_exits_1_when_nothing_fits():
     assert none.returncode == 1 and "no precision fits on 910a; the closest, int8, needs" in none.stdout
     wrong = run_cli(*base, "--no-lora")
     assert wrong.returncode == 2 and "--no-lora: only with --task train" in wrong.stderr
+
+
+def test_a_written_recipe_has_absolute_paths_and_steps_its_data_bears(tmp_path):
+    """plan --fit --write-recipe for 50 records: --data and --eval-data given relative are
+    both written absolute (a second node reads them from anywhere), and the 1B recipe's
+    max_steps 1000 is lowered to what validate takes without its many-passes warning."""
+    import yaml
+
+    (tmp_path / "fifty.jsonl").write_text("".join(
+        (REPO / "data" / "zh_instruct_train.jsonl").read_text(encoding="utf-8").splitlines(True)[:50]), encoding="utf-8")
+    shutil.copy(REPO / "data" / "zh_instruct_eval.jsonl", tmp_path / "held_out.jsonl")
+    proc = run_cli("plan", REPO / "recipes" / "llama3_2_1b_zh_full_910b.yaml", "--fit", "--write-recipe", "out.yaml",
+                   "--data", "fifty.jsonl", "--eval-data", "held_out.jsonl", cwd=tmp_path, check=True)
+    assert "max_steps 1000 -> 2 (4 training rows, 32 a step: at most 20 passes)" in proc.stdout.splitlines()[-1]
+    written = yaml.safe_load((tmp_path / "out.yaml").read_text(encoding="utf-8"))
+    assert (written["data"]["train_files"], written["data"]["eval_files"]) == (
+        [str(tmp_path / "fifty.jsonl")], [str(tmp_path / "held_out.jsonl")])
+    checked = run_cli("validate", tmp_path / "out.yaml", "--rehearse", "--output-dir", tmp_path / "run")
+    assert checked.returncode == 0 and "passes" not in checked.stderr, checked.stderr

@@ -250,18 +250,24 @@ DPO_RUN = ["--set", "train.objective=dpo", "--set", "data.eval_files=[]", "--set
            "--set", "train.warmup_steps=0"]
 
 
+def as_prompt(pair: dict) -> dict:
+    return {"prompt" if key == "instruction" else key: value for key, value in pair.items()}
+
+
 @pytest.fixture(scope="module")
 def dpo_run(tmp_path_factory, conversions):
     """(pairs file, run dir): 3 steps of 2 micro-batches of one pair from the tiny Hugging Face
-    model's conversion, checkpoints at 2 and 3."""
+    model's conversion, checkpoints at 2 and 3; the pairs' question is under 'prompt', which
+    the run's data.columns maps, as a preference set exported from elsewhere names it."""
     import json
 
     from conftest import run_cli
 
     root = tmp_path_factory.mktemp("dpo")
     pairs = root / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in PAIRS), encoding="utf-8")
-    sets = ["--set", f"data.train_files=[{pairs}]", "--set", f"model.checkpoint={conversions['float32']}", *DPO_RUN]
+    pairs.write_text("".join(json.dumps(as_prompt(p), ensure_ascii=False) + "\n" for p in PAIRS), encoding="utf-8")
+    sets = ["--set", f"data.train_files=[{pairs}]", "--set", f"model.checkpoint={conversions['float32']}",
+            "--set", "data.columns={instruction: prompt}", *DPO_RUN]
     run_cli("train", SMOKE, "--output-dir", root / "run", *sets, check=True)
     return pairs, root / "run", sets
 
@@ -434,6 +440,29 @@ def test_eval_of_a_dpo_run_on_pairs_scores_against_its_own_reference(dpo_run):
     assert scores["logps/rejected"] - scores["rewards/rejected"] / beta == pytest.approx(stored[:, 1].mean(),
                                                                                           abs=1e-3)
     assert scores["rewards/margins"] != 0 and 0 < scores["loss"] < 2
+
+
+def test_eval_scores_a_dpo_runs_pairs_in_every_layout_train_reads_with_the_runs_columns(dpo_run, tmp_path):
+    """Held-out pairs under the run's own column names ('prompt', data.columns={instruction:
+    prompt}), as a JSON array, CSV, TSV, .xlsx and Parquet file: scored together, the
+    JSONL's loss and reward accuracy over five times the pairs."""
+    import json
+
+    from conftest import run_cli, write_layouts
+
+    _, run, _ = dpo_run
+    held_out = [as_prompt(p) for p in ({"instruction": "一年有几个月？", "chosen": "一年有十二个月。", "rejected": "十个。"},
+                                       {"instruction": "猫会飞吗？", "chosen": "猫不会飞。", "rejected": "会飞。"})]
+    paths = write_layouts(held_out, tmp_path, "held_out")
+
+    def scores(*files):
+        result = run_cli("eval", "--checkpoint", run, "--data", *files, "--json", "--device", "cpu", check=True)
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    jsonl = scores(paths[".jsonl"])
+    every = scores(*(paths[s] for s in (".json", ".csv", ".tsv", ".xlsx", ".parquet")))
+    assert (jsonl["pairs"], every["pairs"]) == (2, 10)
+    for key in ("loss", "rewards/accuracies", "rewards/margins", "logps/chosen"):
+        assert every[key] == pytest.approx(jsonl[key], rel=1e-5, abs=1e-6), key
 
 
 def test_the_planner_counts_two_sequences_a_pair_and_no_reference_weights():

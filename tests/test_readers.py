@@ -20,7 +20,7 @@ def test_a_sharegpt_file_read_as_alpaca_says_which_format_it_is(tmp_path):
     proc = run_cli("prepare-data", "--format", "alpaca", "--input", src, "--output", tmp_path / "out")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"llama-npu: error: {src}:1: read as alpaca, but the record has 'conversations', "
-                                   f"a sharegpt field: pass --format sharegpt (data.format: sharegpt in a recipe)")
+                                   f"a sharegpt field: set data.format: sharegpt in the recipe (prepare-data: --format sharegpt)")
     skipped = run_cli("prepare-data", "--format", "alpaca", "--input", src, "--output", tmp_path / "out",
                       "--on-bad-record", "skip")
     assert skipped.returncode == 2 and not (tmp_path / "out").exists()

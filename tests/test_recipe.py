@@ -73,3 +73,35 @@ def test_max_device_memory_takes_exactly_mindspores_form(size, accepted):
     if not accepted:
         assert proc.stderr.strip() == (f"llama-npu: error: device.max_device_memory: expected a size above zero in "
                                        f"MindSpore's form <number>GB, such as 29GB or 30.5GB, got '{size}'")
+
+
+@pytest.mark.parametrize("override, fix", [
+    ("train.learning_rate=1e-4", "unknown key 'train.learning_rate'; use train.optimizer.lr"),  # HF, LLaMA-Factory
+    ("train.weight_decay=0.1", "unknown key 'train.weight_decay'; use train.optimizer.weight_decay"),  # ours, elsewhere
+    ("train.num_train_epochs=3", "unknown key 'train.num_train_epochs'; use train.max_steps (optimizer steps, not "
+                                 "epochs)"),
+    ("data.cutoff_len=1024", "unknown key 'data.cutoff_len'; use data.max_seq_len"),  # LLaMA-Factory
+    ("strategies.parallel.data_parallel=8", "unknown key 'strategies.parallel.data_parallel'; use "
+                                            "strategies.parallel.data"),  # MindFormers' parallel_config
+    ("train.global_batch_size=10", "train.global_batch_size=10 is not divisible by train.micro_batch_size=4 x data "
+                                   "parallel 1 = 4; set train.global_batch_size=8 or train.global_batch_size=12, or "
+                                   "train.micro_batch_size=2 or train.micro_batch_size=5"),
+])
+def test_an_error_line_ends_with_the_fix(override, fix, tmp_path):
+    proc = run_cli("validate", SMOKE, "--set", "train.micro_batch_size=4", "--set", override,
+                   "--output-dir", tmp_path / "run")
+    assert (proc.returncode, proc.stderr.strip()) == (2, f"llama-npu: error: {fix}")
+
+
+def test_every_foreign_name_points_to_a_key_the_recipe_takes():
+    import dataclasses
+
+    from llama_npu.recipe.foreign_names import FOREIGN_NAMES
+    from llama_npu.recipe.schema import Recipe
+
+    def has(cls, key):
+        head, _, rest = key.partition(".")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        return head in fields and (not rest or has(getattr(cls(), head).__class__, rest))
+    meant = {target.split(" ")[0] for target in FOREIGN_NAMES.values() if not target.startswith("the ")}
+    assert sorted(key for key in meant if not has(Recipe, key)) == []

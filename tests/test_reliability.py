@@ -250,7 +250,7 @@ def test_validate_lists_every_startup_problem_and_train_refuses_before_writing(t
     for line, expected in zip(lines, [
             "device.target=ascend (device.name=910b): this host has no Ascend NPU",
             f"data.format=alpaca: no record of {no_record} parses; the first: {no_record}:1: read as alpaca, but "
-            f"the record has 'conversations', a sharegpt field: pass --format sharegpt",
+            f"the record has 'conversations', a sharegpt field: set data.format: sharegpt in the recipe",
             f"{tmp_path / 'gone.jsonl'}: file not found",
             f"model.checkpoint={weights} holds hidden 128",
             f"output directory {out} is not empty"]):
@@ -415,7 +415,7 @@ def test_launch_stops_every_rank_on_a_signal_and_names_a_killed_rank(dp2_launch,
     proc = subprocess.run([sys.executable, "scripts/fault_matrix.py", "--chain", "--cells", "sigkill_worker:mid_save",
                            "sigint_launch:mid_step", "--reference", str(reference), "--json",
                            str(tmp_path / "cells.json"), "--work", str(tmp_path / "work")],
-                          cwd=REPO, capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     kill, stop = json.loads((tmp_path / "cells.json").read_text())
     assert stop["exit_status"] == PREEMPTED, stop

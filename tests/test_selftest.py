@@ -88,11 +88,9 @@ def test_launch_selftest_runs_the_multi_card_checks_on_two_workers(tmp_path):
     import os
     import subprocess
 
-    from conftest import REPO
-
     out = tmp_path / "parallel.json"
     env = {**os.environ, "LOG_DIR": str(tmp_path / "logs"), "MASTER_PORT": str(free_port())}
-    proc = subprocess.run(["bash", "scripts/launch.sh", "--selftest", "2", "--json", str(out)], cwd=REPO, env=env,
+    proc = subprocess.run(["bash", "scripts/launch.sh", "--selftest", "2", "--json", str(out)], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check, sharded, export = json.loads(out.read_text())["checks"]

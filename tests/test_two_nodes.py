@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import EIGHT_STEPS, REPO, SMOKE, assert_same_steps, run_launch, script_module, wait_until
+from conftest import EIGHT_STEPS, SMOKE, assert_same_steps, run_launch, script_module, wait_until
 
 PREEMPTED = 75
 two_hosts = script_module("two_hosts")  # the namespaces, shared with scripts/fault_matrix.py --two-nodes
@@ -36,7 +36,7 @@ def start_node(nodes, n, work, *args, port, env=None, command=None, workers=2, n
                                                       "scripts/launch.sh", str(SMOKE), str(workers), *map(str, args)]
     name = name or f"node{n}"
     out, err = open(work / f"{name}.out", "w"), open(work / f"{name}.err", "w")
-    return subprocess.Popen(two_hosts.in_node(nodes, n, launch), cwd=REPO, stdout=out, stderr=err,
+    return subprocess.Popen(two_hosts.in_node(nodes, n, launch), stdout=out, stderr=err,
                             env={**os.environ, "LOG_DIR": str(work / f"logs-{name}"), "CLUSTER_TIME_OUT": "60"})
 
 

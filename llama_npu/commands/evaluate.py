@@ -1,4 +1,4 @@
-"""`llama-npu eval`: loss and perplexity of a checkpoint over JSONL records
+"""`llama-npu eval`: loss and perplexity of a checkpoint over records
 (evaluation/perplexity.py), or its C-Eval / CMMLU / MMLU scores with --task
 (evaluation/exams/request.py)."""
 from __future__ import annotations
@@ -9,28 +9,36 @@ import tempfile
 from pathlib import Path
 
 from ..common.frameworks import quiet_frameworks
-from ..data.readers import RecordError
+from ..data.readers import RecordError, is_pair_file
+from ..data.tables import ReadOptions
 from ..evaluation.exams.report import format_summary
 from ..evaluation.exams.request import exam_request
 from ..evaluation.perplexity import evaluate_checkpoint
+from ..recipe.stored import owning_recipe
 from .arguments import WEIGHTS_HELP, add_device_argument, add_weights_argument
 
+RECORDS_A_BATCH = 4
 EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat", "compare_chat")
 
 
 def add_parser(subparsers) -> None:
-    ev = subparsers.add_parser("eval", help="loss and perplexity of a checkpoint over JSONL records, or its C-Eval / "
+    ev = subparsers.add_parser("eval", help="loss and perplexity of a checkpoint over records, or its C-Eval / "
                                             "CMMLU / MMLU scores (--task)")
     ev.add_argument("--checkpoint", required=True, help=WEIGHTS_HELP + "; with --task also a Hugging Face directory")
     ev.add_argument("--data", required=True, nargs="+", metavar="FILE|DIR",
-                    help="JSONL or JSON-array records: text, alpaca or ShareGPT (told apart by their keys); with "
-                         "--task, the benchmark's directory in its official CSV layout")
+                    help="the records train reads: JSONL, JSON array, CSV, TSV, .xlsx or Parquet; text, alpaca or "
+                         "ShareGPT (told apart by their keys), or preference pairs of a DPO run; a run's own "
+                         "data.columns and data.encoding read them; with --task, the benchmark's directory in its "
+                         "official CSV layout")
     ev.add_argument("--max-seq-len", type=int,
                     help="longer records are truncated (default: a run's own data.max_seq_len, so the loss is "
                          "its held-out loss; else 2048); each batch is padded only to the power-of-two bucket "
                          "(64 and up) of its longest record; with --task (default 2048), a longer prompt loses "
                          "shots first")
-    ev.add_argument("--batch-size", type=int, default=4, help="records (with --task: prompts) per forward pass")
+    ev.add_argument("--batch-size", type=int,
+                    help=f"records (with --task: prompts) per forward pass (default: {RECORDS_A_BATCH}); preference "
+                         f"pairs: pairs per forward pass (default: the run's train.micro_batch_size, so that scoring "
+                         f"takes the memory training took)")
     add_device_argument(ev)
     add_weights_argument(ev)
     ev.add_argument("--json", action="store_true", help="print one JSON object")
@@ -63,13 +71,13 @@ def run(args) -> int:
     given = [f"--{name.replace('_', '-')}" for name in EXAM_OPTIONS if getattr(args, name) is not None]
     if given:
         raise RecordError(f"{', '.join(given)}: only with --task ceval|cmmlu|mmlu")
-    # imported here: it loads MindSpore, which --help must not (eval's other paths load it later)
-    from ..evaluation.preference_eval import evaluate_pairs, is_pair_file
+    if all(Path(f).is_file() and is_pair_file(Path(f), run_reading(Path(args.checkpoint))) for f in args.data):
+        # imported here: it loads MindSpore, which --help must not (eval's other paths load it later)
+        from ..evaluation.preference_eval import evaluate_pairs
 
-    if all(Path(f).is_file() and is_pair_file(Path(f)) for f in args.data):  # preference pairs: a DPO run's scores
-        return run_pairs(args, evaluate_pairs)
-    result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len, args.batch_size, args.device,
-                                 args.weights)
+        return run_pairs(args, evaluate_pairs)  # preference pairs: a DPO run's scores
+    result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len,
+                                 args.batch_size or RECORDS_A_BATCH, args.device, args.weights)
     if args.json:
         print(json.dumps(result))
     else:
@@ -78,6 +86,13 @@ def run(args) -> int:
               f"({result['truncated']} truncated at {result['max_seq_len']} tokens, {result['max_seq_len_from']}; "
               f"{result['dropped']} dropped)")
     return 0
+
+
+def run_reading(checkpoint: Path) -> ReadOptions:
+    """How `train` read the data of the run `checkpoint` belongs to (its data.columns and
+    data.encoding), which eval --data reads the same way; the defaults for converted weights."""
+    recipe = owning_recipe(checkpoint)
+    return ReadOptions.of(recipe.data.columns, recipe.data.encoding) if recipe else ReadOptions()
 
 
 def run_pairs(args, evaluate_pairs) -> int:
@@ -96,6 +111,7 @@ def run_pairs(args, evaluate_pairs) -> int:
 
 def run_benchmark(args) -> int:
     """eval --task."""
+    args.batch_size = args.batch_size or RECORDS_A_BATCH
     result = exam_request(args)
     print(json.dumps(result, ensure_ascii=False) if args.json else format_summary(result))
     if args.output and not args.json:

@@ -1,4 +1,4 @@
-"""`llama-npu quantize`: INT8 weight-only quantization of a converted checkpoint (weights/quantize.py);
+"""`llama-npu quantize`: INT8 weight-only quantization of a checkpoint (weights/quantize.py);
 with --data, its accuracy cost (evaluation/quantization_cost.py)."""
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ import tempfile
 from pathlib import Path
 
 from ..common.frameworks import quiet_frameworks
-from .arguments import add_device_argument
+from .arguments import WEIGHTS_HELP, add_device_argument
 
 
 def add_parser(subparsers) -> None:
-    quant = subparsers.add_parser("quantize", help="INT8 weight-only quantization of a converted checkpoint")
-    quant.add_argument("--checkpoint", required=True, help="a directory written by convert hf-to-ms")
+    quant = subparsers.add_parser("quantize", help="INT8 weight-only quantization of a checkpoint: converted, a run's "
+                                                   "step or a run")
+    quant.add_argument("--checkpoint", required=True, help=WEIGHTS_HELP)
     quant.add_argument("--dst", required=True, help="directory to create")
     cost = quant.add_argument_group("accuracy cost (eval's loss and, with --task, eval --task --compare)")
     cost.add_argument("--data", nargs="+", metavar="FILE",
-                      help="held-out JSONL or JSON-array records: report the loss and perplexity of the float and "
+                      help="held-out records, in any layout eval --data reads: report the loss and perplexity of the float and "
                            "the int8 model side by side")
     cost.add_argument("--task", choices=("ceval", "cmmlu", "mmlu"),
                       help="also score both models on this benchmark's questions under --task-data")

@@ -1,20 +1,25 @@
 """Readers for the input formats: each record becomes chat messages (or plain text), with
 its `file:line` so that every error can point at it.
 
-- alpaca: `instruction`, optional `input`, `output`, optional `system`; a JSON array or JSONL.
+- alpaca: `instruction`, optional `input`, `output`, optional `system` and `history` (the
+  earlier [query, response] turns); a JSON array or JSONL.
 - sharegpt: `conversations` of `{from, value}` (human, gpt, system) or `messages` of
-  `{role, content}` (user, assistant, system); multi-turn; JSON array or JSONL.
+  `{role, content}` (user, assistant, system); multi-turn; optional `system`; JSON array or JSONL.
 - text: JSONL with `text`, for continued pre-training.
 Any of them also as CSV, TSV, Excel (.xlsx) or Parquet, one record a row (tables.py), and
-under other key or column names with data.columns.
+under other key or column names with data.columns. These are LLaMA-Factory's alpaca and
+sharegpt columns (its data/README.md), read into the turns its converter builds
+(src/llamafactory/data/converter.py), but for the instruction/input join ("\n\n" here, "\n"
+there); `tools` (function calling) is refused, and a column no format reads is noted.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
+from ..common.console import note
 from .chat_template import Message
 from .encodings import decode_file
 from .errors import RecordError
@@ -140,14 +145,44 @@ def _object(record: object, where: str, expected: str) -> dict:
     return record
 
 
+def _no_tools(record: dict, where: str) -> None:
+    """LLaMA-Factory writes `tools` into the system prompt for function calling, which this
+    harness does not train: such a record is refused rather than trained without them."""
+    if record.get("tools") not in (None, "", [], {}):
+        raise RecordError(f"{where}: field 'tools' holds tool definitions (function calling), which llama-npu does "
+                          f"not train; remove the column or leave it empty", "tool definitions")
+
+
+def _history(record: dict, where: str) -> List[Message]:
+    """The earlier turns of an alpaca record: `history`, a list of [query, response] pairs,
+    as user and assistant turns (every response is a target, as in LLaMA-Factory without
+    mask_history)."""
+    history = record.get("history")
+    if history in (None, ""):
+        return []
+    if not isinstance(history, list):
+        raise RecordError(f"{where}: field 'history' must be a list of [query, response] pairs, got "
+                          f"{type(history).__name__}", "malformed history")
+    turns: List[Message] = []
+    for i, pair in enumerate(history, start=1):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) and t.strip() for t in pair)):
+            raise RecordError(f"{where}: history turn {i} must be a [query, response] pair of non-empty strings, got "
+                              f"{json.dumps(pair, ensure_ascii=False)[:80]}", "malformed history")
+        turns += [("user", pair[0]), ("assistant", pair[1])]
+    return turns
+
+
 def alpaca_prompt(record: dict, where: str) -> List[Message]:
-    """The system and user turns of an alpaca record (an SFT record's or a preference pair's)."""
+    """The system, history and user turns of an alpaca record (an SFT record's or a
+    preference pair's), in LLaMA-Factory's order."""
     instruction = _string(record, "instruction", where, required=True)
     extra = _string(record, "input", where, required=False)
     system = _string(record, "system", where, required=False)
+    _no_tools(record, where)
+    # "\n\n" where LLaMA-Factory joins with "\n": kept, so that runs on existing data do not move
     prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
     messages: List[Message] = [("system", system)] if system.strip() else []
-    return messages + [("user", prompt)]
+    return messages + _history(record, where) + [("user", prompt)]
 
 
 def parse_alpaca(record: object, where: str) -> Record:
@@ -188,6 +223,10 @@ def sharegpt_turns(record: dict, where: str, last: str = "assistant", why: str =
         if role == "system" and i != 0:
             raise RecordError(f"{where} turn {i + 1}: a system turn must come first", "misplaced system turn")
         messages.append((role, content))
+    system = _string(record, "system", where, required=False)  # LLaMA-Factory's column; a system turn wins
+    if system.strip() and messages[0][0] != "system":
+        messages.insert(0, ("system", system))
+    _no_tools(record, where)
     if messages[-1][0] != last:
         article = "an" if messages[-1][0] == "assistant" else "a"
         raise RecordError(f"{where}: the conversation ends with {article} {messages[-1][0]} turn; expected it to "
@@ -212,10 +251,23 @@ FORMAT_KEYS = {"alpaca": ("instruction",), "sharegpt": ("conversations", "messag
 
 # The keys that make a record a preference pair (data/pairs.py reads them).
 PAIR_KEYS = ("chosen", "rejected")
+# The keys each format reads, of SFT records and of preference pairs; a file's other columns
+# are named once, as unread (LLaMA-Factory's `tools` is read to be refused).
+READ_KEYS = {"alpaca": {"instruction", "input", "output", "system", "history", "tools"},
+             "sharegpt": {"conversations", "messages", "system", "tools"}, "text": {"text"}}
+PAIR_READ_KEYS = {fmt: keys - {"output"} | set(PAIR_KEYS) for fmt, keys in READ_KEYS.items()}
 
 
 def is_pair(raw: object) -> bool:
     return isinstance(raw, dict) and all(key in raw for key in PAIR_KEYS)
+
+
+def is_pair_file(path: Path, options: ReadOptions = ReadOptions()) -> bool:
+    """Whether a file's first record, read with `options`, is a preference pair (eval --data
+    scores those against a DPO run's reference)."""
+    for _, raw in _raw_records(Path(path), options):
+        return is_pair(raw)
+    return False
 
 
 def _wrong_format(raw: object, fmt: str, error: RecordError, parsers: dict) -> RecordError:
@@ -233,7 +285,7 @@ def _wrong_format(raw: object, fmt: str, error: RecordError, parsers: dict) -> R
             where = str(error).split(": ", 1)[0]
             article = "an" if other[0] in "aeiou" else "a"
             return RecordError(f"{where}: read as {fmt}, but the record has '{found[0]}', {article} {other} field: "
-                               f"pass --format {other} (data.format: {other} in a recipe)",
+                               f"set data.format: {other} in the recipe (prepare-data: --format {other})",
                                f"{other} record read as {fmt}")
     return error
 
@@ -256,28 +308,44 @@ def detect_format(path: Path, options: ReadOptions = ReadOptions()) -> str:
     raise RecordError(f"{path}: no records (empty input)")
 
 
-def iter_records(paths, fmt: str, options: ReadOptions = ReadOptions(),
-                 parsers: Optional[dict] = None) -> Iterator[Record | RecordError]:
+def iter_records(paths, fmt: str, options: ReadOptions = ReadOptions(), parsers: Optional[dict] = None,
+                 on_unread: Optional[Callable[[Path, List[str]], None]] = None) -> Iterator[Record | RecordError]:
     """Every record of every file, in order; a bad record is yielded as its RecordError.
     A missing, empty or undecodable file raises at once. `parsers`: format -> parse function
-    (PARSERS; data/pairs.py's PAIR_PARSERS for preference pairs)."""
+    (PARSERS; data/pairs.py's PAIR_PARSERS for preference pairs). `on_unread(path, keys)`:
+    told, after each file, the keys of its records that the format does not read."""
     parsers = parsers or PARSERS
     parse = parsers[fmt]
+    reads = (READ_KEYS if parsers is PARSERS else PAIR_READ_KEYS).get(fmt, set())
     for path in map(Path, paths):
         if not path.is_file():
             raise RecordError(f"{path}: file not found")
-        count = 0
+        count, unread = 0, {}
         for lineno, raw in _raw_records(path, options):
             count += 1
             if isinstance(raw, RecordError):
                 yield raw
                 continue
+            if isinstance(raw, dict):
+                unread.update(dict.fromkeys(key for key in raw if key not in reads))
             try:
                 yield parse(raw, f"{path}:{lineno}")
             except RecordError as exc:
                 yield _wrong_format(raw, fmt, exc, parsers)
         if count == 0:
             raise RecordError(f"{path}: no records (empty input)")
+        if unread and on_unread:
+            on_unread(path, list(unread))
+
+
+def unread_note(fmt: str, pairs: bool) -> Callable[[Path, List[str]], None]:
+    """on_unread for iter_records: a note naming a file's unread columns and what is read."""
+    reads = sorted((PAIR_READ_KEYS if pairs else READ_KEYS)[fmt] - {"tools"})
+
+    def named(path: Path, keys: List[str]) -> None:
+        note(f"{path}: {'column' if len(keys) == 1 else 'columns'} {', '.join(map(repr, keys))} not read ({fmt} "
+             f"reads {', '.join(reads)}; data.columns: {{KEY: COLUMN}} reads a column as one of them)")
+    return named
 
 
 FIRST_LINES_KEPT = 5
@@ -309,7 +377,7 @@ def read_dataset(paths, fmt: str, on_bad_record: str = "error",
     """All good records; a bad one stops the read (error) or is counted and left out (skip).
     prepare-data and train read through here, the pre-flight through iter_records."""
     records, skipped = [], SkipReport()
-    for item in iter_records(paths, fmt, options, parsers):
+    for item in iter_records(paths, fmt, options, parsers, unread_note(fmt, parsers not in (None, PARSERS))):
         if isinstance(item, RecordError):
             if on_bad_record == "error":
                 raise with_skip_hint(item)

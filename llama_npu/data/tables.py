@@ -27,7 +27,8 @@ TABLE_SUFFIXES = (*DELIMITERS, ".xlsx", ".xls", ".parquet")
 # LLaMA-Factory's dataset_info.json `columns` names (its data/README.md) for the alpaca keys,
 # so that a map written for it works here too.
 ALIASES = {"prompt": "instruction", "query": "input", "response": "output"}
-TURN_KEYS = ("conversations", "messages")  # ShareGPT: the turns, JSON text in a CSV cell
+# ShareGPT's turns and alpaca's history (LLaMA-Factory's): lists, as JSON text in a CSV cell
+TURN_KEYS = ("conversations", "messages", "history")
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ def _sheet_records(path: Path, encoding: str) -> Tuple[List[str], Iterator[Tuple
 
 
 def _turns(record: dict, where: str) -> object:
-    """A ShareGPT record with its JSON-text turns decoded, or the RecordError of bad JSON."""
+    """A record with its JSON-text turns (or history) decoded, or the RecordError of bad JSON."""
     for key in TURN_KEYS:
         if record.get(key) == "":  # a row of a table holding both: the other's cell is empty, no field
             del record[key]

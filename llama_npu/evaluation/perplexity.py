@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from ..data.readers import RecordError, detect_format as record_format, read_records
+from ..data.readers import RecordError, detect_format as record_format, read_dataset
 from ..data.tables import ReadOptions
 from ..data.tokenizer import load_tokenizer
 from .loaded_model import EVAL_CHUNK, build_from_checkpoint, select_device
@@ -30,6 +30,12 @@ def detect_format(path: Path, options: ReadOptions = ReadOptions()) -> str:
         raise RecordError(f"--data {path}: a directory; for a C-Eval, CMMLU or MMLU directory add --task "
                           f"ceval|cmmlu|mmlu")
     return record_format(path, options)
+
+
+def read_eval_records(data_files, reading: ReadOptions) -> list:
+    """The records of eval --data's files, each in the format its keys give, read by train's
+    readers with the run's data.columns and data.encoding (`reading`)."""
+    return [r for f in data_files for r in read_dataset([f], detect_format(Path(f), reading), options=reading)[0]]
 
 
 DEFAULT_MAX_SEQ_LEN = 2048  # eval of a checkpoint that is not a run's (a run's is evaluated at its own)
@@ -85,8 +91,7 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: Optional[int]
     else:
         max_seq_len, length_from = DEFAULT_MAX_SEQ_LEN, "the default"
     tokenizer = load_tokenizer(source.tokenizer)
-    reading = source.reading
-    records = [r for f in data_files for r in read_records([f], detect_format(Path(f), reading), reading)]
+    records = read_eval_records(data_files, source.reading)
     _, loss_cell, _ = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device, weights)
     samples, report = tokenize_records(tokenizer, records, max_seq_len + 1)
     samples.sort(key=lambda s: len(s.input_ids))  # batches of similar length pad little

@@ -5,6 +5,7 @@ The losses are the run's own cells (objectives/preference_loss.py), so eval and 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -13,32 +14,23 @@ import mindspore as ms
 from ..common.console import note
 from ..data.pairs import read_pairs, tokenize_pairs
 from ..data.readers import RecordError, detect_format
+from ..data.tables import ReadOptions
 from ..data.tokenizer import load_tokenizer
 from ..model.tokens import IGNORE_ID
 from ..objectives.preference_loss import PairLoss, metric_names, pair_metrics
 from ..objectives.preference import LENGTH_NORMALISED
 from ..objectives.sequence_logps import SequenceLogProbs, WholeRowMeans
-from ..recipe.stored import stored_recipe
+from ..recipe.stored import owning_recipe
 from ..training.reference_pass import reference_log_probs
 from .loaded_model import EVAL_CHUNK, build_from_checkpoint
 
-def is_pair_file(path: Path) -> bool:
-    """Whether an eval --data file holds preference pairs (its first record has 'chosen')."""
-    import json
-
-    text = Path(path).read_text(encoding="utf-8").lstrip()
-    first = json.loads(text.splitlines()[0]) if not text.startswith("[") else json.loads(text)[0]
-    return isinstance(first, dict) and "chosen" in first and "rejected" in first
-
-
 def run_recipe(checkpoint: Path):
-    """The DPO run `checkpoint` is, or belongs to (a run or step directory), and its recipe."""
-    for run_dir in (Path(checkpoint), Path(checkpoint).parent.parent):
-        recipe = stored_recipe(run_dir)
-        if recipe is not None and recipe.train.objective == "dpo":
-            return recipe
-    raise RecordError(f"--data holds preference pairs, but {checkpoint} is not a DPO run's directory or step; "
-                      f"pairs are scored against a run's own reference")
+    """The recipe of the DPO run `checkpoint` is, or belongs to (a run or step directory)."""
+    recipe = owning_recipe(checkpoint)
+    if recipe is None or recipe.train.objective != "dpo":
+        raise RecordError(f"--data holds preference pairs, but {checkpoint} is not a DPO run's directory or step; "
+                          f"pairs are scored against a run's own reference")
+    return recipe
 
 
 def log_probs(checkpoint: Path, pairs, batch_size: int, length: int, device: str, orpo: bool = False,
@@ -53,16 +45,21 @@ def log_probs(checkpoint: Path, pairs, batch_size: int, length: int, device: str
     return summed, -reference_log_probs(WholeRowMeans(sequences), pairs, batch_size, length, "policy NLL")[:, 0]
 
 
-def evaluate_pairs(checkpoint: Path, data_files, batch_size: int = 4, device: str = "auto") -> dict:
+def evaluate_pairs(checkpoint: Path, data_files, batch_size: Optional[int] = None, device: str = "auto") -> dict:
     """The DPO loss, the metrics (TRL's names) and the pair count over `data_files`, at the
-    run's data.max_seq_len."""
+    run's data.max_seq_len, `batch_size` pairs a forward pass (None: the run's
+    train.micro_batch_size: on the CPU backend a graph keeps all its buffers, so 4 pairs a
+    pass at the run's length took twice the memory of the run's own 1 pair a micro-batch)."""
     recipe = run_recipe(checkpoint)
+    batch_size = batch_size or recipe.train.micro_batch_size
     d = recipe.dpo
     if d.reference != "none" and not recipe.model.checkpoint:
         raise RecordError(f"{checkpoint}: the run started from random weights (no model.checkpoint), so its "
                           f"reference cannot be built again to score held-out pairs")
     length = recipe.data.max_seq_len + 1
-    records = [r for f in data_files for r in read_pairs([f], detect_format(Path(f)))[0]]
+    # read as the run read its training pairs: its data.columns and data.encoding
+    reading = ReadOptions.of(recipe.data.columns, recipe.data.encoding)
+    records = [r for f in data_files for r in read_pairs([f], detect_format(Path(f), reading), options=reading)[0]]
     pairs, report = tokenize_pairs(load_tokenizer(recipe.data.tokenizer), records, length, d.on_long_pair)
     note(report.describe(length))
     nll = None

@@ -17,6 +17,7 @@ import yaml
 from ..common.atomic import check_writable, replace_file
 from ..data.readers import detect_format
 from ..model.architecture import resolve_shape
+from .written_recipe import ready_to_train
 from ..model.llama import MAX_POSITIONS
 from ..recipe.base_weights import CHECKPOINT_PLACEHOLDER
 from ..recipe.load import load_recipe, recipe_from_dict
@@ -292,15 +293,17 @@ def changes(base: Strategy, best: Strategy) -> str:
     return f"changed from the recipe: {', '.join(changed)}"
 
 
-def write_recipe(recipe: Recipe, best: Plan, out: Path) -> None:
+def write_recipe(recipe: Recipe, best: Plan, out: Path) -> List[str]:
+    """Write the recommended recipe, ready to train (memory/written_recipe.py); what that changed."""
     s, d = best.strategy, best.device
+    recipe, changed = ready_to_train(apply_strategy(recipe, s))
     header = [f"# Written by llama-npu plan --fit for {s.devices} x {d.name}: {gb(best.total_bytes)} GB of "
               f"{gb(d.usable_bytes)} GB usable per device."]
     if never_run_on_npu(s):
         header.append("# Layout " + NEVER_RUN_NOTE.format(parts=", ".join(never_run_on_npu(s))) + ".")
-    text = "\n".join(header) + "\n" + yaml.safe_dump(apply_strategy(recipe, s).to_dict(), sort_keys=False,
-                                                     allow_unicode=True)
+    text = "\n".join(header) + "\n" + yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True)
     replace_file(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))  # --overwrite never leaves half a file
+    return changed
 
 
 def offload_cost(plan: Plan, bandwidth: float) -> str:
@@ -396,7 +399,7 @@ def run_plan(args) -> tuple[str, int]:
     if best.strategy.offload and not base.offload:
         text.append(offload_cost(best, bandwidth))
     if args.write_recipe:
-        write_recipe(recipe, best, Path(args.write_recipe))
-        text.append(f"wrote {args.write_recipe}")
+        schedule = write_recipe(recipe, best, Path(args.write_recipe))
+        text.append(f"wrote {args.write_recipe}" + (f" (and changed: {', '.join(schedule)})" if schedule else ""))
         result["written_recipe"] = str(args.write_recipe)
     return (json.dumps(result) if args.json else "\n".join(text)), 0

@@ -16,6 +16,7 @@ import yaml
 
 from ..strategies import STRATEGIES
 from .coerce import coerce
+from .foreign_names import key_elsewhere
 from .problems import Problems, RecipeError
 from .schema import Recipe
 from .validate import validate
@@ -27,8 +28,13 @@ def _printable(key: str) -> str:
 
 
 def _unknown_key(key: str, candidates) -> RecipeError:
+    """A key the section lacks, with the key meant: the same name in another section or another
+    trainer's name for one of ours, else a near-typo of one of `candidates`."""
+    meant = key_elsewhere(key)  # a known name first: 'data_parallel' is close to 'sequence_parallel'
     name = key.rsplit(".", 1)[-1]
     key = _printable(key)
+    if meant:
+        return RecipeError(f"unknown key '{key}'; use {meant}")
     close = difflib.get_close_matches(name, list(candidates), n=1)
     hint = f" (did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?)" if close else ""
     return RecipeError(f"unknown key '{key}'{hint}")

@@ -28,3 +28,13 @@ def stored_recipe(run_dir: Path, overrides: Optional[List[str]] = None) -> Optio
     except RecipeError as exc:
         raise RecipeError(f"{path}: cannot be read as a recipe ({exc})") from None
     return recipe_from_dict(recipe.to_dict(), overrides) if overrides else recipe
+
+
+def owning_recipe(checkpoint: Path) -> Optional[Recipe]:
+    """The recipe of the run `checkpoint` is (a run directory) or belongs to (a step directory
+    under its checkpoints/), or None for a directory of converted weights."""
+    for run_dir in (Path(checkpoint), Path(checkpoint).parent.parent):
+        recipe = stored_recipe(run_dir)
+        if recipe is not None:
+            return recipe
+    return None

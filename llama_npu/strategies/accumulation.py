@@ -33,8 +33,21 @@ def accumulation_steps(recipe) -> int:
     if t.global_batch_size % per_step:
         raise RecipeError(
             f"train.global_batch_size={t.global_batch_size} is not divisible by "
-            f"train.micro_batch_size={t.micro_batch_size} x data parallel {par.data} = {per_step}")
+            f"train.micro_batch_size={t.micro_batch_size} x data parallel {par.data} = {per_step}; "
+            f"{dividing_values(t.global_batch_size, t.micro_batch_size, par.data)}")
     return t.global_batch_size // per_step
+
+
+def dividing_values(global_batch: int, micro: int, data: int) -> str:
+    """The settings nearest to the given ones that divide: the multiples of micro x data
+    around the global batch, and the micro-batches whose x data divides it."""
+    per_step = micro * data
+    below, above = global_batch // per_step * per_step, (global_batch // per_step + 1) * per_step
+    batches = " or ".join(f"train.global_batch_size={g}" for g in (below, above) if g > 0)
+    micros = sorted((m for m in range(1, global_batch // data + 1) if global_batch % (m * data) == 0),
+                    key=lambda m: (abs(m - micro), m))[:2]
+    return f"set {batches}" + (f", or {' or '.join(f'train.micro_batch_size={m}' for m in sorted(micros))}"
+                               if micros else "")
 
 
 def pipeline_micro_batches(section) -> int:

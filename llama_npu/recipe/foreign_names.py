@@ -1,0 +1,79 @@
+"""The keys users bring from other trainers -- Hugging Face TrainingArguments, LLaMA-Factory
+(which takes TrainingArguments and its own FinetuningArguments/DataArguments) and MindFormers'
+YAML (runner_config, parallel_config, lr_schedule, context) -- and the llama-npu key that
+does the same job, so that an unknown key's error ends with the fix, not only a near-typo."""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import List, Optional
+
+# foreign name (the last part of the key, lower case) -> our key, and what differs if anything
+FOREIGN_NAMES = {
+    "learning_rate": "train.optimizer.lr",
+    "lr": "train.optimizer.lr",
+    "weight_decay": "train.optimizer.weight_decay",
+    "adam_beta1": "train.optimizer.beta1",
+    "adam_beta2": "train.optimizer.beta2",
+    "adam_epsilon": "train.optimizer.eps",
+    "optim": "train.optimizer.name",
+    "max_grad_norm": "train.grad_clip",
+    "per_device_train_batch_size": "train.micro_batch_size",
+    "batch_size": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.global_batch_size (micro-batch x data parallel x accumulation steps)",
+    "warmup_ratio": "train.warmup_steps (a number of steps)",
+    "num_train_epochs": "train.max_steps (optimizer steps, not epochs)",
+    "epochs": "train.max_steps (optimizer steps, not epochs)",
+    "save_steps": "train.save_every",
+    "save_total_limit": "train.keep_last",
+    "eval_steps": "train.eval_every",
+    "stage": "train.objective (sft or dpo)",
+    "cutoff_len": "data.max_seq_len",
+    "seq_length": "data.max_seq_len",
+    "max_seq_length": "data.max_seq_len",
+    "model_max_length": "data.max_seq_len",
+    "dataset": "data.train_files (a list of files)",
+    "eval_dataset": "data.eval_files (a list of files)",
+    "formatting": "data.format",
+    "packing": "data.pack",
+    "finetuning_type": "strategies.lora.enabled (true for lora)",
+    "lora_rank": "strategies.lora.rank",
+    "lora_alpha": "strategies.lora.alpha",
+    "lora_dropout": "strategies.lora.dropout",
+    "lora_target": "strategies.lora.target_modules",
+    "bf16": "strategies.precision.dtype (bfloat16)",
+    "fp16": "strategies.precision.dtype (float16)",
+    "gradient_checkpointing": "strategies.recompute.mode",
+    "recompute": "strategies.recompute.mode",
+    "data_parallel": "strategies.parallel.data",
+    "model_parallel": "strategies.parallel.model",
+    "pipeline_stage": "strategies.parallel.pipeline",
+    "micro_batch_num": "strategies.parallel.micro_batches",
+    "enable_parallel_optimizer": "strategies.parallel.optimizer_shard",
+    "model_name_or_path": "model.checkpoint (a `llama-npu convert hf-to-ms` directory)",
+    "load_checkpoint": "model.checkpoint",
+    "pref_beta": "dpo.beta",
+    "pref_loss": "dpo.loss",
+    "pref_ftx": "dpo.orpo_lambda (ORPO's NLL weight)",
+    "output_dir": "the --output-dir option of train",
+}
+
+
+def _leaf_keys(cls, prefix: str = "") -> List[str]:
+    keys = []
+    for name, tp in typing.get_type_hints(cls).items():
+        keys += _leaf_keys(tp, f"{prefix}{name}.") if dataclasses.is_dataclass(tp) else [prefix + name]
+    return keys
+
+
+def key_elsewhere(key: str) -> Optional[str]:
+    """The key `key` means: ours under its name in another section (train.lr ->
+    train.optimizer.lr's section aside, train.weight_decay -> train.optimizer.weight_decay),
+    or another trainer's name for one of ours; None when neither."""
+    from .schema import Recipe  # imported here: schema imports the strategies, which import recipe modules
+
+    name = key.rsplit(".", 1)[-1]
+    ours = [k for k in _leaf_keys(Recipe) if k.rsplit(".", 1)[-1] == name and k != key]
+    if len(ours) == 1:
+        return ours[0]
+    return FOREIGN_NAMES.get(name.lower())
