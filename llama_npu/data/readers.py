@@ -300,16 +300,23 @@ def read_dataset(paths, fmt: str, on_bad_record: str = "error",
                  options: ReadOptions = ReadOptions(),
                  parsers: Optional[dict] = None) -> Tuple[List[Record], SkipReport]:
     """All good records; a bad one stops the read (error) or is counted and left out (skip).
-    prepare-data and train read through here, the pre-flight through iter_records."""
-    records, skipped = [], SkipReport()
+    Train reads through here, prepare-data through good_records, the pre-flight through
+    iter_records."""
+    skipped = SkipReport()
+    return list(good_records(paths, fmt, on_bad_record, skipped, options, parsers)), skipped
+
+
+def good_records(paths, fmt: str, on_bad_record: str, skipped: SkipReport, options: ReadOptions = ReadOptions(),
+                 parsers: Optional[dict] = None) -> Iterator[Record]:
+    """The good records, streamed; a bad one stops the read (error) or is counted in
+    `skipped` and left out (skip)."""
     for item in iter_records(paths, fmt, options, parsers):
         if isinstance(item, RecordError):
             if on_bad_record == "error":
                 raise with_skip_hint(item)
             skipped.add(item)
         else:
-            records.append(item)
-    return records, skipped
+            yield item
 
 
 def read_records(paths, fmt: str = "alpaca", options: ReadOptions = ReadOptions()) -> List[Record]:
