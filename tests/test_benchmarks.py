@@ -18,14 +18,16 @@ from conftest import REPO
                            "--small-hidden", "128", "--small-layers", "2"], "fraction of matmul FLOP/s: tiny "),
     ("grad_accum_overhead.py", ["--k", "2", "--micro", "1", "--seq", "16", "--steps", "1", "--runs", "2"],
      "ratio accumulated / one batch: "),
-    ("data_prep.py", ["--samples", "200", "--max-seq-len", "64"], "ratio packed / unpacked throughput: "),
+    ("data_prep.py", ["--samples", "200", "--max-seq-len", "64", "--rounds", "1"],
+     "ratio prepare-data / tokenizer throughput: unpacked "),
     ("packing.py", ["--max-seq-len", "256"], "ratio best-fit decreasing / in order, effective tokens per step: "),
     # #16: eval's defaults stay under 4 GiB of host RSS on three short texts (CPU backend)
     ("eval_memory.py", ["--long-tokens", "128"], "GiB (under the 4 GiB bound)"),
     # #22: conversions stream; the round trip is bit-exact (the 1B figure is the README's, measured in full)
     ("convert_memory.py", ["--hidden", "256", "--layers", "2"], "round trip bit-exact; peak RSS "),
-    # #21: eval --task's questions per second and peak RSS, batch 8 against batch 1
-    ("exam_throughput.py", ["--questions", "8", "--runs", "0x1,0x8"], "ratio batch 8 / batch 1, 0-shot questions"),
+    # #43: eval --task against lm-eval's HFLM on the same requests, then with the compile cache warm
+    ("exam_throughput.py", ["--questions", "8", "--shots", "0", "--hidden", "64", "--layers", "2"],
+     "second run, new processes, compile cache warm:"),
 ])
 def test_benchmark_runs_and_prints_its_result(script, args, result):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
