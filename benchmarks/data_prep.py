@@ -1,52 +1,161 @@
-"""Samples per second of `prepare-data` on 20,000 generated alpaca records, without and
-with packing, measured in one run.
+"""`prepare-data` against the Rust tokenizer's own `encode_batch` on the same records, in one
+run: records/s and tokens/s of each, their ratio (goal: 0.7 or more, unpacked and packed),
+and the bytes a token on disk. With --peak, also the peak RSS of `prepare-data` itself on
+200,000 records and on a tenth of them, each in its own child process (flat memory: the two
+peaks are close).
 
 The records are the shipped Chinese sample repeated with a numbered suffix, so their
-lengths are realistic. Reading, tokenization (batched through the Rust tokenizer),
-truncation, packing and the MindRecord write are all inside the timing.
+lengths are realistic. The tokenizer's figure is `encode_batch` on each record's whole chat
+text (the markers read as special tokens, so the ids are the ones a sample holds), in
+batches of data/samples.py's TOKENIZE_BATCH. `prepare-data`'s covers reading (two passes),
+tokenizing, assembling, truncation, packing and the MindRecord write. The start-up that a
+run pays once (importing MindSpore, loading the tokenizer) is printed, not in the rates.
 
-    .venv/bin/python benchmarks/data_prep.py [--samples 20000] [--max-seq-len 1024]
+The rounds alternate between the three, each figure the best of --rounds, so that load from
+other work on the machine hits them alike. Each line also gives the process's CPU seconds
+(all threads): the tokenizer spreads over every core, our Python runs on one.
+
+    .venv/bin/python benchmarks/data_prep.py [--samples 20000] [--max-seq-len 1024] [--rounds 2] [--peak]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from child_peak import run_with_peak
+
 REPO = Path(__file__).resolve().parent.parent
+PEAK_RECORDS = 200_000
+
+
+def write_records(path: Path, count: int) -> None:
+    base = [json.loads(line) for line in (REPO / "data" / "zh_instruct_train.jsonl").read_text("utf-8").splitlines()]
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(count):
+            record = dict(base[i % len(base)])
+            record["instruction"] = f"{record['instruction']}（第{i}题）"
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def timed(run) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process, every thread) of run()."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def tokenizer_alone(src: Path):
+    """(records, the tokens of the last run, a run of encode_batch over the records' chat texts)."""
+    from tokenizers import Tokenizer
+
+    from llama_npu.data.chat_template import render_text
+    from llama_npu.data.readers import read_records
+    from llama_npu.data.samples import TOKENIZE_BATCH
+    from llama_npu.data.tokenizer import default_tokenizer_path
+
+    reference = Tokenizer.from_file(str(default_tokenizer_path()))  # markers as special tokens
+    texts = [render_text(r.messages) for r in read_records([src], "alpaca")]
+    tokens = 0
+
+    def run():
+        nonlocal tokens
+        tokens = 0
+        for start in range(0, len(texts), TOKENIZE_BATCH):
+            tokens += sum(len(e.ids) for e in reference.encode_batch(texts[start:start + TOKENIZE_BATCH],
+                                                                      add_special_tokens=False))
+    return len(texts), lambda: tokens, run
+
+
+def disk_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.iterdir() if p.name.startswith("data.mindrecord"))
+
+
+def peaks(src: Path, work: Path, max_seq_len: int) -> None:
+    """Peak RSS of prepare-data on PEAK_RECORDS records and on a tenth of them, unpacked and packed."""
+    small = work / "tenth.jsonl"
+    write_records(small, PEAK_RECORDS // 10)
+    big = work / "all.jsonl"
+    write_records(big, PEAK_RECORDS)
+    print(f"peak RSS of prepare-data (child process, VmHWM), max_seq_len {max_seq_len}:")
+    for packed in (False, True):
+        figures = []
+        for path, count in ((small, PEAK_RECORDS // 10), (big, PEAK_RECORDS)):
+            out = work / f"peak-{count}-{packed}"
+            begin = time.perf_counter()
+            code, peak = run_with_peak(["prepare-data", "--format", "alpaca", "--input", path, "--output", out,
+                                        "--max-seq-len", max_seq_len, *(["--pack"] if packed else [])],
+                                       cwd=REPO, capture_output=True, text=True)
+            if code != 0:
+                raise SystemExit(f"prepare-data on {count} records failed")
+            figures.append(f"{count:,} records {peak / 2**30:.2f} GiB ({time.perf_counter() - begin:.0f} s)")
+            shutil.rmtree(out)
+        print(f"  {'packed' if packed else 'unpacked':<9} " + ", ".join(figures))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=20000)
     parser.add_argument("--max-seq-len", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=2, help="each figure is the best of this many runs")
+    parser.add_argument("--peak", action="store_true", help=f"also the peak RSS on {PEAK_RECORDS:,} records")
     args = parser.parse_args()
 
+    begin = time.perf_counter()
+    import mindspore  # noqa: F401  (the writer's; once a run)
+    imported = time.perf_counter() - begin
     from llama_npu.data.prepare import prepare_dataset
+    from llama_npu.data.tokenizer import load_tokenizer
 
-    base = [json.loads(line) for line in (REPO / "data" / "zh_instruct_train.jsonl").read_text("utf-8").splitlines()]
+    begin = time.perf_counter()
+    load_tokenizer()
+    loaded = time.perf_counter() - begin
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "generated.jsonl"
-        with open(src, "w", encoding="utf-8") as fh:
-            for i in range(args.samples):
-                record = dict(base[i % len(base)])
-                record["instruction"] = f"{record['instruction']}（第{i}题）"
-                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-        print(f"{args.samples} generated alpaca records, max_seq_len {args.max_seq_len}, Llama 3.2 tokenizer, "
-              f"CPU (2 cores here)")
-        rates = {}
-        for packed in (False, True):
-            begin = time.perf_counter()
-            meta = prepare_dataset("alpaca", [str(src)], Path(tmp) / f"out-{packed}",
-                                   max_seq_len=args.max_seq_len, packed=packed)
-            seconds = time.perf_counter() - begin
-            rates[packed] = args.samples / seconds
-            print(f"{'packed' if packed else 'unpacked':<9} {rates[packed]:>8,.0f} samples/s  "
-                  f"({seconds:.1f} s, {meta['counts']['rows']} rows, padding "
-                  f"{meta['padding_ratio']['packed' if packed else 'unpacked']:.1%})")
-        print(f"ratio packed / unpacked throughput: {rates[True] / rates[False]:.2f}")
+        work = Path(tmp)
+        src = work / "generated.jsonl"
+        write_records(src, args.samples)
+        records, tokens, encode = tokenizer_alone(src)
+        threads = os.environ.get("RAYON_NUM_THREADS", f"all {os.cpu_count()}")
+        print(f"{records:,} generated alpaca records, max_seq_len {args.max_seq_len}, Llama 3.2 tokenizer "
+              f"(its threads: {threads}); start-up once a run, not in the rates: MindSpore import {imported:.1f} s, "
+              f"tokenizer load {loaded:.1f} s")
+        best = {}
+        meta = {}
+        for _ in range(args.rounds):
+            runs = {"tokenizer encode_batch": encode}
+            for packed in (False, True):
+                name = "prepare-data " + ("packed" if packed else "unpacked")
+                out = work / name.replace(" ", "-")
+
+                def run(packed=packed, out=out, name=name):
+                    shutil.rmtree(out, ignore_errors=True)
+                    meta[name] = prepare_dataset("alpaca", [str(src)], out, max_seq_len=args.max_seq_len,
+                                                 packed=packed)
+                runs[name] = run
+            for name, run in runs.items():
+                wall, cpu = timed(run)
+                if name not in best or wall < best[name][0]:
+                    best[name] = (wall, cpu)
+        count = tokens()
+        for name, (wall, cpu) in best.items():
+            extra = ""
+            if name in meta:
+                out = work / name.replace(" ", "-")
+                stored = meta[name]["counts"]["tokens"]
+                extra = (f"  {meta[name]['counts']['rows']:,} rows at their own length, "
+                         f"{disk_bytes(out) / stored:.1f} bytes a token on disk")
+            print(f"{name:<24} {records / wall:>8,.0f} records/s {count / wall / 1e6:>6.2f} M tokens/s  "
+                  f"({wall:.2f} s, {cpu:.2f} CPU s){extra}")
+        ref = best["tokenizer encode_batch"][0]
+        unpacked, packed = best["prepare-data unpacked"][0], best["prepare-data packed"][0]
+        print(f"ratio prepare-data / tokenizer throughput: unpacked {ref / unpacked:.2f}, packed {ref / packed:.2f} "
+              f"(goal 0.7)")
+        if args.peak:
+            peaks(src, work, args.max_seq_len)
 
 
 if __name__ == "__main__":

@@ -23,15 +23,17 @@ sys.path.insert(0, str(REPO))
 from llama_npu.data.tokenizer import default_tokenizer_path  # noqa: E402
 
 
-def make_tiny_hf_model(path: Path, seed: int = 0):
-    """Save the model and its tokenizer under `path`; return the transformers model (eval mode)."""
+def make_tiny_hf_model(path: Path, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4,
+                       kv_heads: int = 2, intermediate: int = 128):
+    """Save the model and its tokenizer under `path`; return the transformers model (eval mode).
+    The sizes default to the tiny shape; benchmarks/exam_throughput.py asks for a larger one."""
     import torch  # imported here: only this script and the tests' reference need torch
     import transformers
 
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
-        vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        vocab_size=128256, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 8192}, tie_word_embeddings=True,
         bos_token_id=128000, eos_token_id=128009)

@@ -17,6 +17,10 @@ import pytest
 from llama_npu.common.frameworks import mute_mindformers_info, quiet_frameworks
 
 REPO = Path(__file__).resolve().parent.parent
+# eval --task keeps its compiled graphs under ~/.cache/llama-npu/compile; the suite's runs keep
+# none, so that it leaves nothing in the home directory and two test processes never share one
+# (test_exams.py checks the cache in a directory of its own).
+os.environ.setdefault("LLAMA_NPU_COMPILE_CACHE", "off")
 SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 
 # scripts/test.sh runs the suite in two pytest-xdist processes, --dist loadgroup: each group

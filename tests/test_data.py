@@ -187,6 +187,27 @@ def test_best_fit_packing_of_the_shipped_sample(tok):
             assert padding < 0.05
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_prepared_rows_are_the_in_memory_samples(tmp_path, tok, packed):
+    """prepare-data streams records through flat chunks, a spill file and its own MindRecord
+    writer; what it stores is exactly what train's in-memory path builds from the same
+    records (TOKENIZE_BATCH 1024 < 2,300 records: several chunks, and a sample cut to 97)."""
+    from llama_npu.data.prepare import prepare_dataset
+
+    src = tmp_path / "ten.jsonl"
+    src.write_text((REPO / "data" / "zh_instruct_train.jsonl").read_text(encoding="utf-8") * 10, encoding="utf-8")
+    meta = prepare_dataset("alpaca", [str(src)], tmp_path / "prepared", max_seq_len=96, packed=packed)
+    samples, report = tokenize_records(tok, read_records([src], "alpaca"), 97)
+    expected = pack(samples, 97) if packed else samples
+    stored = MindRecordSamples(tmp_path / "prepared")
+    assert meta["counts"]["rows"] == len(stored) == len(expected) and report.truncated == meta["counts"]["truncated"] > 0
+    for got, want in zip(stored.iterate(range(len(stored))), expected):
+        assert (got.input_ids, got.labels) == (want.input_ids, want.labels)
+        assert got.segment_ids == want.segment_ids  # None unpacked: one segment
+    assert sorted(p.name for p in (tmp_path / "prepared").iterdir()) == ["data.mindrecord", "data.mindrecord.db",
+                                                                          "meta.json"]
+
+
 def test_mindrecord_stream_resumes_at_the_same_sample(tmp_path):
     src = write_jsonl(tmp_path / "a.jsonl", [dict(GOOD, output=f"第{i}个回答。") for i in range(7)])
     out = tmp_path / "prepared"
@@ -210,10 +231,10 @@ def test_train_from_prepared_packed_data(tmp_path):
     proc = run_cli("prepare-data", "--format", "alpaca", "--input", REPO / "data" / "zh_instruct_train.jsonl",
                    "--output", out, "--max-seq-len", "96", "--pack", check=True)
     meta = json.loads((out / "meta.json").read_text())
-    share, rows = meta["padding_ratio"], meta["counts"]["rows"]
+    share = meta["padding_ratio"]
     assert share["packed"] < share["unpacked"]
-    assert (f"padding: {share['packed']:.1%} of the {rows} rows x 97 tokens written "
-            f"({share['unpacked']:.1%} unpacked)") in proc.stdout
+    assert (f"stored at their own length: {meta['counts']['tokens']:,} tokens; training pads each row to 97 tokens, "
+            f"{share['packed']:.1%} of its slots padding ({share['unpacked']:.1%} unpacked)") in proc.stdout
     run_dir = tmp_path / "run"
     run_cli("train", SMOKE, "--output-dir", run_dir, *TINY_RUN, "--set", "data.max_seq_len=96",
             "--set", "data.train_files=[]", "--set", f"data.prepared={out}", "--set", "train.max_steps=2",

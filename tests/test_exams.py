@@ -76,6 +76,22 @@ def reference_logprobs(model, record) -> np.ndarray:
     return np.array([prefix + logp[-1, c[-1]].item() for c in choices])
 
 
+def test_a_second_run_loads_its_graphs_from_the_compile_cache(hf_dir, tmp_path):
+    """eval --task compiles its graphs into MindSpore's compile cache in a directory of ours;
+    the next run of the same shapes, in a new process, loads them (the files are not written
+    again) and scores exactly as the first."""
+    cache = tmp_path / "compile"
+    args = ["eval", "--task", "ceval", "--checkpoint", hf_dir[0], "--data", SAMPLES["ceval"], "--shots", 0,
+            "--batch-size", 8, "--device", "cpu", "--json"]
+    run_cli(*args, "--output", tmp_path / "first.jsonl", env={"LLAMA_NPU_COMPILE_CACHE": str(cache)}, check=True)
+    graphs = {p: p.stat().st_mtime_ns for p in cache.rglob("*.mindir")}
+    assert len(graphs) >= 2 and len({p.parent for p in graphs}) == 1  # backbone and head, one directory
+    run_cli(*args, "--output", tmp_path / "second.jsonl", env={"LLAMA_NPU_COMPILE_CACHE": str(cache)}, check=True)
+    assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.mindir")} == graphs
+    assert (tmp_path / "second.jsonl").read_text() == (tmp_path / "first.jsonl").read_text()
+    assert not list(REPO.glob("rank_0")) and not list(REPO.glob("kernel_meta"))
+
+
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_every_choice_scores_as_transformers_does(exam_runs, name):
     """The four log-likelihoods of every question equal transformers' on the same prompt ids

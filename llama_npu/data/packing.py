@@ -20,7 +20,9 @@ same sample, which packing does not change (tests/test_data.py checks the per-sa
 from __future__ import annotations
 
 import bisect
-from typing import List, Sequence
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
 
 from .samples import Sample
 
@@ -56,6 +58,20 @@ def pack(samples: Sequence[Sample], length: int) -> List[Sample]:
     return packed
 
 
-def padding_share(samples: Sequence[Sample], rows: int, length: int) -> float:
-    """The share of `rows` x `length` token slots that holds padding rather than a sample."""
-    return 1.0 - sum(len(s.input_ids) for s in samples) / (rows * length) if rows else 0.0
+def gather_rows(ids: np.ndarray, labels: np.ndarray, starts: np.ndarray, rows: Sequence[Sequence[int]]
+                ) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
+    """pack() on flat samples (sample i is ids[starts[i]:starts[i + 1]]; `ids` may be a
+    memory map): (column -> the rows' tokens, flat; row bounds)."""
+    order = np.fromiter((i for row in rows for i in row), np.int64)
+    lengths = (starts[1:] - starts[:-1])[order]
+    out_start = np.cumsum(lengths) - lengths
+    index = np.arange(int(lengths.sum())) + np.repeat(starts[:-1][order] - out_start, lengths)
+    segment = np.fromiter((n for row in rows for n in range(1, len(row) + 1)), np.int32, count=len(order))
+    per_row = np.add.reduceat(lengths, np.cumsum([0] + [len(row) for row in rows[:-1]])) if rows else lengths
+    return ({"input_ids": np.asarray(ids[index]), "labels": np.asarray(labels[index]),
+             "segment_ids": np.repeat(segment, lengths)}, np.concatenate([[0], np.cumsum(per_row)]))
+
+
+def padding_share(tokens: int, rows: int, length: int) -> float:
+    """The share of `rows` x `length` token slots that holds padding rather than `tokens`."""
+    return 1.0 - tokens / (rows * length) if rows else 0.0

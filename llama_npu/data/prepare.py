@@ -15,12 +15,16 @@ from typing import List
 import numpy as np
 
 from ..common.atomic import check_writable, staged_directory
-from .mindrecord import META_FILE, write_samples
-from .packing import assign_rows, pack, padding_share
-from .readers import RecordError, read_dataset
-from .samples import tokenize_records
+from ..common.console import progress_bar
+from .mindrecord import DATA_FILE, META_FILE, RowWriter
+from .packing import assign_rows, gather_rows, padding_share
+from .readers import RecordError, SkipReport, good_records
+from .samples import FitReport, tokenized_chunks
 from .tables import ReadOptions
 from .tokenizer import load_tokenizer, tokenizer_identity
+
+
+PACK_CHUNK = 2048  # packed rows gathered and written at a time
 
 
 def _sha256(path: Path) -> str:
@@ -39,6 +43,11 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
 
     `max_seq_len` is the sequence length the model sees, as in a recipe's data.max_seq_len;
     each stored sample (or packed row) holds up to max_seq_len + 1 tokens.
+
+    The records stream through in chunks (data/samples.py tokenized_chunks), so memory does
+    not grow with them: a first pass counts them and finds a bad one before anything is
+    tokenized, the second tokenizes and writes. Packing keeps one length a sample for its
+    best-fit placement and the tokens in a spill file beside the output.
     """
     output = Path(output)
     if output.exists() and not overwrite:
@@ -49,50 +58,97 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     tok = load_tokenizer(tokenizer)
     length = max_seq_len + 1
 
-    records, skipped = read_dataset(inputs, fmt, on_bad_record, options)
+    skipped = SkipReport()
+    count = sum(1 for _ in good_records(inputs, fmt, on_bad_record, skipped, options))
     if progress:
-        progress(f"tokenizing {len(records)} records")
-    samples, fit = tokenize_records(tok, records, length, train_on_prompt)
-    rows = pack(samples, length) if packed else samples
-    packed_rows = len(rows) if packed else len(assign_rows([len(s.input_ids) for s in samples], length))
-    if not rows:
-        why = ""
-        if skipped.by_reason:  # the commonest reason, e.g. a ShareGPT file read as alpaca
-            reason, entry = max(skipped.by_reason.items(), key=lambda item: item[1]["count"])
-            why = f"; most skipped as {reason} (first at {entry['first'][0]})"
-        raise RecordError(f"no sample left to write from {', '.join(map(str, inputs))} "
-                          f"(read {fit.read + skipped.total}, skipped {skipped.total}, "
-                          f"dropped {fit.dropped_no_answer}){why}")
+        progress(f"tokenizing {count} records, written as {'packed rows' if packed else 'samples'} as they come")
+    fit = FitReport()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with staged_directory(output, replace=overwrite) as staging:
+        writer = RowWriter(staging / DATA_FILE)
+        with progress_bar(count, "tokenize", "record") as bar:
+            chunks = tokenized_chunks(tok, good_records(inputs, fmt, "skip", SkipReport(), options), length,
+                                      train_on_prompt, fit, bar)
+            kept, packed_rows = _write_packed(writer, chunks, length, staging) if packed else \
+                _write_samples(writer, chunks, length)
+        if not writer.rows:
+            why = ""
+            if skipped.by_reason:  # the commonest reason, e.g. a ShareGPT file read as alpaca
+                reason, entry = max(skipped.by_reason.items(), key=lambda item: item[1]["count"])
+                why = f"; most skipped as {reason} (first at {entry['first'][0]})"
+            raise RecordError(f"no sample left to write from {', '.join(map(str, inputs))} "
+                              f"(read {fit.read + skipped.total}, skipped {skipped.total}, "
+                              f"dropped {fit.dropped_no_answer}){why}")
+        writer.commit()
+        meta = _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, writer.rows,
+                     packed_rows)
+        (staging / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
+    return meta
 
-    lengths = np.asarray(fit.lengths or [0])
-    meta = {
+
+def _write_samples(writer: RowWriter, chunks, length: int):
+    """Each sample a row, one segment each; (kept samples' lengths, rows --pack would fill)."""
+    lengths = []
+    for rows in chunks:
+        writer.write({"input_ids": rows.ids, "labels": rows.labels, "segment_ids": np.ones_like(rows.ids)},
+                     rows.starts)
+        lengths.append(rows.lengths)
+    kept = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    return kept, len(assign_rows(kept.tolist(), length))
+
+
+def _write_packed(writer: RowWriter, chunks, length: int, spill: Path):
+    """The samples spilled to disk as they come, placed best-fit decreasing once all their
+    lengths are known, then written PACK_CHUNK rows at a time; (kept samples' lengths, rows)."""
+    files = {name: spill / f".spill-{name}" for name in ("input_ids", "labels")}
+    lengths = []
+    with open(files["input_ids"], "wb") as ids, open(files["labels"], "wb") as labels:
+        for rows in chunks:
+            ids.write(rows.ids.tobytes())
+            labels.write(rows.labels.tobytes())
+            lengths.append(rows.lengths)
+    kept = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    placement = assign_rows(kept.tolist(), length)
+    if placement:
+        starts = np.concatenate([[0], np.cumsum(kept)])
+        ids, labels = (np.memmap(files[name], np.int32, "r") for name in ("input_ids", "labels"))
+        for first in range(0, len(placement), PACK_CHUNK):
+            columns, bounds = gather_rows(ids, labels, starts, placement[first:first + PACK_CHUNK])
+            writer.write(columns, bounds)
+        del ids, labels  # the maps close before their files go
+    for path in files.values():
+        path.unlink()
+    return kept, len(placement)
+
+
+def _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, rows, packed_rows):
+    length = max_seq_len + 1
+    lengths = np.asarray(fit.lengths) if len(fit.lengths) else np.zeros(1, np.int64)
+    tokens = int(kept.sum())
+    return {
         "format": fmt, "max_seq_len": max_seq_len, "packed": packed, "train_on_prompt": train_on_prompt,
         "counts": {"read": fit.read + skipped.total, "written": fit.kept, "skipped": skipped.total,
-                   "dropped_no_answer": fit.dropped_no_answer, "truncated": fit.truncated, "rows": len(rows)},
+                   "dropped_no_answer": fit.dropped_no_answer, "truncated": fit.truncated, "rows": rows,
+                   "tokens": tokens},
         "skipped_by_reason": skipped.by_reason,
         "token_lengths": {"p50": int(np.percentile(lengths, 50)), "p95": int(np.percentile(lengths, 95)),
                           "max": int(lengths.max()), "note": "tokens per sample before truncation"},
-        "padding_ratio": {"unpacked": padding_share(samples, len(samples), length),
-                          "packed": padding_share(samples, packed_rows, length)},
+        # training pads every row to max_seq_len + 1 (one compiled shape); the file does not
+        "padding_ratio": {"unpacked": padding_share(tokens, len(kept), length),
+                          "packed": padding_share(tokens, packed_rows, length),
+                          "note": "share of the training batches' slots, each row padded to max_seq_len + 1; "
+                                  "rows are stored at their own length"},
         "tokenizer": tokenizer_identity(tokenizer),
         # absolute: a rehearsal reads them from wherever it runs
         "sources": [{"path": str(Path(p).absolute()), "sha256": _sha256(Path(p))} for p in inputs],
     }
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with staged_directory(output, replace=overwrite) as staging:
-        if progress:
-            progress(f"writing {len(rows)} {'packed rows' if packed else 'samples'} to MindRecord")
-        write_samples(staging, rows)
-        (staging / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
-    return meta
-
 
 def _padding_line(meta: dict) -> str:
-    share, rows, length = meta["padding_ratio"], meta["counts"]["rows"], meta["max_seq_len"] + 1
-    other = "unpacked" if meta["packed"] else "with --pack"
-    return (f"padding: {share['packed' if meta['packed'] else 'unpacked']:.1%} of the {rows} rows x {length} "
-            f"tokens written ({share['unpacked' if meta['packed'] else 'packed']:.1%} {other})")
+    share, length = meta["padding_ratio"], meta["max_seq_len"] + 1
+    mine, other = ("packed", "unpacked") if meta["packed"] else ("unpacked", "packed")
+    return (f"stored at their own length: {meta['counts']['tokens']:,} tokens; training pads each row to {length} "
+            f"tokens, {share[mine]:.1%} of its slots padding ({share[other]:.1%} {other})")
 
 
 def format_report(meta: dict) -> str:

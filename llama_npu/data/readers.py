@@ -343,9 +343,15 @@ def unread_note(fmt: str, pairs: bool) -> Callable[[Path, List[str]], None]:
     reads = sorted((PAIR_READ_KEYS if pairs else READ_KEYS)[fmt] - {"tools"})
 
     def named(path: Path, keys: List[str]) -> None:
-        note(f"{path}: {'column' if len(keys) == 1 else 'columns'} {', '.join(map(repr, keys))} not read ({fmt} "
-             f"reads {', '.join(reads)}; data.columns: {{KEY: COLUMN}} reads a column as one of them)")
+        message = (f"{path}: {'column' if len(keys) == 1 else 'columns'} {', '.join(map(repr, keys))} not read "
+                   f"({fmt} reads {', '.join(reads)}; data.columns: {{KEY: COLUMN}} reads a column as one of them)")
+        if message not in _NOTED:  # prepare-data reads a file twice (count, then tokenize): one note
+            _NOTED.add(message)
+            note(message)
     return named
+
+
+_NOTED: set = set()
 
 
 FIRST_LINES_KEPT = 5
@@ -375,16 +381,23 @@ def read_dataset(paths, fmt: str, on_bad_record: str = "error",
                  options: ReadOptions = ReadOptions(),
                  parsers: Optional[dict] = None) -> Tuple[List[Record], SkipReport]:
     """All good records; a bad one stops the read (error) or is counted and left out (skip).
-    prepare-data and train read through here, the pre-flight through iter_records."""
-    records, skipped = [], SkipReport()
+    Train reads through here, prepare-data through good_records, the pre-flight through
+    iter_records."""
+    skipped = SkipReport()
+    return list(good_records(paths, fmt, on_bad_record, skipped, options, parsers)), skipped
+
+
+def good_records(paths, fmt: str, on_bad_record: str, skipped: SkipReport, options: ReadOptions = ReadOptions(),
+                 parsers: Optional[dict] = None) -> Iterator[Record]:
+    """The good records, streamed; a bad one stops the read (error) or is counted in
+    `skipped` and left out (skip). A file's columns that nothing reads are named once."""
     for item in iter_records(paths, fmt, options, parsers, unread_note(fmt, parsers not in (None, PARSERS))):
         if isinstance(item, RecordError):
             if on_bad_record == "error":
                 raise with_skip_hint(item)
             skipped.add(item)
         else:
-            records.append(item)
-    return records, skipped
+            yield item
 
 
 def read_records(paths, fmt: str = "alpaca", options: ReadOptions = ReadOptions()) -> List[Record]:

@@ -2,14 +2,17 @@
 model is trained on."""
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from array import array
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 from ..common.console import progress_bar
-from ..model.tokens import BOS_ID, IGNORE_ID
-from .chat_template import assemble_chat, role_headers
+from ..model.tokens import BOS_ID, EOT_ID, IGNORE_ID
+from .chat_template import ROLES, role_headers
 from .readers import Record
 from .tokenizer import SPECIAL_TOKENS
 
@@ -30,7 +33,7 @@ class FitReport:
     kept: int = 0
     truncated: int = 0
     dropped_no_answer: int = 0
-    lengths: List[int] = field(default_factory=list)  # before truncation
+    lengths: array = field(default_factory=lambda: array("l"))  # before truncation
 
 
 def fit_length(ids: List[int], labels: List[int], max_len: int):
@@ -43,46 +46,132 @@ def fit_length(ids: List[int], labels: List[int], max_len: int):
     return ids, labels
 
 
-def _encode(tokenizer, headers, record: Record, content_ids, train_on_prompt: bool):
-    if record.text is not None:
-        ids = [BOS_ID] + list(content_ids[0]) + [END_OF_TEXT_ID]
-        # The first label stays IGNORE_ID so a packed document is never predicted from the
-        # one before it.
-        return ids, [IGNORE_ID] + ids[1:]
-    return assemble_chat([r for r, _ in record.messages], content_ids, headers, train_on_prompt)
+@dataclass
+class TokenRows:
+    """Tokenized samples held flat, as the writer and the packer take them: sample i is
+    ids[starts[i]:starts[i + 1]] (and its labels). One array a chunk costs far less than a
+    Python list a sample, which is what kept prepare-data below the tokenizer's pace."""
+    ids: np.ndarray  # (T,) int32
+    labels: np.ndarray  # (T,) int32
+    starts: np.ndarray  # (N + 1,) int64
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.starts)
+
+    def samples(self) -> List[Sample]:
+        ids, labels, starts = self.ids.tolist(), self.labels.tolist(), self.starts.tolist()
+        return [Sample(ids[a:b], labels[a:b]) for a, b in zip(starts[:-1], starts[1:])]
+
+
+def _flat(parts: Sequence[Sequence[int]]) -> np.ndarray:
+    return np.fromiter(itertools.chain.from_iterable(parts), np.int32, count=sum(map(len, parts)))
+
+
+def encode_contents(tokenizer, chunk: Sequence[Record]) -> List[List[int]]:
+    """The ids of every content string of `chunk` (each record's text, or each turn's), in
+    one encode_batch call: the Rust tokenizer spreads a batch over its threads."""
+    texts = [t for r in chunk for t in ([r.text] if r.text is not None else [c for _, c in r.messages])]
+    # encode_batch_fast: the same ids, without the character offsets nobody here reads
+    return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def assemble_chunk(headers, chunk: Sequence[Record], content: List[List[int]], train_on_prompt: bool) -> TokenRows:
+    """The records' ids and labels, whole, from their contents' ids (encode_contents): in the
+    chat format (data/chat_template.py builds the same from lists), or as plain-text
+    documents, <|begin_of_text|> text <|end_of_text|>, whose first label stays IGNORE_ID so a
+    packed document is never predicted from the one before it."""
+    # Every token comes from `source`: the contents, then the constant pieces.
+    fixed = {"bos": [BOS_ID], "eot": [EOT_ID], "end": [END_OF_TEXT_ID], **headers}
+    at, base = {}, sum(map(len, content))
+    for name, ids in fixed.items():
+        at[name], base = base, base + len(ids)
+    source = np.concatenate([_flat(content), _flat(list(fixed.values()))])
+    sizes = {name: len(ids) for name, ids in fixed.items()}
+    # A piece: (where in source, tokens, learnt); a record: its pieces in order.
+    begin, size, learn, first_piece = [], [], [], []
+    offset, turn = 0, 0
+    for record in chunk:
+        first_piece.append(len(begin))
+        begin.append(at["bos"])
+        size.append(1)
+        learn.append(False)
+        if record.text is not None:
+            n = len(content[turn])
+            begin += [offset, at["end"]]
+            size += [n, 1]
+            learn += [True, True]
+            offset, turn = offset + n, turn + 1
+            continue
+        for role, _ in record.messages:
+            if role not in headers:
+                raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+            n, learnt = len(content[turn]), role == "assistant" or train_on_prompt
+            begin += [at[role], offset, at["eot"]]
+            size += [sizes[role], n, 1]
+            learn += [False, learnt, learnt]
+            offset, turn = offset + n, turn + 1
+    size = np.asarray(size, np.int64)
+    out_start = np.cumsum(size) - size
+    index = np.arange(int(size.sum())) + np.repeat(np.asarray(begin, np.int64) - out_start, size)
+    ids = source[index]
+    labels = np.where(np.repeat(np.asarray(learn, bool), size), ids, np.int32(IGNORE_ID))
+    lengths = np.add.reduceat(size, first_piece) if chunk else np.zeros(0, np.int64)
+    return TokenRows(ids, labels, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+
+
+def fit_rows(rows: TokenRows, max_len: int, report: FitReport) -> TokenRows:
+    """fit_length on every sample at once: cut to `max_len`, drop a sample with no target
+    token left (labels[0] is never one), and count both in `report`."""
+    lengths = rows.lengths
+    report.read += len(rows)
+    report.lengths.extend(lengths.tolist())
+    if not len(rows):
+        return rows
+    position = np.arange(len(rows.ids)) - np.repeat(rows.starts[:-1], lengths)
+    target = (rows.labels != IGNORE_ID) & (position >= 1) & (position < max_len)
+    keep = np.add.reduceat(target, rows.starts[:-1]) > 0
+    report.dropped_no_answer += int((~keep).sum())
+    report.truncated += int((keep & (lengths > max_len)).sum())
+    report.kept += int(keep.sum())
+    tokens = np.repeat(keep, lengths) & (position < max_len)
+    kept = np.minimum(lengths, max_len)[keep]
+    return TokenRows(rows.ids[tokens], rows.labels[tokens], np.concatenate([[0], np.cumsum(kept)]).astype(np.int64))
+
+
+def tokenized_chunks(tokenizer, records: Iterable[Record], max_len: int, train_on_prompt: bool,
+                     report: FitReport, bar=None) -> Iterator[TokenRows]:
+    """The fitted samples of `records`, TOKENIZE_BATCH records at a time: a stream, so
+    nothing but the report grows with the data set. The tokenizer encodes the next chunk in
+    a thread (encode_batch releases the GIL) while this one is assembled and consumed."""
+    headers = role_headers(tokenizer)
+    records = iter(records)
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as encoder:
+        pending = None
+        while True:
+            chunk = list(itertools.islice(records, TOKENIZE_BATCH))
+            ahead = (chunk, encoder.submit(encode_contents, tokenizer, chunk)) if chunk else None
+            if pending is not None:
+                done, contents = pending
+                yield fit_rows(assemble_chunk(headers, done, contents.result(), train_on_prompt), max_len, report)
+                if bar is not None:
+                    bar.update(len(done))
+            if ahead is None:
+                return
+            pending = ahead
 
 
 def tokenize_records(tokenizer, records: Sequence[Record], max_len: int, train_on_prompt: bool = False):
-    """Samples of at most `max_len` tokens and a report of what was cut or dropped.
-    Tokenizes in batches across records for speed."""
-    headers = role_headers(tokenizer)
+    """Samples of at most `max_len` tokens and a report of what was cut or dropped."""
     report = FitReport()
     samples = []
     with progress_bar(len(records), "tokenize", "record") as bar:
-        for start in range(0, len(records), TOKENIZE_BATCH):
-            chunk = records[start:start + TOKENIZE_BATCH]
-            samples += _tokenize_chunk(tokenizer, headers, chunk, max_len, train_on_prompt, report)
-            bar.update(len(chunk))
+        for rows in tokenized_chunks(tokenizer, records, max_len, train_on_prompt, report, bar):
+            samples += rows.samples()
     return samples, report
-
-
-def _tokenize_chunk(tokenizer, headers, chunk, max_len: int, train_on_prompt: bool, report: FitReport) -> list:
-    texts = [t for r in chunk for t in ([r.text] if r.text is not None else [c for _, c in r.messages])]
-    encoded = iter(e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False))
-    samples = []
-    for record in chunk:
-        turns = 1 if record.text is not None else len(record.messages)
-        ids, labels = _encode(tokenizer, headers, record, [next(encoded) for _ in range(turns)], train_on_prompt)
-        report.read += 1
-        report.lengths.append(len(ids))
-        fitted = fit_length(ids, labels, max_len)
-        if fitted is None:
-            report.dropped_no_answer += 1
-            continue
-        report.truncated += len(ids) > max_len
-        samples.append(Sample(*fitted))
-        report.kept += 1
-    return samples
 
 
 def pad_batch(samples: Sequence[Sample], length: int, pad_id: int):

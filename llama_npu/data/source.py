@@ -84,6 +84,7 @@ def training_source(recipe, tokenizer) -> Union[ListSamples, MindRecordSamples]:
     if d.pack:
         rows = pack(samples, d.max_seq_len + 1)
         note(f"packed into {len(rows)} rows of {d.max_seq_len + 1} tokens "
-             f"({padding_share(samples, len(rows), d.max_seq_len + 1):.1%} padding)")
+             f"({padding_share(sum(len(s.input_ids) for s in samples), len(rows), d.max_seq_len + 1):.1%} "
+             f"padding)")
         samples = rows
     return ListSamples(samples)

@@ -5,17 +5,20 @@ Scoring (`_loglikelihood_tokens`), as `llama-npu eval` batches:
 - each request is one input row, (context + continuation)[:-1], cut from the left to
   --max-seq-len; requests with the same input share one row, so the four one-token choices
   A-D of a question cost one forward pass of the backbone;
-- rows are sorted by length and batched --batch-size at a time, each batch padded only to
-  the power-of-two bucket of its longest row (evaluate.bucket_length), so the graph
-  compiles once per bucket;
+- rows are sorted by length and batched --batch-size at a time, each batch padded to one of
+  a few widths (plan_widths): the power-of-two buckets of their longest rows
+  (loss_loop.bucket_length), merged upward where the padding costs less than the compile
+  it saves. The backbone compiles once a width; compile_cache.py keeps the graphs for the
+  next run of the same shapes;
 - the LM head runs only at the positions that predict a continuation token, EVAL_CHUNK
   positions per call, each position scoring up to TARGETS tokens: one chunk of logits exists
   at a time, and the fp32 log-softmax never leaves the device.
 """
 from __future__ import annotations
 
+import json
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from lm_eval import utils
@@ -30,11 +33,40 @@ from ..loaded_model import EVAL_CHUNK
 from ..loss_loop import bucket_length
 
 TARGETS = 4  # continuation tokens scored per head position: the four choices of a question
+# One more backbone graph costs about a forward over this many padded tokens: measured on
+# this 2-core CPU for the hidden-256, 4-layer model of benchmarks/exam_throughput.py (a
+# compile ~6.5 s, a padded token ~0.4 ms, both under the same load). On a card compute is
+# faster and compiles slower, which only makes merging widths the better choice there.
+COMPILE_TOKENS = 16384
 # The markers lm-eval's chat prompts contain, written by apply_chat_template below. The
 # tokenizer reads special-token text in data as plain text (data/tokenizer.py), so these are
 # mapped to their ids here and only here.
 MARKER_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 CHAT_MARKERS = re.compile("(" + "|".join(map(re.escape, MARKER_TOKENS)) + ")")
+
+
+def plan_widths(lengths: Sequence[int], batch_size: int, max_len: int) -> List[int]:
+    """The widths the backbone compiles for rows of `lengths`, batched `batch_size` at a
+    time in ascending length: each batch's bucket_length, with neighbouring buckets merged
+    into the wider one wherever the padding added (batches x batch_size x extra width) costs
+    fewer tokens than the COMPILE_TOKENS a graph costs (an exact search over the buckets)."""
+    ordered = sorted(lengths)
+    needs = [bucket_length(ordered[min(i + batch_size, len(ordered)) - 1], max_len)
+             for i in range(0, len(ordered), batch_size)]
+    buckets = sorted(set(needs))
+    count = [needs.count(b) for b in buckets]
+    # best[j]: the least cost of buckets[:j], its last group ending at bucket j - 1
+    best, cut = [0.0] + [float("inf")] * len(buckets), [0] * (len(buckets) + 1)
+    for j in range(1, len(buckets) + 1):
+        for i in range(j):
+            cost = best[i] + COMPILE_TOKENS + batch_size * buckets[j - 1] * sum(count[i:j])
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    widths, j = [], len(buckets)
+    while j:
+        widths.append(buckets[j - 1])
+        j = cut[j]
+    return sorted(widths)
 
 
 def head_rows(needed: int) -> int:
@@ -76,6 +108,8 @@ class MindSporeLM(TemplateLM):
         self.backbone.set_train(False)
         self.head = target_head(net.lm_head)
         self.markers = {m: tokenizer.token_to_id(m) for m in MARKER_TOKENS}
+        self.widths: List[int] = []  # the backbone's padded widths (plan_widths)
+        self.compiled: set = set()  # ("backbone", width) / ("head", rows) already compiled
         # (context, continuation) -> (the context ids scored, after any cut; continuation ids)
         self.encoded: Dict[Tuple[str, str], Tuple[List[int], List[int]]] = {}
 
@@ -135,44 +169,89 @@ class MindSporeLM(TemplateLM):
             rows.setdefault(inputs, []).append((index, first, list(continuation)))
             if key is not None:
                 self.encoded[key] = (list(inputs[:first + 1]), list(continuation))
+        order = sorted(rows, key=len)
+        self._plan_widths([len(r) for r in order])
+        batches = []  # (rows, width, [(positions, targets (C, TARGETS), owners)] a head call)
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            longest = max(len(r) for r in batch)
+            width = next((w for w in self.widths if w >= longest), longest)
+            # One slot per (row position, up to TARGETS tokens it must score).
+            slots: Dict[int, List[Tuple[int, int]]] = {}
+            for b, row in enumerate(batch):
+                for index, first, targets in rows[row]:
+                    for offset, token in enumerate(targets):
+                        slots.setdefault(b * width + first + offset, []).append((index, token))
+            flat, slot_targets, owners = [], [], []
+            for position, wanted in slots.items():
+                for i in range(0, len(wanted), TARGETS):
+                    group = wanted[i:i + TARGETS]
+                    flat.append(position)
+                    slot_targets.append([t for _, t in group] + [0] * (TARGETS - len(group)))
+                    owners.append(group)
+            calls = []
+            for c in range(0, len(flat), EVAL_CHUNK):
+                pad = head_rows(len(flat[c:c + EVAL_CHUNK])) - len(flat[c:c + EVAL_CHUNK])
+                calls.append((flat[c:c + EVAL_CHUNK] + [0] * pad, slot_targets[c:c + EVAL_CHUNK] + [[0] * TARGETS] * pad,
+                              owners[c:c + EVAL_CHUNK]))
+            batches.append((batch, width, calls))
+        self._compile(sorted({w for _, w, _ in batches}), sorted({len(p) for *_, calls in batches for p, _, _ in calls}))
         logprob = [0.0] * len(requests)
         greedy = [True] * len(requests)
-        order = sorted(rows, key=len)
         with progress_bar(len(order), "scoring", "prompt", enabled=self.progress and not disable_tqdm) as bar:
-            for start in range(0, len(order), self.batch_size):
-                batch = order[start:start + self.batch_size]
-                width = bucket_length(max(len(r) for r in batch), self.max_seq_len)
+            for batch, width, calls in batches:
                 ids = np.full((self.batch_size, width), PAD_ID, dtype=np.int32)
-                for b, row in enumerate(batch + [batch[-1]] * (self.batch_size - len(batch))):  # one shape a bucket
+                for b, row in enumerate(batch + [batch[-1]] * (self.batch_size - len(batch))):  # one shape a width
                     ids[b, :len(row)] = row
                 hidden = self.backbone(ms.Tensor(ids))  # (B, W, H)
                 hidden = hidden.reshape(-1, hidden.shape[-1])  # (B*W, H)
-                # One slot per (row position, up to TARGETS tokens it must score).
-                slots: Dict[int, List[Tuple[int, int]]] = {}
-                for b, row in enumerate(batch):
-                    for index, first, targets in rows[row]:
-                        for offset, token in enumerate(targets):
-                            slots.setdefault(b * width + first + offset, []).append((index, token))
-                flat, slot_targets, owners = [], [], []
-                for position, wanted in slots.items():
-                    for i in range(0, len(wanted), TARGETS):
-                        group = wanted[i:i + TARGETS]
-                        flat.append(position)
-                        slot_targets.append([t for _, t in group] + [0] * (TARGETS - len(group)))
-                        owners.append(group)
-                for c in range(0, len(flat), EVAL_CHUNK):
-                    positions = flat[c:c + EVAL_CHUNK]
-                    pad = head_rows(len(positions)) - len(positions)
-                    chunk = ops.gather(hidden, ms.Tensor(positions + [0] * pad, ms.int32), 0)  # (C, H)
-                    targets = np.array(slot_targets[c:c + EVAL_CHUNK] + [[0] * TARGETS] * pad, dtype=np.int32)
-                    picked, best = self.head(chunk, ms.Tensor(targets))
+                for positions, targets, owners in calls:
+                    chunk = ops.gather(hidden, ms.Tensor(positions, ms.int32), 0)  # (C, H)
+                    picked, best = self.head(chunk, ms.Tensor(np.array(targets, dtype=np.int32)))
                     picked, best = picked.asnumpy(), best.asnumpy()
-                    for s, group in enumerate(owners[c:c + EVAL_CHUNK]):
+                    for s, group in enumerate(owners):
                         for k, (index, token) in enumerate(group):
                             logprob[index] += float(picked[s, k])
                             greedy[index] = greedy[index] and int(best[s]) == token
                 bar.update(len(batch))
         return list(zip(logprob, greedy))
+
+    def _plan_widths(self, lengths: List[int]) -> None:
+        """The widths this scorer pads to: planned on the first call, widened only when a later
+        call (--compare's second model, a rolling window) has longer rows."""
+        wanted = plan_widths(lengths, self.batch_size, self.max_seq_len)
+        if not self.widths:
+            self.widths = wanted
+        elif lengths and max(lengths) > self.widths[-1]:
+            self.widths = sorted(set(self.widths) | {w for w in wanted if w > self.widths[-1]})
+
+    def _compile(self, widths: List[int], head_sizes: List[int]) -> None:
+        """Compile the graphs not compiled yet, backbone widths then head sizes in ascending
+        order, so that the same shapes compile in the same order in every run and MindSpore's
+        compile cache (compile_cache.py) can hand them back; graphs a later call adds
+        compile outside the cache."""
+        import mindspore as ms  # imported here: MindSpore loads after the command's quiet_frameworks
+
+        from .. import compile_cache
+
+        todo = [("backbone", w) for w in widths if ("backbone", w) not in self.compiled] + \
+               [("head", n) for n in head_sizes if ("head", n) not in self.compiled]
+        if not todo:
+            return
+        if self.compiled:
+            compile_cache.disable()
+        else:  # the model's config and parameters decide the graphs' shapes, not their values
+            compile_cache.enable({"config": json.dumps(self.net.config.to_dict(), sort_keys=True, default=str),
+                                  "parameters": [[p.name, list(p.shape), str(p.dtype)] for p in self.net.get_parameters()],
+                                  "batch": self.batch_size, "graphs": todo})
+        hidden_size = self.net.config.hidden_size
+        for kind, size in todo:
+            if kind == "backbone":
+                self.backbone.compile(ms.Tensor(np.zeros((self.batch_size, size), np.int32)))
+            else:
+                self.head.compile(ms.Tensor(np.zeros((size, hidden_size), np.float32)),
+                                  ms.Tensor(np.zeros((size, TARGETS), np.int32)))
+            self.compiled.add((kind, size))
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
         """Each string's total log-likelihood in disjoint windows of --max-seq-len, as
