@@ -67,8 +67,8 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     with staged_directory(output, replace=overwrite) as staging:
         writer = RowWriter(staging / DATA_FILE)
         with progress_bar(count, "tokenize", "record") as bar:
-            chunks = tokenized_chunks(tok, good_records(inputs, fmt, "skip", SkipReport(), options), length,
-                                      train_on_prompt, fit, bar)
+            records = good_records(inputs, fmt, "skip", SkipReport(), options, name_unread=False)
+            chunks = tokenized_chunks(tok, records, length, train_on_prompt, fit, bar)
             kept, packed_rows = _write_packed(writer, chunks, length, staging) if packed else \
                 _write_samples(writer, chunks, length)
         if not writer.rows:

@@ -343,15 +343,9 @@ def unread_note(fmt: str, pairs: bool) -> Callable[[Path, List[str]], None]:
     reads = sorted((PAIR_READ_KEYS if pairs else READ_KEYS)[fmt] - {"tools"})
 
     def named(path: Path, keys: List[str]) -> None:
-        message = (f"{path}: {'column' if len(keys) == 1 else 'columns'} {', '.join(map(repr, keys))} not read "
-                   f"({fmt} reads {', '.join(reads)}; data.columns: {{KEY: COLUMN}} reads a column as one of them)")
-        if message not in _NOTED:  # prepare-data reads a file twice (count, then tokenize): one note
-            _NOTED.add(message)
-            note(message)
+        note(f"{path}: {'column' if len(keys) == 1 else 'columns'} {', '.join(map(repr, keys))} not read ({fmt} "
+             f"reads {', '.join(reads)}; data.columns: {{KEY: COLUMN}} reads a column as one of them)")
     return named
-
-
-_NOTED: set = set()
 
 
 FIRST_LINES_KEPT = 5
@@ -388,10 +382,12 @@ def read_dataset(paths, fmt: str, on_bad_record: str = "error",
 
 
 def good_records(paths, fmt: str, on_bad_record: str, skipped: SkipReport, options: ReadOptions = ReadOptions(),
-                 parsers: Optional[dict] = None) -> Iterator[Record]:
+                 parsers: Optional[dict] = None, name_unread: bool = True) -> Iterator[Record]:
     """The good records, streamed; a bad one stops the read (error) or is counted in
-    `skipped` and left out (skip). A file's columns that nothing reads are named once."""
-    for item in iter_records(paths, fmt, options, parsers, unread_note(fmt, parsers not in (None, PARSERS))):
+    `skipped` and left out (skip). With `name_unread`, a file's columns that nothing reads are
+    named in a note (prepare-data reads its files twice and names them on one pass)."""
+    on_unread = unread_note(fmt, parsers not in (None, PARSERS)) if name_unread else None
+    for item in iter_records(paths, fmt, options, parsers, on_unread):
         if isinstance(item, RecordError):
             if on_bad_record == "error":
                 raise with_skip_hint(item)
