@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +18,9 @@ import pytest
 from llama_npu.common.frameworks import mute_mindformers_info, quiet_frameworks
 
 REPO = Path(__file__).resolve().parent.parent
+# hypothesis keeps a cache (.hypothesis/constants) in the directory it starts in, the checkout,
+# even with database=None: give it one of its own, before tests/fuzz_inputs.py imports it.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="llama-npu-hypothesis-"))
 # eval --task keeps its compiled graphs under ~/.cache/llama-npu/compile; the suite's runs keep
 # none, so that it leaves nothing in the home directory and two test processes never share one
 # (test_exams.py checks the cache in a directory of its own).
