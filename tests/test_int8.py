@@ -219,3 +219,101 @@ def test_lora_over_int8_base_data_parallel_over_two_launched_workers_equals_one_
     assert ours["model"] == theirs["model"] and ours["model"]["checkpoint"].endswith("float32")
     assert ours["strategies"]["lora"] == theirs["strategies"]["lora"]
     assert ours["strategies"]["lora"]["base_dtype"] == "int8"
+
+
+# ---------------------------------------------------------------- the 910B kernel's arguments (issue 39)
+
+def wqbmm_emulated(x, weight, scale, transpose_weight):
+    """CANN's WeightQuantBatchMatmul as aclnnWeightQuantBatchMatmulV2's documentation writes it
+    (no CPU kernel: "WeightQuantBatchMatmul unregistered"): y = x @ ANTIQUANT(weight) with the
+    weight (k, n), or its transpose when transpose_weight, ANTIQUANT(w) = w x scale along n in
+    x's dtype, the products summed in fp32 and the output in x's dtype. The scale's layout
+    is checked first, by the rule CANN checks on A2/A3 (model/wqbmm_arguments.py
+    per_channel_scale_ok: aclnn_weight_quant_batch_matmul_v2.cpp CheckAntiquantParamShape)."""
+    from llama_npu.model.wqbmm_arguments import per_channel_scale_ok
+
+    assert per_channel_scale_ok(weight.shape, scale.shape, transpose_weight), (weight.shape, scale.shape)
+    w = weight.T if transpose_weight else weight
+    antiquant = (w.astype(np.float32) * scale.astype(np.float32).reshape(1, -1)).astype(x.dtype)
+    return (x.astype(np.float32) @ antiquant.astype(np.float32)).astype(x.dtype)
+
+
+def wqbmm_calls(cell, x, dout):
+    """call -> (numpy arguments, transpose_weight) the 910B cell would pass the kernel, from its
+    own seams (Int8MatMul.forward_arguments / backward_arguments), run on the CPU."""
+    import mindspore as ms
+
+    m = cell.int8_matmul
+    calls = {"forward": (m.forward_arguments(ms.Tensor(x), cell.weight, cell.int8_scale), m.wqbmm),
+             "backward": (m.backward_arguments(ms.Tensor(dout), cell.weight, cell.int8_scale), m.wqbmm_dx)}
+    return {name: ([a.asnumpy() for a in args], prim.transpose_weight) for name, (args, prim) in calls.items()}
+
+
+def int8_layer(rng, rows=32, in_channels=96, out_channels=64, magnitude=1.0):
+    from llama_npu.weights.tensor_files import dequantize_rows, quantize_rows
+
+    q, scale = quantize_rows((rng.standard_normal((out_channels, in_channels)) * 0.02).astype(np.float32))
+    x = rng.standard_normal((rows, in_channels)).astype(np.float16)
+    dout = (rng.standard_normal((rows, out_channels)) * magnitude).astype(np.float16)
+    return q, scale, x, dout, dequantize_rows(q, scale).astype(np.float64)
+
+
+def dequant_path(ms, q, scale, x, dout):
+    """(y, dx) of the int8 cell the 910A and the CPU run (the dequantize kernel), fp16, by MindSpore."""
+    from llama_npu.model.int8_linear import Int8Linear
+
+    cell = Int8Linear(q, scale, ms.float16, "dequant")
+    y = cell(ms.Tensor(x)).asnumpy()
+    g = ms.Tensor(dout)
+
+    def weighted(inputs):
+        return (cell(inputs) * g).sum()
+
+    return y, ms.grad(weighted)(ms.Tensor(x)).asnumpy()
+
+
+def relative(a, b):
+    return float(np.abs(a.astype(np.float64) - b).max() / np.abs(b).max())
+
+
+def test_910b_cell_passes_the_kernel_a_scale_cann_accepts_and_its_formula_is_the_layers(ms):
+    """The 910B cell in a dry run: the arguments it hands WeightQuantBatchMatmul, forward and
+    bprop (x, weight, antiquant_scale, transpose_weight) are those model/wqbmm_arguments.py
+    names (selftest --dry-run lists them) and pass CANN's per-channel rule; the kernel's formula
+    over them is the layer's x W^T and dout W, as the dequantize path computes them."""
+    from llama_npu.model.int8_linear import Int8Linear
+    from llama_npu.model.wqbmm_arguments import per_channel_scale_ok, wqbmm_argument_shapes
+
+    q, scale, x, dout, w = int8_layer(np.random.default_rng(0))
+    calls = wqbmm_calls(Int8Linear(q, scale, ms.float16, "wqbmm"), x, dout)
+    expected = wqbmm_argument_shapes(32, 96, 64)
+    for name, (args, transpose) in calls.items():
+        shapes = dict(zip(("x", "weight", "antiquant_scale"), (a.shape for a in args)), transpose_weight=transpose)
+        assert shapes == expected[name], name
+        assert [a.dtype for a in args] == [np.float16, np.int8, np.float16], name
+        assert per_channel_scale_ok(args[1].shape, args[2].shape, transpose), name
+    assert expected["forward"]["antiquant_scale"] == (64,)  # n = the output channels: CANN's (n,)
+    assert not per_channel_scale_ok((64, 96), (64, 1), True)  # the (out, 1) layout the cell used to pass
+    y, dx = (wqbmm_emulated(*args, transpose) for args, transpose in calls.values())
+    y_ref, dx_ref = x.astype(np.float64) @ w.T, dout.astype(np.float64) @ w
+    y_dequant, dx_dequant = dequant_path(ms, q, scale, x, dout)
+    assert relative(y, y_ref) < 1e-2 and relative(dx, dx_ref) < 1e-2  # selftest int8_matmul's tolerance
+    assert relative(y, y_dequant.astype(np.float64)) < 1e-2 and relative(dx, dx_dequant.astype(np.float64)) < 1e-2
+
+
+def test_910b_bprop_keeps_fp16_gradients_of_1e_6_as_the_dequantize_path_does(ms):
+    """fp16 gradients of magnitude 1e-6 through the 910B bprop's formula: within the dequantize
+    path's error against the exact dout W. The former formula, (dout x s) cast to fp16 before
+    the kernel, flushed them: s is about 1e-4, so dout x s lies below fp16's smallest subnormal."""
+    from llama_npu.model.int8_linear import Int8Linear
+
+    q, scale, x, dout, w = int8_layer(np.random.default_rng(1), magnitude=1e-6)
+    exact = dout.astype(np.float64) @ w
+    _, dx_dequant = dequant_path(ms, q, scale, x, dout)
+    args, transpose = wqbmm_calls(Int8Linear(q, scale, ms.float16, "wqbmm"), x, dout)["backward"]
+    dx = wqbmm_emulated(*args, transpose)
+    tolerance = relative(dx_dequant, exact)
+    assert 0 < tolerance < 0.1  # dx near 1e-6 x 0.02 x 8: fp16 subnormals (5.2% here)
+    assert relative(dx, exact) <= 2 * tolerance, (relative(dx, exact), tolerance)  # 7.3% here
+    former = wqbmm_emulated((dout * scale.astype(np.float16)).astype(np.float16), q, np.ones(96, np.float16), False)
+    assert relative(former, exact) > 0.5  # what the test would have caught
