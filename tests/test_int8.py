@@ -317,3 +317,96 @@ def test_910b_bprop_keeps_fp16_gradients_of_1e_6_as_the_dequantize_path_does(ms)
     assert relative(dx, exact) <= 2 * tolerance, (relative(dx, exact), tolerance)  # 7.3% here
     former = wqbmm_emulated((dout * scale.astype(np.float16)).astype(np.float16), q, np.ones(96, np.float16), False)
     assert relative(former, exact) > 0.5  # what the test would have caught
+
+
+# ---------------------------------------------------------------- what the 910A's graph keeps alive (issue 39)
+
+# The smallest decoder whose MLP weights block (in x out > DEQUANT_BLOCK = 2^21 weights):
+# 256 x 8200, two blocks each for w1, w3 (8192 + 8 rows) and w2 (255 + 1 rows); one layer.
+BLOCKING = ["model.hidden_size=256", "model.intermediate_size=8200", "model.num_layers=1"]
+
+
+def ir_graph(ir_file):
+    """({node: (op, [inputs])} of the dump's first graph, the int8 Parameters' names)."""
+    import re
+
+    text = ir_file.read_text()
+    params = set(re.findall(r"^(%para\d+_\S+): <Ref\[Tensor\[Int8\]\]", text, re.M))
+    nodes = {}
+    for line in text.split("\nsubgraph @")[1].splitlines():
+        found = re.match(r"\s*(%\d+)\(\S*\) = (?:PrimFunc_)?(\w+)\((.*)", line)
+        if found:
+            nodes[found.group(1)] = found.group(2), re.findall(r"%[\w.]+", found.group(3))
+    return nodes, params
+
+
+def int8_reads(nodes, params):
+    """[(weight name, op, the node its read is ordered after or None, node)] of every StridedSlice
+    (a block) or Cast (a whole weight) of an int8 Parameter, through the Load / Depend /
+    TensorMove nodes MindSpore puts between a Parameter and its reader."""
+    reads = []
+    for node, (op, inputs) in nodes.items():
+        if op not in ("StridedSlice", "Cast") or not inputs:
+            continue
+        source, after = inputs[0], None
+        while source not in params and nodes.get(source, ("",))[0] in ("Load", "Depend", "TensorMove"):
+            kind, source_inputs = nodes[source]
+            after = after or (source_inputs[1] if kind == "Depend" else None)
+            source = source_inputs[0]
+        if source in params:
+            reads.append((source.split("layers.0.")[1].removesuffix(".weight"), op, after, node))
+    return reads
+
+
+def ancestors_of(nodes, node) -> set:
+    seen, todo = set(), [node]
+    while todo:
+        for parent in nodes.get(todo.pop(), ("", []))[1]:
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_int8_blocks_are_dequantized_one_after_another_and_shared_by_no_two_forwards(ms, tmp_path, recompute):
+    """DPO with the adapters_off reference over an int8 base whose MLP weights block, compiled
+    (one step), the IR counted: every block written is in the graph (the reference forward's,
+    the policy's, and under full recompute the policy's recomputed w1 and w3: w2's output is
+    not needed again), none merged by CSE (before: 6 where 12 are written); each block's read
+    ordered after the previous block's matmul, the first after the layer's input; every whole
+    weight's read (the unblocked forwards, the bprops) ordered after its input or dout."""
+    import collections
+
+    from test_preference import dpo_step, pair_batch
+
+    ids, labels = pair_batch()
+    sets = ["strategies.lora.enabled=true", "strategies.lora.base_dtype=int8", "model.random_init=true",
+            "dpo.reference=adapters_off", f"strategies.recompute.mode={recompute}", *BLOCKING]
+    _, _, step = dpo_step(ms, sets, 1)
+    ms.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
+    try:
+        step([(ids, labels, np.full(4, -1e3, np.float32))], 0.5)
+    finally:
+        ms.set_context(save_graphs=0)
+    (ir,) = tmp_path.glob("*_validate_*.ir")  # the graph the backend receives, after CSE
+    nodes, params = ir_graph(ir)
+    reads = int8_reads(nodes, params)
+    blocks = collections.Counter(name for name, op, _, _ in reads if op == "StridedSlice")
+    forwards = {"feed_forward.w1": 2, "feed_forward.w3": 2, "feed_forward.w2": 2}
+    if recompute == "full":
+        forwards["feed_forward.w1"] = forwards["feed_forward.w3"] = 3
+    assert blocks == {name: 2 * n for name, n in forwards.items()}  # two blocks a forward
+    assert all(after is not None for *_, after, _ in reads)  # an ordering edge on every read
+    slices = {node for name, op, _, node in reads if op == "StridedSlice"}
+    for name, op, after, node in reads:
+        if op == "StridedSlice" and nodes[after][0] == "MatMul":  # a second block: after the first's matmul
+            assert any(s in ancestors_of(nodes, after) for s in slices if s != node)
+    firsts = [after for name, op, after, _ in reads if op == "StridedSlice" and nodes[after][0] != "MatMul"]
+    assert len(firsts) == sum(forwards.values())  # one first block a forward, after the layer's input
+    # The whole weights: the unblocked ones' forwards (2, or 3 recomputed) and one bprop each
+    # (wq, wk and wv of the only layer need no input gradient); the blocked ones' bprops.
+    wholes = collections.Counter(name for name, op, _, _ in reads if op == "Cast")
+    again = 1 if recompute == "full" else 0
+    assert wholes == {"attention.wq": 2 + again, "attention.wk": 2 + again, "attention.wv": 2 + again,
+                      "attention.wo": 3 + again, "feed_forward.w1": 1, "feed_forward.w2": 1, "feed_forward.w3": 1}
