@@ -78,13 +78,14 @@ class Int8MatMul(nn.Cell):
     def backward_arguments(self, dout, q, scale):
         """WeightQuantBatchMatmul(transpose_weight=False)'s arguments for dx = dout W = (dout x s) q.
         The kernel scales along n (here `in`), not along the contracted `out`, so the rows'
-        scales go onto dout. Multiplying dout by s (~1e-4) in the compute dtype loses fp16
-        gradients to subnormals; here it is multiplied by s / c in fp32 (at most 1: dout does
-        not grow, and shrinks only by the row's ratio to the largest scale), and c, the
-        largest scale, is the kernel's uniform per-channel scale (n,): the kernel's operands
-        and its output stay in the range of the dequantize path's dout and W."""
-        scaled = ops.cast(ops.cast(dout, ms.float32) * (scale / self.grad_scale), self.dtype)
-        return scaled, q, ops.fill(self.dtype, (q.shape[1],), self.grad_scale)
+        scales go onto dout. Multiplying dout by s (~1e-4) loses fp16 gradients to subnormals
+        or zero; here dout is multiplied by s / c, formed in fp32 (at most 1: dout does not
+        grow, and shrinks only by the row's ratio to the largest scale), and c, the largest
+        scale, is the kernel's uniform per-channel scale (n,): the kernel's operands and its
+        output stay in the range of the dequantize path's dout and W. The product is in
+        dout's dtype, so the transient is one dout, as before."""
+        scaled = dout * ops.cast(scale / self.grad_scale, dout.dtype)
+        return ops.cast(scaled, self.dtype), q, ops.fill(self.dtype, (q.shape[1],), self.grad_scale)
 
     def construct(self, x, q, scale):
         if self.kernel == "wqbmm":
