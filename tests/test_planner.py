@@ -478,6 +478,33 @@ def test_int8_lora_base_is_a_byte_a_weight_plus_fp32_scales_and_the_weights_dequ
                                   lora_base_dtype="int8")) == "LoRA rank 16 over an int8 base"
 
 
+@pytest.mark.parametrize("reference", ["adapters_off", "precomputed"])
+def test_dpo_over_an_int8_base_counts_the_dequantized_group_not_the_whole_base(reference):
+    """DPO over the 3B's int8 base on a 910A: no dequantized chain is shared between the
+    adapters-off reference forward and the policy's, or a forward and a backward (the IR
+    test in tests/test_int8.py), so each phase holds the worst group of weights dequantized
+    at once (w1's and w3's bprops: 0.28 GB), not the whole dequantized base CSE kept alive
+    between the two forwards (5.6 GB in fp16), and the reference phase no more than that."""
+    from dataclasses import replace
+
+    from llama_npu.memory.planner import strategy_from_recipe
+
+    recipe = load_recipe(REPO / "recipes" / "llama3_2_3b_zh_lora_int8_910a.yaml",
+                         ["train.objective=dpo", f"dpo.reference={reference}", "data.max_seq_len=1024",
+                          "data.pack=false", "data.eval_files=[]", "data.train_files=[data/zh_pref_train.jsonl]",
+                          "train.micro_batch_size=1"])
+    shape = PRESETS["llama3.2-3b"]
+    s = strategy_from_recipe(recipe, "910a")
+    plan, float_base = (estimate(shape, P["llama3.2-3b"], DEVICES["910a"], replace(s, lora_base_dtype=dtype))
+                        for dtype in ("int8", "compute"))
+    c = plan.components
+    assert c["dequantized_weight"] == 2 * 2 * 3072 * 8192 + 8 * 3072 * 8192  # 0.28 GB, where the base is 5.6 in fp16
+    for phase in float_base.phases:  # the float base's phases, its weights swapped for the int8 ones
+        assert plan.phases[phase] - float_base.phases[phase] == c["weights"] - float_base.components["weights"] + (
+            0 if phase == "update" else c["dequantized_weight"]), phase
+    assert ("reference" in plan.phases) == (reference == "adapters_off")
+
+
 def test_fit_takes_an_int8_base_only_when_no_float_base_fits(tmp_path):
     """7 GB: the 3B model's fp16 base (6 GB) leaves too little; its int8 base fits, and the
     written recipe says so. With the card's 29 GB, --fit keeps the float base."""
