@@ -120,7 +120,7 @@ class Int8Linear(nn.Cell):
         self.out_channels, self.in_channels = q.shape
         self.weight = ms.Parameter(ms.Tensor(q), name="weight", requires_grad=False)
         self.int8_scale = ms.Parameter(ms.Tensor(scale), name="int8_scale", requires_grad=False)
-        self.int8_matmul = Int8MatMul(kernel, compute_dtype, gradient_scale(q, scale))
+        self.int8_matmul = Int8MatMul(kernel, compute_dtype, gradient_scale(q, scale) if kernel == "wqbmm" else 1.0)
         self.dtype = compute_dtype
         self.activation = activation
         self.activation_flag = activation is not None
