@@ -135,10 +135,12 @@ Figures are estimates of this harness's memory on an NPU, not measurements.
 INT8 is per-output-channel symmetric on the decoder's linear layers, with one fp32 scale
 per output channel; the embedding (tied to the LM head) and the norms stay in FP16, so INT8
 does not quarter the weights: the 128,256 x hidden embedding is a large share of a small model.
-Each linear weight is dequantized right before its matmul, 2^21 weights at a time: on the
-910A the INT8 rows' activations include one such block's fp32 cast, its fp32 product with
-the scales and its FP16 copy (`dequantized_weight`); the 910B's WeightQuantBatchMatmul
-dequantizes inside the kernel and forms none.
+Each linear weight is dequantized right before its matmul, 2^21 weights at a time, each
+block ordered after the previous block's matmul: on the 910A the INT8 rows' activations
+include the FP16 copies of the first blocks of wq, wk and wv, which read one input and which
+nothing orders among themselves, and one block's fp32 cast and fp32 product with the scales
+(`dequantized_weight`); the 910B's WeightQuantBatchMatmul dequantizes inside the kernel and
+forms none.
 
 The usual guides put INT8 inference at about 1.2 GB for the 1B model and 3.6 GB for the 3B.
 Beside the planner's count, term by term (GB):
@@ -170,9 +172,11 @@ softmax statistics.
 
 LoRA rank 8 on wq, wk, wv and wo, AdamW on the adapters, FP16 (O2). With
 `strategies.lora.base_dtype: int8` the frozen base's linear weights are held as INT8 with
-fp32 scales (as `quantize` writes them) and one weight at a time is dequantized, in the
-forward and again in the backward: the model states column includes that transient
-(the 910A's; the needs column has each card's, none on the 910B).
+fp32 scales (as `quantize` writes them), dequantized right before each matmul, in the
+forward and again in the backward (after its dout), never shared between two forwards or a
+forward and a backward: the model states column includes the worst transient, w1's and
+w3's bprops at once, whose douts arrive together (the 910A's; the needs column has each
+card's, none on the 910B).
 
 | model | settings | model states GB | activations GB 910A / 910B | logits + loss GB | needs GB per card 910A / 910B | fits 910A (29 GB) with 10% free | fits 910B (58 GB) |
 |---|---|---|---|---|---|---|---|
@@ -313,9 +317,9 @@ ZH = """# Llama 3.2 1B / 3B 在昇腾上的显存：规划器给出的数字
 
 INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道一个 fp32 缩放因子；词嵌入（与 LM head 共享）
 和归一化层保持 FP16，因此 INT8 不会把权重降到四分之一：128,256 × hidden 的词嵌入在小模型里占比很大。
-每个线性层的权重在其矩阵乘法之前才反量化，每次 2^21 个权重：在 910A 上，INT8 行的激活包含这样一块的 fp32 转换、
-它与缩放因子的 fp32 乘积及其 FP16 副本（`dequantized_weight`）；910B 的 WeightQuantBatchMatmul 在算子内部反量化，
-不生成这些副本。
+每个线性层的权重在其矩阵乘法之前才反量化，每次 2^21 个权重，每一块都排在前一块的矩阵乘法之后：在 910A 上，INT8 行的激活
+包含 wq、wk、wv 第一块的 FP16 副本（它们读同一个输入，彼此之间没有先后约束），以及一块的 fp32 转换和它与缩放因子的 fp32
+乘积（`dequantized_weight`）；910B 的 WeightQuantBatchMatmul 在算子内部反量化，不生成这些副本。
 
 常见指南给出的 INT8 推理显存：1B 约 1.2 GB，3B 约 3.6 GB。与规划器的数字逐项对照（GB）：
 
@@ -340,8 +344,9 @@ INT8 对解码层的线性层做逐输出通道对称量化，每个输出通道
 ## 在 FP16 或 INT8 基座上做 LoRA，每条序列 512 个 token
 
 LoRA rank 8，作用于 wq、wk、wv、wo，AdamW 只更新适配器，FP16（O2）。设置 `strategies.lora.base_dtype: int8`
-时，冻结基座的线性层权重以 INT8 加 fp32 缩放因子保存（与 `quantize` 写出的相同），每次只反量化一个权重，
-前向一次、反向再一次：模型状态一列包含这个临时张量（910A 的；"每卡需要"一列按各自的卡计算，910B 上没有）。
+时，冻结基座的线性层权重以 INT8 加 fp32 缩放因子保存（与 `quantize` 写出的相同），在每次矩阵乘法之前才反量化，
+前向一次、反向再一次（在 dout 之后），两次前向之间、前向与反向之间都不共用：模型状态一列包含最坏的临时张量，即 w1 和 w3
+的反向同时进行（它们的 dout 同时到达）（910A 的；"每卡需要"一列按各自的卡计算，910B 上没有）。
 
 | 模型 | 设置 | 模型状态 GB | 激活 GB 910A / 910B | logits + loss GB | 每卡需要 GB 910A / 910B | 910A（29 GB，留 10%）放得下 | 910B（58 GB）放得下 |
 |---|---|---|---|---|---|---|---|

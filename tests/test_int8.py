@@ -222,3 +222,194 @@ def test_lora_over_int8_base_data_parallel_over_two_launched_workers_equals_one_
     assert ours["model"] == theirs["model"] and ours["model"]["checkpoint"].endswith("float32")
     assert ours["strategies"]["lora"] == theirs["strategies"]["lora"]
     assert ours["strategies"]["lora"]["base_dtype"] == "int8"
+
+
+# ---------------------------------------------------------------- the 910B kernel's arguments (issue 39)
+
+def wqbmm_emulated(x, weight, scale, transpose_weight):
+    """CANN's WeightQuantBatchMatmul as aclnnWeightQuantBatchMatmulV2's documentation writes it
+    (no CPU kernel: "WeightQuantBatchMatmul unregistered"): y = x @ ANTIQUANT(weight) with the
+    weight (k, n), or its transpose when transpose_weight, ANTIQUANT(w) = w x scale along n in
+    x's dtype, the products summed in fp32 and the output in x's dtype. The scale's layout
+    is checked first, by the rule CANN checks on A2/A3 (model/wqbmm_arguments.py
+    per_channel_scale_ok: aclnn_weight_quant_batch_matmul_v2.cpp CheckAntiquantParamShape)."""
+    from llama_npu.model.wqbmm_arguments import per_channel_scale_ok
+
+    assert per_channel_scale_ok(weight.shape, scale.shape, transpose_weight), (weight.shape, scale.shape)
+    w = weight.T if transpose_weight else weight
+    antiquant = (w.astype(np.float32) * scale.astype(np.float32).reshape(1, -1)).astype(x.dtype)
+    return (x.astype(np.float32) @ antiquant.astype(np.float32)).astype(x.dtype)
+
+
+def wqbmm_calls(cell, x, dout):
+    """call -> (numpy arguments, transpose_weight) the 910B cell would pass the kernel, from its
+    own seams (Int8MatMul.forward_arguments / backward_arguments), run on the CPU."""
+    import mindspore as ms
+
+    m = cell.int8_matmul
+    calls = {"forward": (m.forward_arguments(ms.Tensor(x), cell.weight, cell.int8_scale), m.wqbmm),
+             "backward": (m.backward_arguments(ms.Tensor(dout), cell.weight, cell.int8_scale), m.wqbmm_dx)}
+    return {name: ([a.asnumpy() for a in args], prim.transpose_weight) for name, (args, prim) in calls.items()}
+
+
+def int8_layer(rng, rows=32, in_channels=96, out_channels=64, magnitude=1.0):
+    from llama_npu.weights.tensor_files import dequantize_rows, quantize_rows
+
+    q, scale = quantize_rows((rng.standard_normal((out_channels, in_channels)) * 0.02).astype(np.float32))
+    x = rng.standard_normal((rows, in_channels)).astype(np.float16)
+    dout = (rng.standard_normal((rows, out_channels)) * magnitude).astype(np.float16)
+    return q, scale, x, dout, dequantize_rows(q, scale).astype(np.float64)
+
+
+def dequant_path(ms, q, scale, x, dout):
+    """(y, dx) of the int8 cell the 910A and the CPU run (the dequantize kernel), fp16, by MindSpore."""
+    from llama_npu.model.int8_linear import Int8Linear
+
+    cell = Int8Linear(q, scale, ms.float16, "dequant")
+    y = cell(ms.Tensor(x)).asnumpy()
+    g = ms.Tensor(dout)
+
+    def weighted(inputs):
+        return (cell(inputs) * g).sum()
+
+    return y, ms.grad(weighted)(ms.Tensor(x)).asnumpy()
+
+
+def relative(a, b):
+    return float(np.abs(a.astype(np.float64) - b).max() / np.abs(b).max())
+
+
+def test_910b_cell_passes_the_kernel_a_scale_cann_accepts_and_its_formula_is_the_layers(ms):
+    """The 910B cell in a dry run: the arguments it hands WeightQuantBatchMatmul, forward and
+    bprop (x, weight, antiquant_scale, transpose_weight) are those model/wqbmm_arguments.py
+    names (selftest --dry-run lists them) and pass CANN's per-channel rule; the kernel's formula
+    over them is the layer's x W^T and dout W, as the dequantize path computes them."""
+    from llama_npu.model.int8_linear import Int8Linear
+    from llama_npu.model.wqbmm_arguments import per_channel_scale_ok, wqbmm_argument_shapes
+
+    q, scale, x, dout, w = int8_layer(np.random.default_rng(0))
+    calls = wqbmm_calls(Int8Linear(q, scale, ms.float16, "wqbmm"), x, dout)
+    expected = wqbmm_argument_shapes(32, 96, 64)
+    for name, (args, transpose) in calls.items():
+        shapes = dict(zip(("x", "weight", "antiquant_scale"), (a.shape for a in args)), transpose_weight=transpose)
+        assert shapes == expected[name], name
+        assert [a.dtype for a in args] == [np.float16, np.int8, np.float16], name
+        assert per_channel_scale_ok(args[1].shape, args[2].shape, transpose), name
+    assert expected["forward"]["antiquant_scale"] == (64,)  # n = the output channels: CANN's (n,)
+    assert not per_channel_scale_ok((64, 96), (64, 1), True)  # the (out, 1) layout the cell used to pass
+    y, dx = (wqbmm_emulated(*args, transpose) for args, transpose in calls.values())
+    y_ref, dx_ref = x.astype(np.float64) @ w.T, dout.astype(np.float64) @ w
+    y_dequant, dx_dequant = dequant_path(ms, q, scale, x, dout)
+    assert relative(y, y_ref) < 1e-2 and relative(dx, dx_ref) < 1e-2  # selftest int8_matmul's tolerance
+    assert relative(y, y_dequant.astype(np.float64)) < 1e-2 and relative(dx, dx_dequant.astype(np.float64)) < 1e-2
+
+
+def test_910b_bprop_keeps_fp16_gradients_of_1e_6_as_the_dequantize_path_does(ms):
+    """fp16 gradients of magnitude 1e-6 through the 910B bprop's formula: within the dequantize
+    path's error against the exact dout W. The former formula, (dout x s) cast to fp16 before
+    the kernel, flushed them: s is about 1e-4, so dout x s lies below fp16's smallest subnormal."""
+    from llama_npu.model.int8_linear import Int8Linear
+
+    q, scale, x, dout, w = int8_layer(np.random.default_rng(1), magnitude=1e-6)
+    exact = dout.astype(np.float64) @ w
+    _, dx_dequant = dequant_path(ms, q, scale, x, dout)
+    args, transpose = wqbmm_calls(Int8Linear(q, scale, ms.float16, "wqbmm"), x, dout)["backward"]
+    dx = wqbmm_emulated(*args, transpose)
+    tolerance = relative(dx_dequant, exact)
+    assert 0 < tolerance < 0.1  # dx near 1e-6 x 0.02 x 8: fp16 subnormals (5.2% here)
+    assert relative(dx, exact) <= 2 * tolerance, (relative(dx, exact), tolerance)  # 7.3% here
+    former = wqbmm_emulated((dout * scale.astype(np.float16)).astype(np.float16), q, np.ones(96, np.float16), False)
+    assert relative(former, exact) > 0.5  # what the test would have caught
+
+
+# ---------------------------------------------------------------- what the 910A's graph keeps alive (issue 39)
+
+# The smallest decoder whose MLP weights block (in x out > DEQUANT_BLOCK = 2^21 weights):
+# 256 x 8200, two blocks each for w1, w3 (8192 + 8 rows) and w2 (255 + 1 rows); one layer.
+BLOCKING = ["model.hidden_size=256", "model.intermediate_size=8200", "model.num_layers=1"]
+
+
+def ir_graph(ir_file):
+    """({node: (op, [inputs])} of the dump's first graph, the int8 Parameters' names)."""
+    import re
+
+    text = ir_file.read_text()
+    params = set(re.findall(r"^(%para\d+_\S+): <Ref\[Tensor\[Int8\]\]", text, re.M))
+    nodes = {}
+    for line in text.split("\nsubgraph @")[1].splitlines():
+        found = re.match(r"\s*(%\d+)\(\S*\) = (?:PrimFunc_)?(\w+)\((.*)", line)
+        if found:
+            nodes[found.group(1)] = found.group(2), re.findall(r"%[\w.]+", found.group(3))
+    return nodes, params
+
+
+def int8_reads(nodes, params):
+    """[(weight name, op, the node its read is ordered after or None, node)] of every StridedSlice
+    (a block) or Cast (a whole weight) of an int8 Parameter, through the Load / Depend /
+    TensorMove nodes MindSpore puts between a Parameter and its reader."""
+    reads = []
+    for node, (op, inputs) in nodes.items():
+        if op not in ("StridedSlice", "Cast") or not inputs:
+            continue
+        source, after = inputs[0], None
+        while source not in params and nodes.get(source, ("",))[0] in ("Load", "Depend", "TensorMove"):
+            kind, source_inputs = nodes[source]
+            after = after or (source_inputs[1] if kind == "Depend" else None)
+            source = source_inputs[0]
+        if source in params:
+            reads.append((source.split("layers.0.")[1].removesuffix(".weight"), op, after, node))
+    return reads
+
+
+def ancestors_of(nodes, node) -> set:
+    seen, todo = set(), [node]
+    while todo:
+        for parent in nodes.get(todo.pop(), ("", []))[1]:
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_int8_blocks_are_dequantized_one_after_another_and_shared_by_no_two_forwards(ms, tmp_path, recompute):
+    """DPO with the adapters_off reference over an int8 base whose MLP weights block, compiled
+    (one step), the IR counted: every block written is in the graph (the reference forward's,
+    the policy's, and under full recompute the policy's recomputed w1 and w3: w2's output is
+    not needed again), none merged by CSE (before: 6 where 12 are written); each block's read
+    ordered after the previous block's matmul, the first after the layer's input; every whole
+    weight's read (the unblocked forwards, the bprops) ordered after its input or dout."""
+    import collections
+
+    from test_preference import dpo_step, pair_batch
+
+    ids, labels = pair_batch()
+    sets = ["strategies.lora.enabled=true", "strategies.lora.base_dtype=int8", "model.random_init=true",
+            "dpo.reference=adapters_off", f"strategies.recompute.mode={recompute}", *BLOCKING]
+    _, _, step = dpo_step(ms, sets, 1)
+    ms.set_context(save_graphs=1, save_graphs_path=str(tmp_path))
+    try:
+        step([(ids, labels, np.full(4, -1e3, np.float32))], 0.5)
+    finally:
+        ms.set_context(save_graphs=0)
+    (ir,) = tmp_path.glob("*_validate_*.ir")  # the graph the backend receives, after CSE
+    nodes, params = ir_graph(ir)
+    reads = int8_reads(nodes, params)
+    blocks = collections.Counter(name for name, op, _, _ in reads if op == "StridedSlice")
+    forwards = {"feed_forward.w1": 2, "feed_forward.w3": 2, "feed_forward.w2": 2}
+    if recompute == "full":
+        forwards["feed_forward.w1"] = forwards["feed_forward.w3"] = 3
+    assert blocks == {name: 2 * n for name, n in forwards.items()}  # two blocks a forward
+    assert all(after is not None for *_, after, _ in reads)  # an ordering edge on every read
+    slices = {node for name, op, _, node in reads if op == "StridedSlice"}
+    for name, op, after, node in reads:
+        if op == "StridedSlice" and nodes[after][0] == "MatMul":  # a second block: after the first's matmul
+            assert any(s in ancestors_of(nodes, after) for s in slices if s != node)
+    firsts = [after for name, op, after, _ in reads if op == "StridedSlice" and nodes[after][0] != "MatMul"]
+    assert len(firsts) == sum(forwards.values())  # one first block a forward, after the layer's input
+    # The whole weights: the unblocked ones' forwards (2, or 3 recomputed) and one bprop each
+    # (wq, wk and wv of the only layer need no input gradient); the blocked ones' bprops.
+    wholes = collections.Counter(name for name, op, _, _ in reads if op == "Cast")
+    again = 1 if recompute == "full" else 0
+    assert wholes == {"attention.wq": 2 + again, "attention.wk": 2 + again, "attention.wv": 2 + again,
+                      "attention.wo": 3 + again, "feed_forward.w1": 1, "feed_forward.w2": 1, "feed_forward.w3": 1}

@@ -491,10 +491,10 @@ def test_sharded_accumulation_counts_mindformers_out_of_place_scaling():
 
 # ---------------------------------------------------------------- INT8: LoRA over an int8 base, inference --fit
 
-def test_int8_lora_base_is_a_byte_a_weight_plus_fp32_scales_and_one_transient_weight():
+def test_int8_lora_base_is_a_byte_a_weight_plus_fp32_scales_and_the_weights_dequantized_at_once():
     """strategies.lora.base_dtype=int8: the base's linear weights at 1 byte plus one fp32 scale per
-    output channel (weights/quantize.py's scales), the embedding and norms in fp16, and one
-    linear weight dequantized on the 910A (model/int8_linear.py) in the forward and backward."""
+    output channel (weights/quantize.py's scales), the embedding and norms in fp16, and the
+    linear weights the 910A may hold dequantized at once (memory/int8_weights.py)."""
     path = REPO / "recipes" / "llama3_2_3b_zh_lora_910a.yaml"
     plans = {dtype: json.loads(run_cli("plan", path, "--set", f"strategies.lora.base_dtype={dtype}", "--json",
                                        check=True).stdout) for dtype in ("compute", "int8")}
@@ -505,7 +505,9 @@ def test_int8_lora_base_is_a_byte_a_weight_plus_fp32_scales_and_one_transient_we
     c, c16 = plans["int8"]["components"], plans["compute"]["components"]
     assert c["weights"] == 28 * (split["layer_matrices"] + 4 * out_channels) + 2 * rest + 4 * adapters
     assert c16["weights"] == 2 * P["llama3.2-3b"] + 4 * adapters and "dequantized_weight" not in c16
-    assert c["dequantized_weight"] == (4 + 4 + 2) * 3072 * 8192  # w1/w2/w3's: fp32 cast, fp32 product, fp16
+    # w1's and w3's bprops, whose douts arrive together, in fp16 at once, one of them still
+    # forming in fp32 (the cast of q and the product by the scales)
+    assert c["dequantized_weight"] == 2 * 2 * 3072 * 8192 + (4 + 4) * 3072 * 8192
     assert plans["int8"]["strategy"]["lora_base_dtype"] == "int8"
     for phase in ("forward", "backward"):  # the same tensors otherwise
         assert plans["int8"]["phases"][phase] - plans["compute"]["phases"][phase] == \
@@ -514,6 +516,33 @@ def test_int8_lora_base_is_a_byte_a_weight_plus_fp32_scales_and_one_transient_we
 
     assert finetune_kind(Strategy(seq_len=1, micro_batch=1, global_batch=1, lora=True, lora_rank=16,
                                   lora_base_dtype="int8")) == "LoRA rank 16 over an int8 base"
+
+
+@pytest.mark.parametrize("reference", ["adapters_off", "precomputed"])
+def test_dpo_over_an_int8_base_counts_the_dequantized_group_not_the_whole_base(reference):
+    """DPO over the 3B's int8 base on a 910A: no dequantized chain is shared between the
+    adapters-off reference forward and the policy's, or a forward and a backward (the IR
+    test in tests/test_int8.py), so each phase holds the worst group of weights dequantized
+    at once (w1's and w3's bprops: 0.28 GB), not the whole dequantized base CSE kept alive
+    between the two forwards (5.6 GB in fp16), and the reference phase no more than that."""
+    from dataclasses import replace
+
+    from llama_npu.memory.planner import strategy_from_recipe
+
+    recipe = load_recipe(REPO / "recipes" / "llama3_2_3b_zh_lora_int8_910a.yaml",
+                         ["train.objective=dpo", f"dpo.reference={reference}", "data.max_seq_len=1024",
+                          "data.pack=false", "data.eval_files=[]", "data.train_files=[data/zh_pref_train.jsonl]",
+                          "train.micro_batch_size=1"])
+    shape = PRESETS["llama3.2-3b"]
+    s = strategy_from_recipe(recipe, "910a")
+    plan, float_base = (estimate(shape, P["llama3.2-3b"], DEVICES["910a"], replace(s, lora_base_dtype=dtype))
+                        for dtype in ("int8", "compute"))
+    c = plan.components
+    assert c["dequantized_weight"] == 2 * 2 * 3072 * 8192 + 8 * 3072 * 8192  # 0.28 GB, where the base is 5.6 in fp16
+    for phase in float_base.phases:  # the float base's phases, its weights swapped for the int8 ones
+        assert plan.phases[phase] - float_base.phases[phase] == c["weights"] - float_base.components["weights"] + (
+            0 if phase == "update" else c["dequantized_weight"]), phase
+    assert ("reference" in plan.phases) == (reference == "adapters_off")
 
 
 def test_fit_takes_an_int8_base_only_when_no_float_base_fits(tmp_path):
@@ -547,8 +576,9 @@ def test_inference_fit_falls_back_to_int8_and_exits_1_when_nothing_fits():
     assert tight.returncode == 0 and result["fits"] is False and result["recommended"]["precision"] == "int8"
     c = result["recommended"]["components"]
     assert result["recommended"]["total_bytes"] == sum(c.values()) <= 6 * 2**30
-    # the 910A's cast, product and fp16 copy of one block: 2^21 weights (256 of w2's 3,072 rows of 8,192)
-    assert c["dequantized_weight"] == (4 + 4 + 2) * 256 * 8192
+    # the 910A's first blocks of wq, wk and wv, which read one input, in fp16 at once, one still
+    # forming in fp32: 682 rows of 3,072 each (2^21 weights at most)
+    assert c["dequantized_weight"] == 3 * 2 * 682 * 3072 + (4 + 4) * 682 * 3072
     none = run_cli(*base, "--device-memory", "3GB")
     assert none.returncode == 1 and "no precision fits on 910a; the closest, int8, needs" in none.stdout
     wrong = run_cli(*base, "--no-lora")

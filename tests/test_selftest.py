@@ -123,6 +123,12 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
     device = report["device"]
     # MindSpore 2.9.0's default: O2 on the GE backend on a 910A, kernel by kernel elsewhere (selftest/jit.py).
     assert (device["jit_level"], device["backend"]) == (("O2", "GE") if soc == "910a" else ("O0", "ms_backend"))
+    # Atlas A2/A3: the int8 check names the kernel's arguments, the scale (n,) CANN takes there
+    # (tests/test_int8.py checks the cell passes exactly these).
+    int8 = checks["int8_matmul"]["compares"]
+    assert ("WeightQuantBatchMatmul: forward x (32, 96), weight (64, 96), antiquant_scale (64,), transpose_weight "
+            "True; backward x (32, 64), weight (64, 96), antiquant_scale (96,), transpose_weight False" in int8) \
+        == (soc not in ("cpu", "910a"))
     registers, speed = checks["overflow_saturation_registers"], checks["speed_1b_mfu"]
     assert registers["status"] == ("skip" if soc == "cpu" else "planned")
     assert checks["overflow_forward_saturation"]["status"] == registers["status"]

@@ -482,6 +482,32 @@ def test_the_jit_level_follows_mindspores_rule(explicit, target, graph, soc, env
     assert backend_of(level) == ("GE" if level == "O2" else "ms_backend")
 
 
+def test_a_cells_own_jit_config_decides_its_kernels_and_the_train_step_sets_none(ms, monkeypatch):
+    """Cell.set_jit_config outranks the context's (mindspore/nn/cell.py): a step cell that set
+    O2 would compile for GE, which has no InplaceMul; the train step's cells set none, and a
+    TrainStep whose cell did would stop at its construction, not on the card."""
+    from mindspore import JitConfig, nn
+
+    import llama_npu.training.step as step_module
+    from llama_npu.training.jit_level import in_place_kernels
+
+    sink = nn.Dense(2, 2)
+    sink.set_jit_config(JitConfig(jit_level="O2"))
+    assert in_place_kernels() and in_place_kernels(nn.Dense(2, 2)) and not in_place_kernels(sink)
+    net, cell = build(ms)
+    plain = train_step(ms, net, cell, k=2)
+    assert plain.final.jit_config_dict == plain.accumulating.jit_config_dict == {}
+
+    class OwnLevel(step_module.FinalMicroStep):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.set_jit_config(JitConfig(jit_level="O2"))
+
+    monkeypatch.setattr(step_module, "FinalMicroStep", OwnLevel)
+    with pytest.raises(ValueError, match=r"OwnLevel has its own jit config .*O2.*, which compiles for GE"):
+        train_step(ms, net, cell)
+
+
 def test_the_out_of_place_step_equals_the_in_place_one(ms):
     """The step GE compiles (no InplaceMul / InplaceCopy in its graph) moves the weights as
     the in-place step does, bit for bit, over a few clipped steps."""

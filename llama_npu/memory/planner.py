@@ -39,9 +39,10 @@ tensors are alive in which phase):
   (mindformers/wrapper/wrapper.py MFPipelineWithLossScaleCell): a full fp32 set;
 - communication buffers: HCCL keeps 2 x HCCL_BUFFSIZE (200 MB by default) per communicator,
   outside MindSpore's pool: they must fit in the HBM the pool leaves (hbm - max_device_memory);
-- dequantized_weight (an int8 base only): one linear weight dequantized in the forward
-  and again in the backward, never kept across the step; none on the 910B, whose kernel
-  dequantizes inside the matmul (memory/int8_weights.py);
+- dequantized_weight (an int8 base only): the linear weights dequantized at once, in the
+  forward and again in the backward, never kept across the step nor shared between two
+  forwards (memory/int8_weights.py: the worst group of layers nothing orders apart); none on
+  the 910B, whose kernel dequantizes inside the matmul;
 - reference_forward (dpo.reference adapters_off only): the reference's forward without
   gradients in the train step, before the policy's (objectives/adapters_off.py): one decoder
   layer's activations at a time, the layer input and output, and the head's log-prob buffers

@@ -1,6 +1,6 @@
 """The decoder's linear layers with their weight held as int8 + per-output-channel fp32 scales
-(weights/quantize.py's scheme: W ~ q x s[:, None]), dequantized one layer at a time inside the
-forward, and again inside the backward: the dequantized weight never outlives its matmul.
+(weights/quantize.py's scheme: W ~ q x s[:, None]), dequantized inside the forward, and again
+inside the backward: the dequantized weight never outlives its matmul.
 
 Two kernels do the same math:
 - "dequant" (the CPU, the 910A, and any fp32 compute): cast q to fp32, multiply by s, cast to
@@ -8,15 +8,25 @@ Two kernels do the same math:
   weight (mindformers/modules/layers.py Linear.construct). The fp32 product then the cast
   is what dequantize-at-load followed by Linear's cast computes, so the result is bit-exact.
 - "wqbmm" (Atlas A2/A3, the 910B, fp16/bf16 compute): MindSpore's WeightQuantBatchMatmul
-  (mindspore/ops/auto_generate/gen_ops_prim.py; CANN's aclnnWeightQuantBatchMatmulV2, which
-  lists no 910A support) with transpose_weight=True and the scales as (out, 1).
-WeightQuantBatchMatmul has no bprop (FACTS.md), so Int8MatMul carries its own: the input
-gradient dx = dout W = (dout x s) q is the same op over the untransposed q with unit scales
-on the 910B, the recomputed dequantized weight elsewhere. q and s are frozen (zero grads).
+  (mindspore/ops/auto_generate/gen_ops_prim.py; the kernel is CANN's
+  aclnnWeightQuantBatchMatmulV2: mindspore/include/.../weight_quant_batch_matmul_aclnn_kernel.h),
+  which lists no 910A support. Its arguments and the rule CANN checks them by: model/wqbmm_arguments.py.
+WeightQuantBatchMatmul has no bprop (FACTS.md), so Int8MatMul carries its own: dx = dout W.
+
+The dequant kernel's chains (slice, cast, multiply, cast) read only Parameters. Nothing would
+stop a scheduler (GE's topological sort on the 910A) from running every block's chain first
+and keeping them all alive, and CSE merges identical chains (checked in the CPU IR): the
+forward's with the bprop's, and DPO's adapters-off reference forward's with the policy's
+(objectives/adapters_off.py), keeping the whole dequantized base alive between them. So each
+block's chain starts from `ops.depend(q, previous)`: the forward's first block after x, each
+next block after the previous block's matmul, the bprop's after dout. Each chain then has an
+input of its own, and runs only once its matmul can.
 
 Ascend kernels here are not exercised by CI (no NPU); the CPU runs the dequant kernel.
 """
 from __future__ import annotations
+
+import numpy as np
 
 import mindspore as ms
 from mindspore import nn, ops
@@ -33,44 +43,71 @@ def int8_kernel(on_ascend: bool, device_name: str, compute_dtype: str) -> str:
     return "wqbmm" if half and fused_kernels(on_ascend, device_name) else "dequant"
 
 
-
 def dequantized(q, scale, dtype):
     """q x s in fp32 (exactly tensor_files.dequantize_rows), then cast to `dtype`."""
     return ops.cast(ops.cast(q, ms.float32) * ops.expand_dims(scale, 1), dtype)
 
 
+def gradient_scale(q: np.ndarray, scale: np.ndarray) -> float:
+    """The largest scale of a row that is not all zeros (quantize_rows gives those 1.0): the
+    910B bprop's uniform antiquant scale (Int8MatMul.backward_arguments)."""
+    used = scale[np.abs(q).max(axis=1) > 0]
+    return float(used.max()) if used.size else 1.0
+
+
 class Int8MatMul(nn.Cell):
     """x (N, in) -> x W^T with W = q x s (out, in) formed inside the forward and the backward."""
 
-    def __init__(self, kernel: str, compute_dtype):
+    def __init__(self, kernel: str, compute_dtype, grad_scale: float = 1.0):
         super().__init__()
-        self.kernel, self.dtype = kernel, compute_dtype
+        self.kernel, self.dtype, self.grad_scale = kernel, compute_dtype, grad_scale
         self.matmul = ops.MatMul(transpose_b=True)
         self.matmul_dx = ops.MatMul()
         if kernel == "wqbmm":
             self.wqbmm = WeightQuantBatchMatmul(transpose_weight=True)
             self.wqbmm_dx = WeightQuantBatchMatmul()
 
+    def forward_arguments(self, x, q, scale):
+        """WeightQuantBatchMatmul(transpose_weight=True)'s (x, weight, antiquant_scale) for x W^T:
+        the weight (n, k) = q (out, in) and the per-channel scale (n,) = s, in x's dtype.
+        CANN's check on A2/A3 takes a per-channel scale of (n,) or (1, n), never (n, 1)
+        (aclnn_weight_quant_batch_matmul_v2.cpp CheckAntiquantParamShape; FACTS.md), and
+        MindSpore transposes the weight only, never the scale."""
+        return x, q, ops.cast(scale, self.dtype)
+
+    def backward_arguments(self, dout, q, scale):
+        """WeightQuantBatchMatmul(transpose_weight=False)'s arguments for dx = dout W = (dout x s) q.
+        The kernel scales along n (here `in`), not along the contracted `out`, so the rows'
+        scales go onto dout. Multiplying dout by s (~1e-4) loses fp16 gradients to subnormals
+        or zero; here dout is multiplied by s / c, formed in fp32 (at most 1: dout does not
+        grow, and shrinks only by the row's ratio to the largest scale), and c, the largest
+        scale, is the kernel's uniform per-channel scale (n,): the kernel's operands and its
+        output stay in the range of the dequantize path's dout and W. The product is in
+        dout's dtype, so the transient is one dout, as before."""
+        scaled = dout * ops.cast(scale / self.grad_scale, dout.dtype)
+        return ops.cast(scaled, self.dtype), q, ops.fill(self.dtype, (q.shape[1],), self.grad_scale)
+
     def construct(self, x, q, scale):
         if self.kernel == "wqbmm":
-            return self.wqbmm(x, q, ops.expand_dims(ops.cast(scale, self.dtype), 1))
+            return self.wqbmm(*self.forward_arguments(x, q, scale))
         rows = max(1, DEQUANT_BLOCK // q.shape[1])
         if rows >= q.shape[0]:
-            return self.matmul(x, dequantized(q, scale, self.dtype))
-        # A block of output channels at a time, so that where the backend frees a kernel's
-        # buffers (PyNative) at most one block of the layer's dequantized weight exists: its
-        # columns of x W^T are bit-identical to one matmul's on the CPU backend (checked).
-        pieces = ()
+            return self.matmul(x, dequantized(ops.depend(q, x), scale, self.dtype))
+        # A block of output channels at a time, each dequantized only after the previous
+        # block's matmul (module docstring): at most one block of the layer's dequantized
+        # weight exists. Its columns of x W^T are bit-identical to one matmul's on the CPU.
+        pieces, previous = (), x
         for start in range(0, q.shape[0], rows):
-            pieces += (self.matmul(x, dequantized(q[start:start + rows], scale[start:start + rows], self.dtype)),)
+            block = ops.depend(q, previous)[start:start + rows]
+            previous = self.matmul(x, dequantized(block, scale[start:start + rows], self.dtype))
+            pieces += (previous,)
         return ops.concat(pieces, 1)
 
     def bprop(self, x, q, scale, out, dout):
-        if self.kernel == "wqbmm":  # (dout x s) q: per-output-channel scales move onto dout
-            scaled = ops.cast(dout * ops.cast(scale, dout.dtype), self.dtype)
-            dx = self.wqbmm_dx(scaled, q, ops.ones((q.shape[1],), self.dtype))
+        if self.kernel == "wqbmm":
+            dx = self.wqbmm_dx(*self.backward_arguments(dout, q, scale))
         else:
-            dx = self.matmul_dx(dout, dequantized(q, scale, self.dtype))
+            dx = self.matmul_dx(dout, dequantized(ops.depend(q, dout), scale, self.dtype))
         return ops.cast(dx, x.dtype), ops.zeros_like(q), ops.zeros_like(scale)
 
 
@@ -83,7 +120,7 @@ class Int8Linear(nn.Cell):
         self.out_channels, self.in_channels = q.shape
         self.weight = ms.Parameter(ms.Tensor(q), name="weight", requires_grad=False)
         self.int8_scale = ms.Parameter(ms.Tensor(scale), name="int8_scale", requires_grad=False)
-        self.int8_matmul = Int8MatMul(kernel, compute_dtype)
+        self.int8_matmul = Int8MatMul(kernel, compute_dtype, gradient_scale(q, scale) if kernel == "wqbmm" else 1.0)
         self.dtype = compute_dtype
         self.activation = activation
         self.activation_flag = activation is not None

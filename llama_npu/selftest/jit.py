@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from ..training.jit_level import backend_of, effective_jit_level, soc_version
+from ..training.jit_level import backend_of, effective_jit_level, explicit_level, soc_version
 
 
 def jit_level_and_backend(target: str, soc: str, cell_config: Optional[Mapping] = None,
@@ -16,10 +16,6 @@ def jit_level_and_backend(target: str, soc: str, cell_config: Optional[Mapping] 
     """{"jit_level", "backend"} a graph-mode graph compiles at on `target` ("cpu" | "ascend")
     and `soc` ("910a", "910b", ...)."""
     cell_config, global_config = cell_config or {}, global_config or {}
-    backend = cell_config.get("backend", "")
-    # A Cell's JitConfig() with nothing set reads as O0 without a backend: not an explicit level.
-    cell_level = cell_config.get("jit_level", "") if backend or cell_config.get("jit_level", "O0") != "O0" else ""
-    explicit = cell_level or global_config.get("jit_level", "")
-    level = effective_jit_level(explicit, "Ascend" if target == "ascend" else "CPU", True,
-                                soc_version(soc), os.environ if env is None else env)
-    return {"jit_level": level, "backend": backend or backend_of(level)}
+    level = effective_jit_level(explicit_level(cell_config, global_config), "Ascend" if target == "ascend" else "CPU",
+                                True, soc_version(soc), os.environ if env is None else env)
+    return {"jit_level": level, "backend": cell_config.get("backend") or backend_of(level)}

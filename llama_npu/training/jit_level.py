@@ -56,17 +56,30 @@ def default_backend(device_name: str) -> str:
     return backend_of(effective_jit_level("", "Ascend", True, soc_version(device_name), env={}))
 
 
-def current_jit_level() -> str:
-    """effective_jit_level for the MindSpore context as it is set now (device, mode, SoC)."""
+def explicit_level(cell_config: Mapping, global_config: Mapping) -> str:
+    """The level set for a Cell's graph, if any: the Cell's own (`Cell.set_jit_config`) outranks
+    the global one (mindspore/nn/cell.py hands the graph executor the Cell's jit_config_dict
+    when it has one). A Cell's JitConfig() with nothing set reads as O0 without a backend:
+    not an explicit level."""
+    backend = cell_config.get("backend", "")
+    own = cell_config.get("jit_level", "") if backend or cell_config.get("jit_level", "O0") != "O0" else ""
+    return own or global_config.get("jit_level", "")
+
+
+def current_backend(cell=None) -> str:
+    """The backend `cell`'s graph compiles for (the context's as it is set now: device, mode,
+    SoC, global jit config), the Cell's own jit config first: its backend, else its level's."""
     # imported here: the selftest's dry run imports this module without loading MindSpore
     import mindspore as ms
     from mindspore._c_expression import MSContext
 
-    explicit = (ms.get_context("jit_config") or {}).get("jit_level", "")
-    return effective_jit_level(explicit, ms.get_context("device_target"), ms.get_context("mode") == ms.GRAPH_MODE,
-                               MSContext.get_instance().get_ascend_soc_version())
+    own = dict(cell.jit_config_dict) if cell is not None else {}
+    level = effective_jit_level(explicit_level(own, ms.get_context("jit_config") or {}),
+                                ms.get_context("device_target"), ms.get_context("mode") == ms.GRAPH_MODE,
+                                MSContext.get_instance().get_ascend_soc_version())
+    return own.get("backend") or backend_of(level)
 
 
-def in_place_kernels() -> bool:
-    """Whether the step may use InplaceMul / InplaceCopy: not when it compiles for GE (O2)."""
-    return backend_of(current_jit_level()) != GE
+def in_place_kernels(cell=None) -> bool:
+    """Whether `cell`'s step may use InplaceMul / InplaceCopy: not when it compiles for GE (O2)."""
+    return current_backend(cell) != GE

@@ -373,6 +373,10 @@ class TrainStep:
         self.final = FinalMicroStep(loss_cell, optimizer, scaler.sense(), grad_clip, accumulation_steps > 1, in_place)
         self.accumulating = (AccumulatingMicroStep(loss_cell, optimizer, self.final.carry, in_place)
                              if accumulation_steps > 1 else None)
+        for cell in filter(None, (self.final, self.accumulating)):  # a Cell's own jit config outranks the context's
+            if in_place and not in_place_kernels(cell):
+                raise ValueError(f"{type(cell).__name__} has its own jit config {cell.jit_config_dict}, which compiles "
+                                 f"for GE: it has no InplaceMul or InplaceCopy (training/jit_level.py)")
         self.optimizer = optimizer
         self.scaler = scaler
         self.accumulation_steps = accumulation_steps
