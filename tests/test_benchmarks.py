@@ -32,9 +32,6 @@ from conftest import REPO
     # #40: the host AdamW beside torch's foreach and MindSpore's CPU kernels, and the step with / without offload
     ("host_optimizer.py", ["--params", "1000000", "--steps", "1", "--hidden", "64", "--layers", "1", "--seq", "16",
                            "--micro", "1", "--k", "2", "--step-steps", "1"], "ratio step with offload / without: "),
-    # #43: eval --task against lm-eval's HFLM on the same requests, then with the compile cache warm
-    ("exam_throughput.py", ["--questions", "8", "--shots", "0", "--hidden", "64", "--layers", "2"],
-     "second run, new processes, compile cache warm:"),
 ])
 def test_benchmark_runs_and_prints_its_result(script, args, result):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],

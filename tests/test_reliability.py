@@ -196,6 +196,8 @@ def test_damaged_checkpoints_are_skipped_on_resume(six_step_run, tmp_path):
     shutil.copytree(ckpts / "step_6", ckpts / "step_9")
     (ckpts / "step_9" / "state.json").unlink()  # died before its sidecar
     shutil.copytree(ckpts / "step_6", ckpts / "step_8")
+    state = json.loads((ckpts / "step_8" / "state.json").read_text())  # a step of its own number
+    (ckpts / "step_8" / "state.json").write_text(json.dumps(dict(state, step=8)))
     with open(ckpts / "step_8" / "model.ckpt", "r+b") as fh:  # truncated weights
         fh.truncate(1000)
     with open(ckpts / "step_6" / "model.ckpt", "r+b") as fh:  # same size, damaged bytes
@@ -239,7 +241,8 @@ def test_validate_lists_every_startup_problem_and_train_refuses_before_writing(t
     weights = tmp_path / "weights"
     weights.mkdir()
     (weights / "config.json").write_text(json.dumps({"format": "llama-npu", "shape": {
-        "hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 256}}))
+        "hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 256,
+        "vocab_size": 128256}}))
     args = [SMOKE, "--output-dir", out, "--set", "device.target=ascend", "--set", "device.name=910b",
             "--set", f"data.train_files=[{no_record}]", "--set", f"data.eval_files=[{tmp_path / 'gone.jsonl'}]",
             "--set", f"model.checkpoint={weights}"]

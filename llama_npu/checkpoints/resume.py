@@ -42,4 +42,4 @@ def resume(recipe: Recipe, checkpointer: Checkpointer, candidates: Optional[list
         step_fn.load_loss_scale_state(state["loss_scale"])
     checkpointer.start_branch(start_step)
     note(f"resumed from {path} at step {start_step}")
-    return start_step, state["samples_consumed"]
+    return start_step, state.get("samples_consumed", 0)

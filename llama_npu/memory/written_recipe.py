@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import List, Tuple
 
+from ..recipe.base_weights import CHECKPOINT_PLACEHOLDER
 from ..recipe.load import recipe_from_dict
 from ..recipe.schema import Recipe
 
@@ -23,7 +24,8 @@ def absolute_paths(tree: dict) -> dict:
     data["train_files"] = [_absolute(p) for p in data["train_files"]]
     data["eval_files"] = [_absolute(p) for p in data["eval_files"]]
     data["prepared"] = _absolute(data["prepared"])
-    model["checkpoint"] = _absolute(model["checkpoint"])
+    if model["checkpoint"] != CHECKPOINT_PLACEHOLDER:  # the placeholder must stay what validate names
+        model["checkpoint"] = _absolute(model["checkpoint"])
     if Path(data["tokenizer"]).is_file():  # a path, not the name of the shipped one
         data["tokenizer"] = _absolute(data["tokenizer"])
     return tree
