@@ -87,14 +87,23 @@ def written_by_users(root: Path) -> set[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def shipped_checkout(tmp_path_factory):
+def shipped_checkout(request, tmp_path_factory):
     """Every test, and every command it starts, runs in a view of the checkout as shipped (see
     shipped_view): a user's runs/cpu_smoke, left by scripts/smoke.sh, made `validate` add "output
     directory ... is not empty" to the lines seven tests expected. At the end, the session fails
     if anything new appeared in the checkout or in the view: tests write under temporary
-    directories only."""
+    directories only. Both xdist workers share one view, so that a run one worker made (a
+    built_once fixture, whose recipe.yaml holds absolute data paths) resumes in the other."""
     before = written_by_users(REPO)
-    view = shipped_view(REPO, tmp_path_factory.mktemp("checkout"))
+    if hasattr(request.config, "workerinput"):
+        view = tmp_path_factory.getbasetemp().parent / "checkout"  # basetemp is the worker's popen-gwN
+        with open(f"{view}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not view.exists():
+                view.mkdir()
+                shipped_view(REPO, view)
+    else:
+        view = shipped_view(REPO, tmp_path_factory.mktemp("checkout"))
     started_in = os.getcwd()
     os.chdir(view)
     yield view
