@@ -266,6 +266,17 @@ def test_a_mismatched_checkpoint_is_one_line_naming_the_tensor(ms, conversions, 
         check_pretrained(recipe)
 
 
+def test_the_tiny_conversion_given_to_a_1b_recipe_names_the_recipe_to_use(conversions, tmp_path):
+    """The README's Hugging Face steps tried on scripts/make_tiny_hf_model.py's model: the 1B recipe
+    refuses its shape in one line that says which preset it is and which shipped recipe has it."""
+    proc = run_cli("validate", REPO / "recipes" / "llama3_2_1b_zh_full_910b.yaml", "--output-dir", tmp_path / "run",
+                   "--set", f"model.checkpoint={conversions['float32']}")
+    assert proc.returncode == 2
+    assert (f"model.checkpoint={conversions['float32']} holds hidden 64, 2 layers, 4 heads / 2 KV heads, MLP 128, "
+            f"vocab 128,256, but model.preset=llama3.2-1b is hidden 2048") in proc.stderr
+    assert "; it is model.preset: tiny, as in recipes/cpu_smoke.yaml" in proc.stderr
+
+
 # ---------------------------------------------------------------- LoRA run directories
 
 def test_a_lora_run_exports_merged_weights_and_its_tokenizer(ms, hf_dir, conversions, lora_export, tmp_path):

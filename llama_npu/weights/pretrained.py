@@ -26,7 +26,7 @@ import numpy as np
 
 from ..checkpoints.files import CheckpointError, damage, problem, step_dirs_newest_first, verify_read, warn_once
 from ..data.tables import ReadOptions
-from ..model.architecture import LARGEST, LlamaShape, resolve_shape, shape_problem
+from ..model.architecture import LARGEST, PRESETS, LlamaShape, resolve_shape, shape_problem
 from ..recipe.problems import RecipeError
 from ..recipe.stored import STORED_RECIPE, stored_recipe
 from .tensor_files import (CONFIG, INT8_SCALE, LINEAR, LORA_A, WEIGHTS, ConvertError, StoredTensor, ckpt_index,
@@ -145,8 +145,12 @@ def pretrained_source(recipe, wanted: LlamaShape) -> tuple[Path, LlamaShape, dic
     except ConvertError as exc:
         raise CheckpointError(f"model.checkpoint={exc}") from None
     if shape != wanted:
+        # A newcomer's commonest case: the tiny model of scripts/make_tiny_hf_model.py given to a 1B recipe.
+        preset = next((name for name, known in PRESETS.items() if known == shape), None)
+        hint = (f"; it is model.preset: {preset}" + (", as in recipes/cpu_smoke.yaml" if preset == "tiny" else "")
+                if preset else "")
         raise RecipeError(f"model.checkpoint={directory} holds {shape.describe()}, but model.preset="
-                          f"{recipe.model.preset} is {wanted.describe()}")
+                          f"{recipe.model.preset} is {wanted.describe()}{hint}")
     if meta.get("quantization") and not recipe.strategies.lora.enabled:
         raise RecipeError(f"model.checkpoint={directory} is quantized (int8, by llama-npu quantize): a full "
                           f"fine-tune trains every weight, which int8 cannot hold; start from the float "
