@@ -603,6 +603,9 @@ def test_a_written_recipe_has_absolute_paths_and_steps_its_data_bears(tmp_path):
                    "--data", "fifty.jsonl", "--eval-data", "held_out.jsonl", cwd=tmp_path, check=True)
     assert "max_steps 1000 -> 2 (4 training rows, 32 a step: at most 20 passes)" in proc.stdout.splitlines()[-1]
     written = yaml.safe_load((tmp_path / "out.yaml").read_text(encoding="utf-8"))
+    # the schedule shrinks with the run: warm-up the same share, evaluation within it
+    assert (written["train"]["warmup_steps"], written["train"]["eval_every"]) == (1, 2)
+    assert "warmup_steps 50 -> 1 (the same share of the run)" in proc.stdout.splitlines()[-1]
     assert (written["data"]["train_files"], written["data"]["eval_files"]) == (
         [str(tmp_path / "fifty.jsonl")], [str(tmp_path / "held_out.jsonl")])
     checked = run_cli("validate", tmp_path / "out.yaml", "--rehearse", "--output-dir", tmp_path / "run")

@@ -45,6 +45,15 @@ def ready_to_train(recipe: Recipe) -> Tuple[Recipe, List[str]]:
     if recipe.train.max_steps > most:
         changed.append(f"max_steps {recipe.train.max_steps} -> {most} ({rows} training rows, {step_rows(recipe)} a "
                        f"step: at most {MAX_PASSES} passes)")
-        tree["train"]["max_steps"] = most
-        tree["train"]["save_every"] = min(recipe.train.save_every, most)
+        t, train = recipe.train, tree["train"]
+        train["max_steps"] = most
+        train["save_every"] = min(t.save_every, most)
+        # The schedule keeps its shape: a warm-up longer than the run would leave it at a
+        # fraction of the peak lr with no cosine, and an eval_every past the end evaluates nothing.
+        if t.warmup_steps:
+            train["warmup_steps"] = max(1, t.warmup_steps * most // t.max_steps)
+            changed.append(f"warmup_steps {t.warmup_steps} -> {train['warmup_steps']} (the same share of the run)")
+        if t.eval_every > most:
+            train["eval_every"] = most
+            changed.append(f"eval_every {t.eval_every} -> {most}")
     return recipe_from_dict(tree), changed

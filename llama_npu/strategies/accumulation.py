@@ -5,6 +5,7 @@ are its accumulation.
 """
 from __future__ import annotations
 
+import math
 from typing import List
 
 from ..recipe.problems import RecipeError
@@ -44,10 +45,17 @@ def dividing_values(global_batch: int, micro: int, data: int) -> str:
     per_step = micro * data
     below, above = global_batch // per_step * per_step, (global_batch // per_step + 1) * per_step
     batches = " or ".join(f"train.global_batch_size={g}" for g in (below, above) if g > 0)
-    micros = sorted((m for m in range(1, global_batch // data + 1) if global_batch % (m * data) == 0),
+    micros = sorted(_divisors(global_batch // data) if global_batch % data == 0 else [],
                     key=lambda m: (abs(m - micro), m))[:2]
     return f"set {batches}" + (f", or {' or '.join(f'train.micro_batch_size={m}' for m in sorted(micros))}"
                                if micros else "")
+
+
+def _divisors(n: int) -> list:
+    """n's divisors, up to its square root and their partners: a mistyped global batch of
+    1000000007 is refused at once rather than after a loop over every value below it."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def pipeline_micro_batches(section) -> int:
