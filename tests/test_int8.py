@@ -322,6 +322,28 @@ def test_910b_bprop_keeps_fp16_gradients_of_1e_6_as_the_dequantize_path_does(ms)
     assert relative(former, exact) > 0.5  # what the test would have caught
 
 
+def test_910b_bprop_of_a_weight_with_an_all_zero_row_stays_finite(ms):
+    """A row of zeros quantizes to scale 1.0 (quantize_rows), far above the others' ~1e-4: its
+    ratio to the largest scale was 1/c (~1,600 here), so an fp16 dout of 100 became inf and the kernel's
+    inf x 0 a NaN that skips every step. Its q is 0, so clamping the ratio changes no product."""
+    from llama_npu.model.int8_linear import Int8Linear
+    from llama_npu.weights.tensor_files import quantize_rows
+
+    rng = np.random.default_rng(2)
+    weight = (rng.standard_normal((64, 96)) * 0.02).astype(np.float32)
+    weight[5] = 0.0
+    q, scale = quantize_rows(weight)
+    assert scale[5] == 1.0
+    dout = np.full((32, 64), 100.0, np.float16)
+    args, transpose = wqbmm_calls(Int8Linear(q, scale, ms.float16, "wqbmm"), rng.standard_normal((32, 96)).astype(
+        np.float16), dout)["backward"]
+    assert np.isfinite(args[0]).all()
+    dx = wqbmm_emulated(*args, transpose)
+    assert np.isfinite(dx).all()
+    exact = dout.astype(np.float64) @ (q.astype(np.float64) * scale[:, None])
+    assert relative(dx, exact) < 1e-2
+
+
 # ---------------------------------------------------------------- what the 910A's graph keeps alive (issue 39)
 
 # The smallest decoder whose MLP weights block (in x out > DEQUANT_BLOCK = 2^21 weights):

@@ -84,7 +84,9 @@ class Int8MatMul(nn.Cell):
         scale, is the kernel's uniform per-channel scale (n,): the kernel's operands and its
         output stay in the range of the dequantize path's dout and W. The product is in
         dout's dtype, so the transient is one dout, as before."""
-        scaled = dout * ops.cast(scale / self.grad_scale, dout.dtype)
+        # An all-zero row's scale is 1.0 (quantize_rows), far above c: its ratio, clamped at 1,
+        # multiplies only zeros of q, where 1/c could overflow fp16 and make inf x 0 = NaN.
+        scaled = dout * ops.cast(ops.minimum(scale / self.grad_scale, 1.0), dout.dtype)
         return ops.cast(scaled, self.dtype), q, ops.fill(self.dtype, (q.shape[1],), self.grad_scale)
 
     def construct(self, x, q, scale):
