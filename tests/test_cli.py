@@ -47,6 +47,29 @@ def test_a_destination_that_cannot_be_written_is_one_line_before_any_work(comman
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+@pytest.mark.parametrize("command, expected", [
+    (["generate", "--checkpoint", "runs/x", "--prompt", "hi", "--max-new-tokens", "-3"],
+     "--max-new-tokens: expected 1 or more, got -3"),
+    (["generate", "--checkpoint", "runs/x", "--prompt", "hi", "--temperature", "0.5", "--top-p", "0"],
+     "--top-p: expected a value in (0, 1], got 0.0"),
+    (["generate", "--checkpoint", "runs/x", "--prompt", "hi", "--temperature", "-1"],
+     "--temperature: expected a value > 0 (leave it out for greedy decoding), got -1.0"),
+    (["eval", "--checkpoint", "runs/x", "--data", "data/zh_instruct_eval.jsonl", "--batch-size", "0"],
+     "--batch-size: expected 1 or more, got 0"),
+    (["eval", "--checkpoint", "runs/x", "--data", "data/zh_instruct_eval.jsonl", "--max-seq-len", "0"],
+     "--max-seq-len: expected 1 to 131072 (Llama 3.2's context), got 0"),
+    (["prepare-data", "--format", "alpaca", "--input", "data/zh_instruct_eval.jsonl", "--output", "out",
+      "--max-seq-len", "0"],
+     "--max-seq-len: expected 1 to 131072 (Llama 3.2's context), as data.max_seq_len, got 0"),
+])
+def test_a_number_out_of_its_range_is_one_line_naming_the_flag(command, expected, tmp_path):
+    """argparse's type=int takes 0 and -3: they were a silent default (eval --batch-size 0), an
+    internal error (generate --max-new-tokens -3, --top-p 0) or a misleading 'all dropped'."""
+    proc = run_cli(*command, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"llama-npu: error: {expected}"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_readmes_own_data_check_passes_after_the_smoke_run(tmp_path):
     """README, "Your own data": its `validate` runs after scripts/smoke.sh has filled
     runs/cpu_smoke, so it must check the output directory the `train` below it writes."""

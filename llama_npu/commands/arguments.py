@@ -11,6 +11,19 @@ WEIGHTS_HELP = ("a directory written by convert hf-to-ms, a step directory (runs
 DEVICE_HELP = "where to run: auto picks ascend when MindSpore reports a usable Ascend device, else cpu"
 
 
+def check_ranges(args, ranges: dict) -> None:
+    """Refuses, in one line naming the flag, a numeric option outside its range: {attribute:
+    (accepts(value), what it expects)}; an option left out (None) is not checked. argparse's
+    type=int takes 0 and -3, which reached the code as a silent default or a shape error
+    (generate --max-new-tokens -3 was an internal error)."""
+    from ..data.errors import RecordError  # imported here: --help loads nothing it does not need
+
+    for name, (accepts, what) in ranges.items():
+        value = getattr(args, name)
+        if value is not None and not accepts(value):
+            raise RecordError(f"--{name.replace('_', '-')}: expected {what}, got {value}")
+
+
 def add_device_argument(command) -> None:
     """eval's and generate's --device."""
     command.add_argument("--device", choices=("auto", "cpu", "ascend"), default="auto", help=DEVICE_HELP)

@@ -14,8 +14,9 @@ from ..data.tables import ReadOptions
 from ..evaluation.exams.report import format_summary
 from ..evaluation.exams.request import exam_request
 from ..evaluation.perplexity import evaluate_checkpoint
+from ..model.llama import MAX_POSITIONS
 from ..recipe.stored import owning_recipe
-from .arguments import WEIGHTS_HELP, add_device_argument, add_weights_argument
+from .arguments import WEIGHTS_HELP, add_device_argument, add_weights_argument, check_ranges
 
 RECORDS_A_BATCH = 4
 EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat", "compare_chat")
@@ -66,6 +67,8 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "eval")
+    check_ranges(args, {"batch_size": (lambda n: n >= 1, "1 or more"),
+                        "max_seq_len": (lambda n: 1 <= n <= MAX_POSITIONS, f"1 to {MAX_POSITIONS} (Llama 3.2's context)")})
     if args.task:
         return run_benchmark(args)
     given = [f"--{name.replace('_', '-')}" for name in EXAM_OPTIONS if getattr(args, name) is not None]

@@ -5,7 +5,7 @@ import tempfile
 from pathlib import Path
 
 from ..common.frameworks import quiet_frameworks
-from .arguments import WEIGHTS_HELP, add_device_argument, add_weights_argument
+from .arguments import WEIGHTS_HELP, add_device_argument, add_weights_argument, check_ranges
 
 
 def add_parser(subparsers) -> None:
@@ -27,6 +27,9 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from ..evaluation.generate import generate  # imported here: it loads numpy, which --help does not need
 
+    check_ranges(args, {"max_new_tokens": (lambda n: n >= 1, "1 or more"),
+                        "temperature": (lambda t: t > 0, "a value > 0 (leave it out for greedy decoding)"),
+                        "top_p": (lambda p: 0 < p <= 1, "a value in (0, 1]")})
     quiet_frameworks(Path(tempfile.gettempdir()) / "llama-npu-logs" / "generate")
     generate(Path(args.checkpoint), args.prompt, args.system, args.max_new_tokens, greedy=not args.temperature,
              temperature=args.temperature or 1.0, top_p=args.top_p, seed=args.seed,

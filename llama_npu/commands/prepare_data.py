@@ -6,6 +6,7 @@ from pathlib import Path
 from ..common.console import note
 from ..data.formats import FORMATS, ON_BAD_RECORD
 from ..data.tables import ReadOptions, parse_columns
+from .arguments import check_ranges
 
 
 def add_parser(subparsers) -> None:
@@ -34,6 +35,10 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..data.prepare import format_report, prepare_dataset  # imported here: it loads numpy, --help does not
+    from ..model.llama import MAX_POSITIONS
+
+    check_ranges(args, {"max_seq_len": (lambda n: 1 <= n <= MAX_POSITIONS,
+                                        f"1 to {MAX_POSITIONS} (Llama 3.2's context), as data.max_seq_len")})
 
     meta = prepare_dataset(args.format, args.input, Path(args.output), tokenizer=args.tokenizer,
                            max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
