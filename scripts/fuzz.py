@@ -15,11 +15,13 @@ defect is printed with its traceback.
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import contextlib
 import io
 import os
 import resource
+import shutil
 import signal
 import sys
 import tempfile
@@ -29,7 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 # hypothesis caches into ./.hypothesis even with database=None: not into the user's directory
-os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="llama-npu-hypothesis-"))
+if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:  # removed when the process ends: each run made one
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = tempfile.mkdtemp(prefix="llama-npu-hypothesis-")
+    atexit.register(shutil.rmtree, os.environ["HYPOTHESIS_STORAGE_DIRECTORY"], True)
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 

@@ -1,11 +1,13 @@
 """Shared helpers: run the real CLI in a subprocess, read a run's metrics."""
 from __future__ import annotations
 
+import atexit
 import fcntl
 import fnmatch
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +22,9 @@ from llama_npu.common.frameworks import mute_mindformers_info, quiet_frameworks
 REPO = Path(__file__).resolve().parent.parent
 # hypothesis keeps a cache (.hypothesis/constants) in the directory it starts in, the checkout,
 # even with database=None: give it one of its own, before tests/fuzz_inputs.py imports it.
-os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="llama-npu-hypothesis-"))
+if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:  # removed when the process ends: each run made one
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = tempfile.mkdtemp(prefix="llama-npu-hypothesis-")
+    atexit.register(shutil.rmtree, os.environ["HYPOTHESIS_STORAGE_DIRECTORY"], True)
 # eval --task keeps its compiled graphs under ~/.cache/llama-npu/compile; the suite's runs keep
 # none, so that it leaves nothing in the home directory and two test processes never share one
 # (test_exams.py checks the cache in a directory of its own).
