@@ -59,3 +59,27 @@ def test_shipped_sample_has_200_distinct_pairs_and_a_held_out_split():
     assert len(train) + len(held_out) >= 200 and len(held_out) >= 20
     prompts = [next(c for r, c in rec.messages if r == "user") for rec in train + held_out]
     assert len(set(prompts)) == len(prompts)
+
+
+@pytest.mark.parametrize("train_on_prompt", [False, True])
+def test_training_assembles_every_record_as_encode_chat_does(tok, train_on_prompt):
+    """Training tokenizes records a chunk at a time with numpy (data/samples.py assemble_chunk);
+    pairs, eval and generate take encode_chat's lists. Both must give the same ids and labels
+    for every role, several turns and train_on_prompt, and text records their document form."""
+    from llama_npu.data.readers import Record
+    from llama_npu.data.samples import tokenize_records
+    from llama_npu.data.samples import END_OF_TEXT_ID
+    from llama_npu.model.tokens import BOS_ID
+
+    conversations = [MESSAGES, MESSAGES[1:],
+                     [("user", "第一问"), ("assistant", "第一答"), ("user", "第二问：为什么？"), ("assistant", "因为如此。"),
+                      ("user", "第三问"), ("assistant", "好。")],
+                     [("system", ""), ("user", "空的系统提示"), ("assistant", "")]]
+    records = [Record(f"r:{i}", messages=m) for i, m in enumerate(conversations)] + [Record("t:1", text="一段连续的文本。")]
+    samples, report = tokenize_records(tok, records, 10_000, train_on_prompt)
+    assert report.kept == len(records) and report.truncated == 0
+    for sample, messages in zip(samples, conversations):
+        assert (list(sample.input_ids), list(sample.labels)) == encode_chat(tok, messages, train_on_prompt)
+    text_ids = tok.encode("一段连续的文本。", add_special_tokens=False).ids
+    assert list(samples[-1].input_ids) == [BOS_ID, *text_ids, END_OF_TEXT_ID]
+    assert list(samples[-1].labels) == [IGNORE_ID, *text_ids, END_OF_TEXT_ID]
