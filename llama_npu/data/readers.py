@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..common.console import note
 from .chat_template import Message
-from .encodings import decode_file
+from .encodings import decode_file, text_lines
 from .errors import RecordError
 from .tables import ReadOptions, is_table, map_columns, table_records
 
@@ -102,15 +102,19 @@ def _raw_records(path: Path, options: ReadOptions) -> Iterator[Tuple[int, object
 def _json_records(path: Path, encoding: str) -> Iterator[Tuple[int, object]]:
     """(line number, parsed JSON or a RecordError) for each record of a JSON array or JSONL
     file; a malformed JSONL line is yielded as an error so skip mode can go on."""
-    text = decode_file(path, encoding)
-    if text.lstrip().startswith("["):
-        yield from _array_records(path, text)
-        return
-    # Lines end at \n, \r\n or \r (never inside a JSON string, which escapes them): splitlines()
-    # would also cut at U+2028 and U+0085, which a JSON string may hold as they are.
-    for lineno, line in enumerate(text.replace("\r\n", "\n").replace("\r", "\n").split("\n"), start=1):
+    # JSONL streams a line at a time, so memory does not grow with the file (#43); a JSON
+    # array is one value, read whole. Lines end at \n, \r\n or \r, never inside a JSON string,
+    # which escapes them (data/encodings.py text_lines).
+    lines, first = text_lines(path, encoding), True
+    for lineno, line in enumerate(lines, start=1):
+        line = line[:-1] if line.endswith("\n") else line  # a newline in an open string is no control character
         if not line.strip():
             continue
+        if first and line.lstrip().startswith("["):
+            lines.close()
+            yield from _array_records(path, decode_file(path, encoding))
+            return
+        first = False
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:

@@ -11,7 +11,6 @@ CSV holds the turns as JSON text; a Parquet one may hold the list itself.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import zipfile
 import zlib
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
-from .encodings import decode_file
+from .encodings import text_lines
 from .errors import RecordError
 
 DELIMITERS = {".csv": ",", ".tsv": "\t"}
@@ -85,8 +84,7 @@ def _cell(value: object) -> object:
 def _text_rows(path: Path, encoding: str) -> Iterator[Tuple[int, List[object]]]:
     """(row, cells) of a CSV or TSV file; a quoted cell may hold the delimiter or newlines,
     so the row is counted in records, as a spreadsheet shows them, not in lines."""
-    reader = csv.reader(io.StringIO(decode_file(path, encoding), newline=""),
-                        delimiter=DELIMITERS[path.suffix.lower()])
+    reader = csv.reader(text_lines(path, encoding, newline=""), delimiter=DELIMITERS[path.suffix.lower()])
     try:
         yield from enumerate(reader, start=1)
     except csv.Error as exc:
