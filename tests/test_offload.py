@@ -195,7 +195,6 @@ def test_a_run_resumes_from_host_to_device_and_back(ms, six_step_run, host_six_s
      "strategies.offload.optimizer=host with strategies.parallel.model=2"),
     ((HOST, "device.name=910b", "device.target=ascend", "strategies.parallel.optimizer_shard=true",
       "strategies.parallel.data=2"), "strategies.offload.optimizer=host with strategies.parallel.optimizer_shard=true"),
-    ((HOST, "strategies.parallel.data=2"), "strategies.offload.optimizer=host with strategies.parallel.data=2"),
     (("strategies.offload.threads=0",), "strategies.offload.threads: expected null (this rank's share of the node's "
                                         "cores) or 1 to 1024, got 0"),
     (("strategies.offload.threads=5000",), "strategies.offload.threads: expected null"),

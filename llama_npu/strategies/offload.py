@@ -59,11 +59,10 @@ def check(recipe) -> None:
     par = recipe.strategies.parallel
     sharded = [f"{k}={v}" for k, v in (("model", par.model), ("pipeline", par.pipeline)) if v > 1]
     sharded += ["optimizer_shard=true"] if par.optimizer_shard else []
-    if sharded or par.data > 1:
-        layout = sharded[0] if sharded else f"data={par.data}"
-        raise RecipeError(f"strategies.offload.optimizer=host with strategies.parallel.{layout}: the host update "
-                          f"runs in one process on one card (no layout over several ranks is supported yet); "
-                          f"train on one card, or use offload.optimizer device")
+    if sharded:
+        raise RecipeError(f"strategies.offload.optimizer=host with strategies.parallel.{sharded[0]}: the host "
+                          f"update runs on whole weights, one card or data parallel (no sharded layout is "
+                          f"supported yet); use data parallel, or offload.optimizer device")
 
 
 def host_threads(section: OffloadSection) -> int:
@@ -121,8 +120,8 @@ def planned_on_host(s) -> bool:
 
 
 def planned_layout_supported(data: int, model: int, pipeline: int, optimizer_shard: bool) -> bool:
-    """The layouts check() lets the host update run on: one card, for now."""
-    return data == model == pipeline == 1 and not optimizer_shard
+    """The layouts check() lets the host update run on: one card, or data parallel."""
+    return model == pipeline == 1 and not optimizer_shard
 
 
 def card_states(on_device: int, norms: int, compute_bytes: int) -> dict:
