@@ -178,13 +178,13 @@ class HostAdamW(nn.Cell):
         return list(whole.masters), whole
 
     def accumulate(self, grads, embedding_index: int = -1, tokens=None, rows=None) -> None:
-        """Add one micro-batch's gradients (the card's outputs, compute dtype) into the fp32
-        accumulators of this rank's ranges; `rows` (B, T, H), the tied embedding's lookup
+        """Add one micro-batch's gradients (the card's outputs, compute dtype; under data
+        parallel this rank's flat ranges of them) into the fp32 accumulators of its ranges; `rows` (B, T, H), the tied embedding's lookup
         gradient (one card: under data parallel the card added them before the all-reduce),
         added at the rows of `tokens` (B, T) in fp32, as the in-graph step adds them into fp32
         gradients."""
-        for (index, start, stop), acc in zip(self.layout.pieces, self.accumulators):
-            acc.add_(torch.from_numpy(grads[index].asnumpy()).reshape(-1)[start:stop])
+        for (index, _, _), acc in zip(self.layout.pieces, self.accumulators):
+            acc.add_(torch.from_numpy(grads[index].asnumpy()).reshape(-1))
         if rows is not None:
             width = rows.shape[-1]
             index = torch.from_numpy(tokens.reshape(-1).astype(np.int64))

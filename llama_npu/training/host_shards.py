@@ -67,6 +67,12 @@ class ShardLayout:
         index, start, stop = piece
         return start == 0 and stop == self.sizes[index]
 
+    def card_ranges(self) -> tuple:
+        """Each parameter's flat (start, stop) this rank keeps, in the card's order; (0, 1) for
+        one it keeps none of (a graph output of no element is avoided: the host skips it)."""
+        kept = {index: (start, stop) for index, start, stop in self.pieces}
+        return tuple(kept.get(index, (0, 1)) for index in range(len(self.sizes)))
+
     def gather(self, owned: list, deliver: Callable[[int, np.ndarray], None]) -> None:
         """Every rank calls it with its pieces' flat fp32 values (`owned`, torch or numpy, in
         self.pieces' order); `deliver(index, values)` receives each matrix's whole flat fp32

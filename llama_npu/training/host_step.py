@@ -35,6 +35,9 @@ class HostMicroStep(MicroStep):
         self.carry = Buffers(self.weights, self.scale_sense, accumulate=False)
         self.combine_flags = self.is_distributed
         self.is_distributed = False  # the flag is combined across ranks once, by StepEnd
+        # Under data parallel, each weight's flat (start, stop) this rank's host keeps
+        # (ShardLayout.card_ranges): only they leave the card.
+        self.ranges = ()
 
     def construct(self, token_count, *batch):
         if self.combine_flags:
@@ -56,7 +59,18 @@ class HostMicroStep(MicroStep):
         done = ops.assign(self.carry.overflow, ops.maximum(self.carry.overflow, flag.astype(ms.float32)))
         done = ops.depend(done, ops.assign_add(self.carry.loss, loss.astype(ms.float32)))
         rows = ops.zeros((0,), loss.dtype) if rows is None else rows
+        if self.ranges:
+            grads = self.kept(grads)
         return ops.depend(loss, done), grads, rows
+
+    def kept(self, grads):
+        """Each gradient's flat range this rank's host keeps, so a card sends its host 1/N of
+        the gradients, not all of them."""
+        out = ()
+        for i in range(len(self.ranges)):
+            start, stop = self.ranges[i]
+            out = out + (grads[i].reshape((-1,))[start:stop],)
+        return out
 
 
 class StepEnd(nn.Cell):
@@ -93,6 +107,8 @@ class HostStep:
     def __init__(self, loss_cell, host: HostAdamW, scaler, grad_clip: float, accumulation_steps: int = 1,
                  count=target_tokens):
         self.micro = HostMicroStep(loss_cell, host.card, scaler.sense())
+        if host.sharded:
+            self.micro.ranges = host.layout.card_ranges()
         self.end = StepEnd(self.micro)
         self.host, self.scaler, self.grad_clip = host, scaler, grad_clip
         self.accumulation_steps, self.count = accumulation_steps, count
