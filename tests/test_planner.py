@@ -129,16 +129,23 @@ def test_3b_full_finetune_does_not_fit_one_910a_and_fit_finds_a_runnable_plan(tm
 
 @pytest.mark.quick
 def test_fit_prefers_a_layout_run_on_an_npu_to_one_never_run_there():
-    """3B full fine-tuning on 8 x 910B fits only with optimizer sharding, never run on an NPU
-    (the optimizer on the host runs on one card only, strategies/offload.py); LoRA over plain
-    data parallelism fits too, and is preferred. With --no-lora the sharded layout is the only
-    one, and is recommended. The speed ranking puts a plan without offload first wherever one
-    fits: the 1B on one 910B."""
+    """3B full fine-tuning on 8 x 910B fits with the optimizer on the host over plain data
+    parallelism (each rank's host holding 1/8 of the states), which keeps it a full fine-tune
+    on a layout without operator sharding: recommended. Without offload it fits only with
+    optimizer sharding, never run on an NPU; LoRA over plain data parallelism fits too, and is
+    preferred. With --no-lora --no-offload the sharded layout is the only one, and is
+    recommended. The speed ranking puts a plan without offload first wherever one fits: the
+    1B on one 910B."""
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--json")
+    best = json.loads(proc.stdout)["recommended"]
+    assert best["fits"] and best["strategy"]["lora"] is False and best["never_run_on_npu"] == []
+    assert best["strategy"]["offload"] is True and best["strategy"]["data"] == 8
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-offload",
+                   "--json")
     best = json.loads(proc.stdout)["recommended"]
     assert best["fits"] and best["strategy"]["lora"] is True and best["never_run_on_npu"] == []
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
-                   "--json")
+                   "--no-offload", "--json")
     best = json.loads(proc.stdout)["recommended"]
     assert best["strategy"]["lora"] is False and best["never_run_on_npu"] == ["optimizer sharding"]
     assert best["strategy"]["offload"] is False
