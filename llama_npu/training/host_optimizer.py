@@ -42,7 +42,7 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn
 
 from ..recipe.schema import OptimizerSection
-from .host_shards import ShardLayout, is_matrix
+from .host_shards import CardExchange, ShardLayout, is_matrix
 
 BIAS_STEP = 1.0  # the step torch's kernel corrects the bias for: see the module's docstring
 
@@ -90,6 +90,7 @@ class HostAdamW(nn.Cell):
         self.card_dtypes = [compute_dtype if is_matrix(p) else ms.float32 for p in self.card]
         self.accumulators = [torch.zeros(b - a, dtype=torch.float32) for _, a, b in self.layout.pieces]
         self.steps = [torch.tensor(BIAS_STEP) for _ in self.layout.pieces]
+        self.exchange = None  # data parallel: CardExchange, built at the first push
         torch.set_num_threads(threads)
         self.bind()
         self.push()
@@ -129,7 +130,8 @@ class HostAdamW(nn.Cell):
         Parameter.set_data ends in (mindspore/common/parameter.py _update_tensor_data), without
         set_data's cast back to the Parameter's dtype: the first push turns the matrices, built
         fp32, into compute-dtype Parameters (the test counts the graph's fp16 matrices). Under
-        data parallel the matrices come whole from every rank's range (ShardLayout.gather)."""
+        data parallel the host sends its range of the matrices, and the card gathers them
+        whole from every rank's (CardExchange)."""
         def to_card(index, values):
             param = self.card[index]
             param.assign_value(Tensor(values.reshape(param.shape), dtype=self.card_dtypes[index]))
@@ -138,7 +140,15 @@ class HostAdamW(nn.Cell):
             if not self.sharded or index not in self.layout.offsets:  # whole on this rank
                 to_card(index, master.numpy())
         if self.sharded:
-            self.layout.gather(self.weights, to_card)
+            if self.exchange is None:  # the matrices in the compute dtype before a graph assigns them
+                for index in self.layout.matrices:
+                    to_card(index, self.card[index].asnumpy())
+                self.exchange = CardExchange(self.card, self.layout)
+            own = np.zeros(self.layout.shard, np.float32)
+            matrices = [w for (index, _, _), w in zip(self.layout.pieces, self.weights) if index in self.layout.offsets]
+            if matrices:
+                torch.cat(matrices, out=torch.from_numpy(own[:sum(w.numel() for w in matrices)]))
+            self.exchange(Tensor(own, dtype=self.card_dtypes[self.layout.matrices[0]]))
 
     def loaded(self) -> None:
         """After checkpoints/files.py loaded the states into this Cell."""

@@ -8,9 +8,10 @@ gradient accumulators of that range only, so a node's host holds one set of stat
 rank. Every matrix is decayed, so one range needs no per-element decay. The vectors (the
 RMSNorm gains, about 0.01% of a Llama) are not cut: every rank holds and updates them, so
 that the weights exchanged are the matrices' alone. After each update the ranks exchange the
-updated ranges with an AllGather (the CPU backend has no ReduceScatter, and AllGather is the
-collective the exchange needs), in fixed-size chunks so that no rank's host holds more than
-one chunk of every rank and the tensors being completed beside its own range.
+updated ranges with an AllGather on the card (CardExchange: the host sends its range in the
+compute dtype, the card gathers the whole and assigns each matrix its slice). To save, they
+gather the fp32 states on the host (ShardLayout.gather, in fixed-size chunks, so that a
+rank's host holds one chunk of every rank and the tensors being completed at a time).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from mindspore import Tensor, nn, ops
+from mindspore import ParameterTuple, Tensor, nn, ops
 
 # Elements a rank sends per AllGather (16 MB of fp32): the host holds N of them at a time.
 CHUNK = 2**22
@@ -37,6 +38,30 @@ class _AllGather(nn.Cell):
 
     def construct(self, x):
         return self.gather(x)
+
+
+class CardExchange(nn.Cell):
+    """The card's side of the weights' exchange: each rank's updated range of the matrices'
+    concatenation (`own`, ShardLayout.shard elements in the compute dtype, zero-padded) gathered
+    on the card, and each matrix Parameter assigned its slice of the whole. The gathered copy
+    is one more set of the card's matrices, alive only in the update phase, when no
+    activation or gradient is (the backward's peak is higher); the host sends 1/N of the
+    weights a step and reads none back."""
+
+    def __init__(self, card, layout: "ShardLayout"):
+        super().__init__(auto_prefix=False)
+        self.matrices = ParameterTuple(card[i] for i in layout.matrices)
+        self.starts = tuple(layout.offsets[i] for i in layout.matrices)
+        self.stops = tuple(layout.offsets[i] + layout.sizes[i] for i in layout.matrices)
+        self.shapes = tuple(tuple(card[i].shape) for i in layout.matrices)
+        self.gather = ops.AllGather()
+
+    def construct(self, own):
+        every = self.gather(own)
+        done = ()
+        for i in range(len(self.starts)):
+            done = done + (ops.assign(self.matrices[i], every[self.starts[i]:self.stops[i]].reshape(self.shapes[i])),)
+        return ops.depend(every[0:1], done)
 
 
 class ShardLayout:
