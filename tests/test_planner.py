@@ -155,9 +155,10 @@ def test_fit_prefers_a_layout_run_on_an_npu_to_one_never_run_there():
 
 
 def test_the_host_line_divides_the_states_among_data_parallel_ranks():
-    """The planner's host side under data parallel (counted ahead of the layout's support):
-    each of N ranks holds 1/N of the master, moments and accumulators, a node of 8 cards 8 of
-    those, and moves 1/N of the traffic."""
+    """The planner's host side under data parallel: each of N ranks holds 1/N of the master,
+    moments and accumulators, and in flight its range sent to the card (fp32 and its bf16
+    cast: 6 bytes an element, more than the embedding); a node of 8 cards 8 of those; each
+    card moves 1/N of the traffic, and gathers the whole bf16 weights in the update phase."""
     from llama_npu.memory.plan_report import host_figures
 
     one, eight = (estimate(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910b"],
@@ -167,7 +168,10 @@ def test_the_host_line_divides_the_states_among_data_parallel_ranks():
     staging = 2 * 128_256 * 3072  # the embedding in flight in bf16, whole on every rank
     assert h1["components"] == {"master_weights": 4 * P["llama3.2-3b"], "moments": 8 * P["llama3.2-3b"],
                                 "accumulators": 4 * P["llama3.2-3b"], "staging": staging}
-    assert h8["rank_bytes"] == 16 * -(-P["llama3.2-3b"] // 8) + staging and h8["node_bytes"] == 8 * h8["rank_bytes"]
+    shard = -(-P["llama3.2-3b"] // 8)
+    assert h8["rank_bytes"] == 16 * shard + 6 * shard and h8["node_bytes"] == 8 * h8["rank_bytes"]
+    assert h8["transfer_bytes"] == {"to_host": 4 * 2 * shard, "to_device": 2 * shard}  # k = 4 micro-batches
+    assert eight.components["update_copies"] - one.components["update_copies"] >= 2 * (P["llama3.2-3b"] - 10**6)
     assert h8["update_seconds"] == pytest.approx(h1["update_seconds"] / 8, rel=1e-6)
     assert h1["transfer_bytes"] == {"to_host": 4 * 2 * P["llama3.2-3b"], "to_device": 2 * P["llama3.2-3b"]}
 
