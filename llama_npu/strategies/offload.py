@@ -7,7 +7,9 @@ accumulators live in host memory, and the update runs there on `threads` cores
 The training is the one the same recipe runs without it: overflow is still detected on the
 card, and unscaling, clipping, the schedule, decay on matrices only and token-normalised
 accumulation are unchanged; the checkpoint holds the fp32 master and the moments under the
-in-graph optimizer's names, so a run resumes across the switch.
+in-graph optimizer's names, so a run resumes across the switch. Under data parallel each
+rank's host holds and updates 1/N of the states (training/host_shards.py); model, pipeline
+and optimizer sharding are refused.
 """
 from __future__ import annotations
 

@@ -7,7 +7,10 @@ into its fp32 accumulators (training/host_optimizer.py). Its overflow flag and l
 the device's step buffers. At the step's end a small graph, `StepEnd`, combines the flags
 across ranks and runs the loss-scale update cell on the device, exactly as FinalMicroStep
 does; the host then unscales, clips and updates unless the step overflowed, and pushes the
-new compute-dtype weights into the card's Parameters before the next forward.
+new compute-dtype weights into the card's Parameters before the next forward. Under data
+parallel each micro-batch's gradients are all-reduced on the card and only this rank's ranges
+leave it (training/host_shards.py), the sum of squares of the global norm is summed over the
+ranks by StepEnd, and the card gathers the updated weights from every rank's range.
 """
 from __future__ import annotations
 
