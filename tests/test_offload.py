@@ -327,3 +327,54 @@ def test_a_data_parallel_host_run_resumes_on_one_card_without_offload(single_pro
     assert [r["step"] for r in got] == list(range(1, 9))
     for a, b in zip(got[6:], want[6:]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["samples_consumed"] == b["samples_consumed"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 7])
+def test_the_ranks_ranges_cover_every_matrix_once_and_gather_back_whole_across_chunks(monkeypatch, ranks):
+    """training/host_shards.py without a launch: the ranks' ranges of uneven matrices (ranges
+    starting and ending inside tensors, the last rank's shorter) hold every matrix element once
+    and every vector on each rank, and the chunked gather that saving uses, its chunk set
+    smaller than a tensor, rebuilds each matrix exactly (the launch's model is one chunk). The
+    AllGather is simulated: the ranks' chunks side by side, as the collective returns them."""
+    from types import SimpleNamespace
+
+    from mindspore import Tensor
+
+    from llama_npu.training import host_shards
+
+    shapes = [(7, 3), (5,), (4, 4), (2, 9), (3,), (1, 5)]
+    params = [SimpleNamespace(shape=shape) for shape in shapes]
+    values = [np.arange(int(np.prod(s)), dtype=np.float32) + 100 * i for i, s in enumerate(shapes)]
+    monkeypatch.setattr(host_shards, "CHUNK", 5)
+    layouts = [host_shards.ShardLayout(params, rank, ranks) for rank in range(ranks)]
+    held = {i: np.zeros(v.size, int) for i, v in enumerate(values)}
+    for layout in layouts:
+        for index, start, stop in layout.pieces:
+            held[index][start:stop] += 1
+    for index, count in held.items():
+        assert (count == (1 if len(shapes[index]) > 1 else ranks)).all(), index
+    if ranks == 1:
+        return  # one card gathers nothing
+
+    owned = [[values[index][start:stop] for index, start, stop in layout.pieces] for layout in layouts]
+    sent = [np.concatenate([v for (i, _, _), v in zip(layout.pieces, mine) if i in layout.offsets])
+            for layout, mine in zip(layouts, owned)]
+    chunk = min(layouts[0].shard, host_shards.CHUNK)
+
+    def simulated_gather():
+        calls = []
+
+        def gather(_):
+            begin = len(calls) * chunk
+            calls.append(begin)
+            return Tensor(np.concatenate([np.pad(s[begin:begin + chunk], (0, chunk - s[begin:begin + chunk].size))
+                                          for s in sent]))
+        return gather
+
+    for layout, mine in zip(layouts, owned):
+        layout._gather = simulated_gather()
+        rebuilt = {}
+        layout.gather(mine, rebuilt.__setitem__)
+        assert sorted(rebuilt) == layout.matrices
+        for index, whole in rebuilt.items():
+            np.testing.assert_array_equal(whole, values[index])
