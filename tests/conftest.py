@@ -249,6 +249,14 @@ def dp2_launch(tmp_path_factory):
     return base / "run", proc, logs
 
 
+@pytest.fixture(scope="session")
+def single_process_run(request, tmp_path_factory) -> Path:
+    """The data-parallel checks' reference: EIGHT_STEPS in one process, 4 samples a step (what
+    2 ranks x 2 make)."""
+    return built_once(request, tmp_path_factory, "single", lambda out: run_cli(
+        "train", SMOKE, "--output-dir", out, *EIGHT_STEPS, "--set", "train.micro_batch_size=4", check=True))[0]
+
+
 # ---------------------------------------------------------------- tiny Hugging Face model, its conversions and runs
 # (shared by test_convert.py and test_exams.py)
 

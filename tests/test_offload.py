@@ -195,7 +195,6 @@ def test_a_run_resumes_from_host_to_device_and_back(ms, six_step_run, host_six_s
      "strategies.offload.optimizer=host with strategies.parallel.model=2"),
     ((HOST, "device.name=910b", "device.target=ascend", "strategies.parallel.optimizer_shard=true",
       "strategies.parallel.data=2"), "strategies.offload.optimizer=host with strategies.parallel.optimizer_shard=true"),
-    ((HOST, "strategies.parallel.data=2"), "strategies.offload.optimizer=host with strategies.parallel.data=2"),
     (("strategies.offload.threads=0",), "strategies.offload.threads: expected null (this rank's share of the node's "
                                         "cores) or 1 to 1024, got 0"),
     (("strategies.offload.threads=5000",), "strategies.offload.threads: expected null"),
@@ -228,3 +227,154 @@ def test_a_rehearsal_keeps_the_host_optimizer_on_at_most_this_machines_cores():
     assert rehearsal.strategies.offload.optimizer == "host" and rehearsal.strategies.offload.threads is None
     assert "strategies.offload.threads 1024 -> None (this machine's cores)" in changed
     assert "the card-host transfers: on the CPU the card's memory is the host's" in not_rehearsed
+
+
+# ---------------------------------------------------------------- data parallel (2 workers, scripts/launch.sh)
+
+# What the in-graph data-parallel check allows (tests/test_parallel.py): 1% of one step's update.
+DP_WEIGHTS_ATOL = 0.01 * 3.0e-3
+
+
+@pytest.fixture(scope="session")
+def host_dp2_launch(request, tmp_path_factory, single_process_run):
+    """One 2-worker launch with the optimizer on the host, 2 samples a rank: EIGHT_STEPS resumed
+    from step 3 of the one-process run without offload (single_process_run, 4 samples a step),
+    so it loads whole tensors into two ranks' ranges, and saves steps 6 and 8 gathered whole.
+    (run dir, process); the worker logs are in the run's sibling `logs`."""
+    import shutil
+
+    from conftest import EIGHT_STEPS, built_once, run_launch
+
+    def build(out):
+        shutil.copytree(single_process_run, out)
+        for late in ("step_6", "step_8"):
+            shutil.rmtree(out / "checkpoints" / late)
+        # --force: the layout changes (4 samples on one card -> 2 on each of two), the global batch does not
+        return run_launch(SMOKE, 2, "--output-dir", out, *EIGHT_STEPS, "--set", HOST, "--resume", "auto", "--force",
+                          log_dir=out.parent / "logs", env={"CLUSTER_TIME_OUT": "60"}, timeout=600)
+
+    return built_once(request, tmp_path_factory, "host_dp2", build)
+
+
+def test_data_parallel_with_the_optimizer_on_the_host_equals_one_process(ms, single_process_run, host_dp2_launch):
+    """Steps 4-8 over 2 ranks, each host holding half the matrices' states, equal one process of
+    the same global batch without offload, and the checkpoints rank 0 writes from every rank's
+    range have the one-process run's names, shapes, dtypes and values."""
+    import re
+
+    from conftest import read_metrics
+
+    out, proc = host_dp2_launch
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = [(out.parent / "logs" / f"worker_{rank}.log").read_text() for rank in (0, 1)]
+    assert all(f"resumed from {out / 'checkpoints' / 'step_3'} at step 3" in log for log in logs)
+    got, want = read_metrics(out), read_metrics(single_process_run)
+    assert [r["step"] for r in got] == list(range(1, 9))
+    for a, b in zip(got[3:], want[3:]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["samples_consumed"] == b["samples_consumed"]
+    digests = {re.search(r"rank \d weights sha256 (\w+)", log).group(1) for log in logs}
+    assert len(digests) == 1, "the ranks' cards must hold bit-identical weights"
+    for step in (6, 8):
+        for name in ("model.ckpt", "optimizer.ckpt"):
+            saved, single = (ms.load_checkpoint(str(run / "checkpoints" / f"step_{step}" / name))
+                             for run in (out, single_process_run))
+            assert {k: (str(v.dtype), v.shape) for k, v in saved.items()} == \
+                {k: (str(v.dtype), v.shape) for k, v in single.items()}
+            if name == "model.ckpt":
+                for key, value in single.items():
+                    np.testing.assert_allclose(saved[key].asnumpy(), value.asnumpy(), rtol=0, atol=DP_WEIGHTS_ATOL)
+        assert int(saved["global_step"].asnumpy()[0]) == step
+
+
+def test_each_rank_of_a_data_parallel_run_holds_only_its_range_of_the_host_states(ms, single_process_run,
+                                                                                 host_dp2_launch):
+    """How we know: each rank logs the fp32 elements its host holds (HostAdamW.held_elements, the
+    sizes of the master tensors it keeps; each moment and the accumulators hold as many). The
+    matrices' P - V elements split in two, every rank keeping the V of the RMSNorm gains whole:
+    ceil((P - V) / 2) + V on rank 0, the rest on rank 1, and 16 bytes an element of GiB."""
+    import re
+
+    out, proc = host_dp2_launch
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    weights = ms.load_checkpoint(str(single_process_run / "checkpoints" / "step_3" / "model.ckpt"))
+    total = sum(v.size for v in weights.values())
+    vectors = sum(v.size for v in weights.values() if len(v.shape) == 1)
+    half = -(-(total - vectors) // 2)
+    for rank, held in ((0, half + vectors), (1, total - half)):  # (the matrices - half) + the vectors
+        log = (out.parent / "logs" / f"worker_{rank}.log").read_text()
+        said = re.search(r"the optimizer on the host: \d+ thread\(s\), ([\d.]+) GiB of fp32 master weights, moments "
+                         r"and gradient accumulators in host memory \(rank (\d)'s range: ([\d,]+) of ([\d,]+)\)", log)
+        assert said, log[-2000:]
+        assert (int(said.group(2)), int(said.group(3).replace(",", "")), int(said.group(4).replace(",", ""))) == \
+            (rank, held, total)
+        assert float(said.group(1)) == pytest.approx(16 * held / 2**30, abs=0.005)
+        assert held < 0.51 * total
+
+
+def test_a_data_parallel_host_run_resumes_on_one_card_without_offload(single_process_run, host_dp2_launch, tmp_path):
+    """The launch's step 6, its states gathered from two ranks, resumed in one process without
+    offload: steps 7 and 8 are the one-process run's."""
+    import shutil
+
+    from conftest import EIGHT_STEPS, read_metrics, run_cli
+
+    out = tmp_path / "resumed"
+    shutil.copytree(host_dp2_launch[0], out)
+    shutil.rmtree(out / "checkpoints" / "step_8")
+    run_cli("train", SMOKE, "--output-dir", out, *EIGHT_STEPS, "--set", "train.micro_batch_size=4", "--resume", "auto",
+            "--force", check=True)
+    got, want = read_metrics(out), read_metrics(single_process_run)
+    assert [r["step"] for r in got] == list(range(1, 9))
+    for a, b in zip(got[6:], want[6:]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["samples_consumed"] == b["samples_consumed"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 7])
+def test_the_ranks_ranges_cover_every_matrix_once_and_gather_back_whole_across_chunks(monkeypatch, ranks):
+    """training/host_shards.py without a launch: the ranks' ranges of uneven matrices (ranges
+    starting and ending inside tensors, the last rank's shorter) hold every matrix element once
+    and every vector on each rank, and the chunked gather that saving uses, its chunk set
+    smaller than a tensor, rebuilds each matrix exactly (the launch's model is one chunk). The
+    AllGather is simulated: the ranks' chunks side by side, as the collective returns them."""
+    from types import SimpleNamespace
+
+    from mindspore import Tensor
+
+    from llama_npu.training import host_shards
+
+    shapes = [(7, 3), (5,), (4, 4), (2, 9), (3,), (1, 5)]
+    params = [SimpleNamespace(shape=shape) for shape in shapes]
+    values = [np.arange(int(np.prod(s)), dtype=np.float32) + 100 * i for i, s in enumerate(shapes)]
+    monkeypatch.setattr(host_shards, "CHUNK", 5)
+    layouts = [host_shards.ShardLayout(params, rank, ranks) for rank in range(ranks)]
+    held = {i: np.zeros(v.size, int) for i, v in enumerate(values)}
+    for layout in layouts:
+        for index, start, stop in layout.pieces:
+            held[index][start:stop] += 1
+    for index, count in held.items():
+        assert (count == (1 if len(shapes[index]) > 1 else ranks)).all(), index
+    if ranks == 1:
+        return  # one card gathers nothing
+
+    owned = [[values[index][start:stop] for index, start, stop in layout.pieces] for layout in layouts]
+    sent = [np.concatenate([v for (i, _, _), v in zip(layout.pieces, mine) if i in layout.offsets])
+            for layout, mine in zip(layouts, owned)]
+    chunk = min(layouts[0].shard, host_shards.CHUNK)
+
+    def simulated_gather():
+        calls = []
+
+        def gather(_):
+            begin = len(calls) * chunk
+            calls.append(begin)
+            return Tensor(np.concatenate([np.pad(s[begin:begin + chunk], (0, chunk - s[begin:begin + chunk].size))
+                                          for s in sent]))
+        return gather
+
+    for layout, mine in zip(layouts, owned):
+        layout._gather = simulated_gather()
+        rebuilt = {}
+        layout.gather(mine, rebuilt.__setitem__)
+        assert sorted(rebuilt) == layout.matrices
+        for index, whole in rebuilt.items():
+            np.testing.assert_array_equal(whole, values[index])

@@ -21,14 +21,6 @@ def weights_at_step_3(ms, run_dir):
     return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(run_dir / "checkpoints" / "step_3" / "model.ckpt")).items()}
 
 
-@pytest.fixture(scope="module")
-def single_process_run(tmp_path_factory):
-    """The reference: one process, 4 samples a step (what 2 ranks x 2 make)."""
-    single = tmp_path_factory.mktemp("single") / "run"
-    run_cli("train", SMOKE, "--output-dir", single, *EIGHT_STEPS, "--set", "train.micro_batch_size=4", check=True)
-    return single
-
-
 def test_data_parallel_equals_one_process_with_the_same_global_batch(ms, single_process_run, dp2_launch):
     """2 ranks x 2 samples (the session's shared launch, strategies.parallel.data: auto -> 2)
     against one process with the 4 samples. Data parallel with accumulated micro-batches is

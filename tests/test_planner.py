@@ -129,16 +129,23 @@ def test_3b_full_finetune_does_not_fit_one_910a_and_fit_finds_a_runnable_plan(tm
 
 @pytest.mark.quick
 def test_fit_prefers_a_layout_run_on_an_npu_to_one_never_run_there():
-    """3B full fine-tuning on 8 x 910B fits only with optimizer sharding, never run on an NPU
-    (the optimizer on the host runs on one card only, strategies/offload.py); LoRA over plain
-    data parallelism fits too, and is preferred. With --no-lora the sharded layout is the only
-    one, and is recommended. The speed ranking puts a plan without offload first wherever one
-    fits: the 1B on one 910B."""
+    """3B full fine-tuning on 8 x 910B fits with the optimizer on the host over plain data
+    parallelism (each rank's host holding 1/8 of the states), which keeps it a full fine-tune
+    on a layout without operator sharding: recommended. Without offload it fits only with
+    optimizer sharding, never run on an NPU; LoRA over plain data parallelism fits too, and is
+    preferred. With --no-lora --no-offload the sharded layout is the only one, and is
+    recommended. The speed ranking puts a plan without offload first wherever one fits: the
+    1B on one 910B."""
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--json")
+    best = json.loads(proc.stdout)["recommended"]
+    assert best["fits"] and best["strategy"]["lora"] is False and best["never_run_on_npu"] == []
+    assert best["strategy"]["offload"] is True and best["strategy"]["data"] == 8
+    proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-offload",
+                   "--json")
     best = json.loads(proc.stdout)["recommended"]
     assert best["fits"] and best["strategy"]["lora"] is True and best["never_run_on_npu"] == []
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-lora",
-                   "--json")
+                   "--no-offload", "--json")
     best = json.loads(proc.stdout)["recommended"]
     assert best["strategy"]["lora"] is False and best["never_run_on_npu"] == ["optimizer sharding"]
     assert best["strategy"]["offload"] is False
@@ -148,9 +155,10 @@ def test_fit_prefers_a_layout_run_on_an_npu_to_one_never_run_there():
 
 
 def test_the_host_line_divides_the_states_among_data_parallel_ranks():
-    """The planner's host side under data parallel (counted ahead of the layout's support):
-    each of N ranks holds 1/N of the master, moments and accumulators, a node of 8 cards 8 of
-    those, and moves 1/N of the traffic."""
+    """The planner's host side under data parallel: each of N ranks holds 1/N of the master,
+    moments and accumulators, and in flight its range sent to the card (fp32 and its bf16
+    cast: 6 bytes an element, more than the embedding); a node of 8 cards 8 of those; each
+    card moves 1/N of the traffic, and gathers the whole bf16 weights in the update phase."""
     from llama_npu.memory.plan_report import host_figures
 
     one, eight = (estimate(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910b"],
@@ -160,7 +168,10 @@ def test_the_host_line_divides_the_states_among_data_parallel_ranks():
     staging = 2 * 128_256 * 3072  # the embedding in flight in bf16, whole on every rank
     assert h1["components"] == {"master_weights": 4 * P["llama3.2-3b"], "moments": 8 * P["llama3.2-3b"],
                                 "accumulators": 4 * P["llama3.2-3b"], "staging": staging}
-    assert h8["rank_bytes"] == 16 * -(-P["llama3.2-3b"] // 8) + staging and h8["node_bytes"] == 8 * h8["rank_bytes"]
+    shard = -(-P["llama3.2-3b"] // 8)
+    assert h8["rank_bytes"] == 16 * shard + 6 * shard and h8["node_bytes"] == 8 * h8["rank_bytes"]
+    assert h8["transfer_bytes"] == {"to_host": 4 * 2 * shard, "to_device": 2 * shard}  # k = 4 micro-batches
+    assert eight.components["update_copies"] - one.components["update_copies"] >= 2 * (P["llama3.2-3b"] - 10**6)
     assert h8["update_seconds"] == pytest.approx(h1["update_seconds"] / 8, rel=1e-6)
     assert h1["transfer_bytes"] == {"to_host": 4 * 2 * P["llama3.2-3b"], "to_device": 2 * P["llama3.2-3b"]}
 

@@ -68,6 +68,31 @@ def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
     assert check.figure > check.tolerance
 
 
+def test_host_optimizer_fails_when_the_host_update_lets_torchs_step_counter_advance(ms, monkeypatch):
+    """The host update broken from outside the check: torch's fused AdamW's step counter advancing
+    after each call, as torch.optim.AdamW advances it, so its bias correction is no longer the
+    one training/host_optimizer.py undoes. The check's three steps then leave the graph's
+    weights by far more than its tolerance (and the same check passes in the full CPU run,
+    test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason)."""
+    import torch
+
+    from llama_npu.selftest import run as selftest
+    from llama_npu.selftest.host_optimizer import TOLERANCE
+
+    fused = torch._fused_adamw_
+
+    def advancing(params, grads, exp_avgs, exp_avg_sqs, maxes, steps, **options):
+        fused(params, grads, exp_avgs, exp_avg_sqs, maxes, steps, **options)
+        for step in steps:
+            step += 1
+
+    monkeypatch.setattr(torch, "_fused_adamw_", advancing)
+    check = selftest.check_host_optimizer(selftest.Context("cpu", "cpu"))
+    assert check.status == "fail" and check.tolerance == TOLERANCE
+    assert check.figure > 100 * TOLERANCE, check.figure
+    assert check.reason.startswith("host losses [")
+
+
 def test_resume_exact_fails_when_the_loss_scale_state_is_not_restored(ms):
     """A resume that restores weights and optimizer but not the dynamic loss scale's state
     (its scale and clean-step count, which the 2 steps after the resume change) fails."""

@@ -375,6 +375,13 @@ def load_checkpoint(path: Path, net, optimizer) -> dict:
             contents[name] = ms.load_checkpoint(str(path / name), crc_check=True)
         except (ValueError, RuntimeError, OSError) as exc:
             raise CheckpointError(f"{path / name} is damaged or unreadable ({exc})") from exc
+    load_whole = getattr(net, "load_whole", None)
+    if load_whole is not None:  # the host optimizer (training/host_optimizer.py): whole tensors, its ranges kept
+        wrong = load_whole(contents[WEIGHTS], contents[OPTIMIZER])
+        if wrong:
+            raise CheckpointError(f"{path} lacks trained weights or optimizer states of this model's sizes: "
+                                  f"{', '.join(wrong[:5])}")
+        return state
     not_loaded, _ = ms.load_param_into_net(net, contents[WEIGHTS], strict_load=True)
     # Only what this rank owns must be there: a pipeline stage's file holds its own stage.
     missing = [n for n in not_loaded if n in {p.name for p in owned(net.trainable_params())}]

@@ -87,7 +87,16 @@ class Checkpointer:
 
     def load(self, path: Path, net, optimizer) -> dict:
         note(f"loading checkpoint {path}")
-        state = load_checkpoint(path, net, optimizer)
+        if not getattr(net, "sharded", False):
+            state = load_checkpoint(path, net, optimizer)
+        else:
+            # The host's states under data parallel (training/host_optimizer.py): every rank reads the
+            # whole files to keep its range (MindSpore parses a whole file in memory), so the ranks
+            # read one at a time and a node's host holds one checkpoint at a time, not one a rank.
+            for turn in range(self.world.size):
+                if turn == self.world.rank:
+                    state = load_checkpoint(path, net, optimizer)
+                _gathered(self.world, 1)
         self.last = path
         return state
 

@@ -264,7 +264,9 @@ def step_transients(shape: LlamaShape, s: Strategy, device: Device) -> Dict[str,
         update = gradients if accumulates(s) else largest
     else:
         update = max(ALLREDUCE_BUCKET, largest) if s.data > 1 else 0
-        if not offload.planned_on_host(s):  # else the host unscales and clips, in its own memory
+        if offload.planned_on_host(s):  # the host unscales and clips, in its own memory
+            update += offload.exchange_bytes(model_states(shape, s)["weights"], s)
+        else:
             update += precision.scaling_copies(s, frozen=s.lora, accumulates=accumulates(s), gradients=gradients,
                                                largest=largest // 4, out_of_place=scales_out_of_place(device))
     update += precision.half_update_copy(s, frozen=s.lora, accumulates=accumulates_on_card(s), gradients=gradients)

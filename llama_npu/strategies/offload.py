@@ -7,7 +7,9 @@ accumulators live in host memory, and the update runs there on `threads` cores
 The training is the one the same recipe runs without it: overflow is still detected on the
 card, and unscaling, clipping, the schedule, decay on matrices only and token-normalised
 accumulation are unchanged; the checkpoint holds the fp32 master and the moments under the
-in-graph optimizer's names, so a run resumes across the switch.
+in-graph optimizer's names, so a run resumes across the switch. Under data parallel each
+rank's host holds and updates 1/N of the states (training/host_shards.py); model, pipeline
+and optimizer sharding are refused.
 """
 from __future__ import annotations
 
@@ -59,11 +61,10 @@ def check(recipe) -> None:
     par = recipe.strategies.parallel
     sharded = [f"{k}={v}" for k, v in (("model", par.model), ("pipeline", par.pipeline)) if v > 1]
     sharded += ["optimizer_shard=true"] if par.optimizer_shard else []
-    if sharded or par.data > 1:
-        layout = sharded[0] if sharded else f"data={par.data}"
-        raise RecipeError(f"strategies.offload.optimizer=host with strategies.parallel.{layout}: the host update "
-                          f"runs in one process on one card (no layout over several ranks is supported yet); "
-                          f"train on one card, or use offload.optimizer device")
+    if sharded:
+        raise RecipeError(f"strategies.offload.optimizer=host with strategies.parallel.{sharded[0]}: the host "
+                          f"update runs on whole weights, one card or data parallel (no sharded layout is "
+                          f"supported yet); use data parallel, or offload.optimizer device")
 
 
 def host_threads(section: OffloadSection) -> int:
@@ -121,8 +122,8 @@ def planned_on_host(s) -> bool:
 
 
 def planned_layout_supported(data: int, model: int, pipeline: int, optimizer_shard: bool) -> bool:
-    """The layouts check() lets the host update run on: one card, for now."""
-    return data == model == pipeline == 1 and not optimizer_shard
+    """The layouts check() lets the host update run on: one card, or data parallel."""
+    return model == pipeline == 1 and not optimizer_shard
 
 
 def card_states(on_device: int, norms: int, compute_bytes: int) -> dict:
@@ -136,8 +137,16 @@ def card_states(on_device: int, norms: int, compute_bytes: int) -> dict:
 
 
 def host_shard(trainable: int, s) -> int:
-    """Parameters one rank's host update owns: 1/N under data parallel."""
+    """Parameters one rank's host update owns: 1/N under data parallel (of the matrices; every
+    rank also keeps the RMSNorm gains whole, about 0.01% of a Llama, not counted)."""
     return -(-trainable // s.data)
+
+
+def exchange_bytes(card_weights: int, s) -> int:
+    """The card's update-phase copy under data parallel: the ranks' updated ranges gathered into
+    the whole weights before each matrix takes its slice (training/host_shards.py CardExchange),
+    when no activation or gradient is alive."""
+    return card_weights if s.data > 1 else 0
 
 
 def host_states(trainable: int, s, largest: int, compute_bytes: int) -> dict:
@@ -145,10 +154,12 @@ def host_states(trainable: int, s, largest: int, compute_bytes: int) -> dict:
     the fp32 gradient accumulators, at k = 1 too, where they are the fp32 gradients the fused
     kernel reads (training/host_optimizer.py adds each micro-batch into them); and `staging`,
     one tensor of `largest` elements in the compute dtype in flight, a gradient read off the
-    card or a master cast for it, one tensor at a time (HostAdamW.accumulate and push)."""
+    card or a master cast for it, one tensor at a time (HostAdamW.accumulate and push), or
+    under data parallel the rank's range sent to the card, fp32 and cast, if larger."""
     shard = host_shard(trainable, s)
-    return {"master_weights": 4 * shard, "moments": 8 * shard, "accumulators": 4 * shard,
-            "staging": largest * compute_bytes}
+    # Under data parallel the rank's range goes to the card at once, fp32 and cast (HostAdamW.push).
+    in_flight = max(largest * compute_bytes, (4 + compute_bytes) * shard if s.data > 1 else 0)
+    return {"master_weights": 4 * shard, "moments": 8 * shard, "accumulators": 4 * shard, "staging": in_flight}
 
 
 def ranks_per_node(s) -> int:
@@ -163,6 +174,7 @@ def update_seconds(trainable: int, s, bandwidth_gbs: float) -> float:
 
 def transfer_bytes(trainable: int, s, compute_bytes: int) -> dict:
     """Bytes a step moves between one card and its host: each micro-batch's gradients of the
-    rank's shard to the host, and the updated shard's compute-dtype weights back once."""
+    rank's shard to the host (the card all-reduced them), and the updated shard's
+    compute-dtype weights back once (the card gathers the other ranks' from their cards)."""
     shard = host_shard(trainable, s)
     return {"to_host": s.accumulation * compute_bytes * shard, "to_device": compute_bytes * shard}

@@ -24,9 +24,12 @@ which gives (lr' / c1) m / (sqrt(v) / sqrt(c2) + eps') = lr m / (sqrt(v) + eps) 
 
 The states are MindSpore Parameters named as the in-graph optimizer names them (the master
 by the weight's name, `adam_m.`/`adam_v.` + name, `global_step`, `learning_rate`), held by
-this Cell, so checkpoints/files.py saves and loads them as it does the in-graph ones and a
-run resumes across the switch; the torch tensors are views of their host memory. No graph
-ever reads them: the card's Parameters keep only the compute-dtype copy this pushes to them.
+this Cell, so checkpoints/files.py saves them as it does the in-graph ones and a run resumes
+across the switch; the torch tensors are views of their host memory. No graph ever reads
+them: the card's Parameters keep only the compute-dtype copy this pushes to them. Under data
+parallel each rank holds only its range of them (training/host_shards.py): a Parameter of a
+tensor cut across ranks is its flat range, the ranks gather the whole tensors to save, and a
+resume loads the whole tensors and keeps this rank's ranges.
 """
 from __future__ import annotations
 
@@ -39,50 +42,86 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn
 
 from ..recipe.schema import OptimizerSection
+from .host_shards import CardExchange, ShardLayout, is_matrix
 
 BIAS_STEP = 1.0  # the step torch's kernel corrects the bias for: see the module's docstring
 
 
-def is_matrix(param) -> bool:
-    """Decayed, and held in the compute dtype on the card; vectors (the RMSNorm gains) are
-    neither, as in training/optimizer.py."""
-    return len(param.shape) >= 2
+def _flat(param) -> torch.Tensor:
+    """A flat torch view of a host Parameter's memory (asnumpy shares a CPU tensor's memory)."""
+    return torch.from_numpy(param.asnumpy()).reshape(-1)
+
+
+class WholeStates(nn.Cell):
+    """Whole fp32 masters and moments (`values`: name -> flat numpy) under the in-graph names,
+    with the step counter and learning rate: what rank 0 saves under data parallel."""
+
+    def __init__(self, card, values: dict, global_step, learning_rate):
+        super().__init__(auto_prefix=False)
+        whole = lambda prefix: ParameterTuple(  # noqa: E731
+            Parameter(Tensor(values[prefix + p.name].reshape(p.shape)), name=prefix + p.name, requires_grad=False)
+            for p in card)
+        self.masters, self.moments1, self.moments2 = whole(""), whole("adam_m."), whole("adam_v.")
+        self.global_step = Parameter(Tensor(global_step.asnumpy().copy()), name="global_step", requires_grad=False)
+        self.learning_rate = Parameter(Tensor(learning_rate.asnumpy().copy()), name="learning_rate",
+                                       requires_grad=False)
 
 
 class HostAdamW(nn.Cell):
     """The host's states for the card's trainable Parameters `card` (built fp32, as without
-    offload): copies them as the fp32 masters, then leaves the card the matrices in
-    `compute_dtype`."""
+    offload): copies this rank's ranges of them (all of them on one card) as the fp32 masters,
+    then leaves the card the matrices in `compute_dtype`."""
 
-    def __init__(self, card, section: OptimizerSection, threads: int, compute_dtype):
+    def __init__(self, card, section: OptimizerSection, threads: int, compute_dtype, rank: int = 0, ranks: int = 1):
         super().__init__(auto_prefix=False)
         self.card = list(card)
-        self.masters = ParameterTuple(Parameter(Tensor(p.asnumpy().astype(np.float32)), name=p.name)
-                                      for p in self.card)
-        self.moments1 = ParameterTuple(Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_m.{p.name}",
-                                                 requires_grad=False) for p in self.card)
-        self.moments2 = ParameterTuple(Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_v.{p.name}",
-                                                 requires_grad=False) for p in self.card)
+        self.layout = ShardLayout(self.card, rank, ranks)
+
+        def held(prefix, values):
+            return ParameterTuple(Parameter(Tensor(values(i, a, b)), name=prefix + self.card[i].name,
+                                            requires_grad=prefix == "") for i, a, b in self.layout.pieces)
+
+        self.masters = held("", self._initial)
+        zeros = lambda i, a, b: np.zeros(self._piece_shape(i, a, b), np.float32)  # noqa: E731
+        self.moments1, self.moments2 = held("adam_m.", zeros), held("adam_v.", zeros)
         self.global_step = Parameter(Tensor([0], ms.int32), name="global_step", requires_grad=False)
         self.learning_rate = Parameter(Tensor(section.lr, ms.float32), name="learning_rate", requires_grad=False)
         self.section = section
         self.card_dtypes = [compute_dtype if is_matrix(p) else ms.float32 for p in self.card]
-        self.accumulators = [torch.zeros(p.shape, dtype=torch.float32) for p in self.card]
-        self.steps = [torch.tensor(BIAS_STEP) for _ in self.card]
+        self.accumulators = [torch.zeros(b - a, dtype=torch.float32) for _, a, b in self.layout.pieces]
+        self.steps = [torch.tensor(BIAS_STEP) for _ in self.layout.pieces]
+        self.exchange = None  # data parallel: CardExchange, built at the first push
         torch.set_num_threads(threads)
         self.bind()
         self.push()
+
+    def _piece_shape(self, index: int, start: int, stop: int) -> tuple:
+        """A Parameter's shape: the tensor's own when the rank holds it whole, else its flat range."""
+        return tuple(self.card[index].shape) if self.layout.whole((index, start, stop)) else (stop - start,)
+
+    def _initial(self, index: int, start: int, stop: int) -> np.ndarray:
+        flat = self.card[index].asnumpy().astype(np.float32).reshape(-1)[start:stop]
+        return flat.reshape(self._piece_shape(index, start, stop)).copy()
 
     @property
     def master_params(self) -> list:
         return list(self.masters)
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the ranks must gather the states to save them (data parallel)."""
+        return self.layout.ranks > 1
+
+    def held_elements(self) -> int:
+        """The fp32 elements of each state this rank's host holds (masters; the moments and the
+        accumulators hold as many)."""
+        return sum(p.size for p in self.masters)
+
     def bind(self) -> None:
-        """torch views of the states' host memory; again after a checkpoint load replaced them."""
-        view = lambda p: torch.from_numpy(p.asnumpy())  # noqa: E731 -- asnumpy shares a CPU tensor's memory
-        self.weights = [view(p) for p in self.masters]
-        self.exp_avgs = [view(p) for p in self.moments1]
-        self.exp_avg_sqs = [view(p) for p in self.moments2]
+        """Flat torch views of the states' host memory."""
+        self.weights = [_flat(p) for p in self.masters]
+        self.exp_avgs = [_flat(p) for p in self.moments1]
+        self.exp_avg_sqs = [_flat(p) for p in self.moments2]
 
     def push(self) -> None:
         """The masters, cast to the card's dtypes, into the card's Parameters: the next forward
@@ -90,41 +129,96 @@ class HostAdamW(nn.Cell):
         next run, MindSpore 2.9.0; tests/test_offload.py checks the losses). assign_value is what
         Parameter.set_data ends in (mindspore/common/parameter.py _update_tensor_data), without
         set_data's cast back to the Parameter's dtype: the first push turns the matrices, built
-        fp32, into compute-dtype Parameters (the test counts the graph's fp16 matrices)."""
-        for param, master, dtype in zip(self.card, self.masters, self.card_dtypes):
-            param.assign_value(Tensor(master.asnumpy(), dtype=dtype))
+        fp32, into compute-dtype Parameters (the test counts the graph's fp16 matrices). Under
+        data parallel the host sends its range of the matrices, and the card gathers them
+        whole from every rank's (CardExchange)."""
+        def to_card(index, values):
+            param = self.card[index]
+            param.assign_value(Tensor(values.reshape(param.shape), dtype=self.card_dtypes[index]))
+
+        for (index, _, _), master in zip(self.layout.pieces, self.weights):
+            if not self.sharded or index not in self.layout.offsets:  # whole on this rank
+                to_card(index, master.numpy())
+        if self.sharded:
+            if self.exchange is None:  # the matrices in the compute dtype before a graph assigns them
+                for index in self.layout.matrices:
+                    to_card(index, self.card[index].asnumpy())
+                self.exchange = CardExchange(self.card, self.layout)
+            own = np.zeros(self.layout.shard, np.float32)
+            matrices = [w for (index, _, _), w in zip(self.layout.pieces, self.weights) if index in self.layout.offsets]
+            if matrices:
+                torch.cat(matrices, out=torch.from_numpy(own[:sum(w.numel() for w in matrices)]))
+            self.exchange(Tensor(own, dtype=self.card_dtypes[self.layout.matrices[0]]))
 
     def loaded(self) -> None:
         """After checkpoints/files.py loaded the states into this Cell."""
-        self.bind()
         self.push()
 
+    def load_whole(self, weights: dict, states: dict) -> list:
+        """This rank's ranges of a checkpoint's whole tensors (`weights`, `states`: name ->
+        Parameter, as mindspore.load_checkpoint reads model.ckpt and optimizer.ckpt) into its
+        states, in place; returns what is missing or of another size, loading nothing then."""
+        sources = [(weights, "", self.weights), (states, "adam_m.", self.exp_avgs), (states, "adam_v.", self.exp_avg_sqs)]
+        wrong = [f"{prefix}{p.name}" for source, prefix, _ in sources for p in self.card
+                 if prefix + p.name not in source or source[prefix + p.name].size != p.size]
+        wrong += [name for name in ("global_step", "learning_rate") if name not in states]
+        if wrong:
+            return wrong
+        for source, prefix, targets in sources:
+            for (index, start, stop), target in zip(self.layout.pieces, targets):
+                whole = source[prefix + self.card[index].name].asnumpy().astype(np.float32).reshape(-1)
+                target.copy_(torch.from_numpy(whole[start:stop]))
+        self.global_step.asnumpy()[...] = states["global_step"].asnumpy()
+        self.learning_rate.asnumpy()[...] = states["learning_rate"].asnumpy()
+        return []
+
+    def whole_states(self) -> tuple[list, nn.Cell]:
+        """(model params, optimizer Cell) to save: this Cell's own on one card; under data
+        parallel the whole tensors gathered from every rank (a collective: every rank calls it;
+        all receive them, the caller saves on rank 0)."""
+        if not self.sharded:
+            return self.master_params, self
+        values = {}
+        for prefix, held in (("", self.weights), ("adam_m.", self.exp_avgs), ("adam_v.", self.exp_avg_sqs)):
+            for (index, _, _), piece in zip(self.layout.pieces, held):
+                if index not in self.layout.offsets:
+                    values[prefix + self.card[index].name] = piece.numpy().copy()
+            self.layout.gather(held, lambda index, whole, p=prefix: values.__setitem__(p + self.card[index].name, whole))
+        whole = WholeStates(self.card, values, self.global_step, self.learning_rate)
+        return list(whole.masters), whole
+
     def accumulate(self, grads, embedding_index: int = -1, tokens=None, rows=None) -> None:
-        """Add one micro-batch's gradients (the card's outputs, compute dtype) into the fp32
-        accumulators; `rows` (B, T, H), the tied embedding's lookup gradient, added at the
-        rows of `tokens` (B, T) in fp32, as the in-graph step adds them into fp32 gradients."""
-        for acc, grad in zip(self.accumulators, grads):
-            acc.add_(torch.from_numpy(grad.asnumpy()))
+        """Add one micro-batch's gradients (the card's outputs, compute dtype; under data
+        parallel this rank's flat ranges of them) into the fp32 accumulators of its ranges; `rows` (B, T, H), the tied embedding's lookup
+        gradient (one card: under data parallel the card added them before the all-reduce),
+        added at the rows of `tokens` (B, T) in fp32, as the in-graph step adds them into fp32
+        gradients."""
+        for (index, _, _), acc in zip(self.layout.pieces, self.accumulators):
+            acc.add_(torch.from_numpy(grads[index].asnumpy()).reshape(-1))
         if rows is not None:
             width = rows.shape[-1]
             index = torch.from_numpy(tokens.reshape(-1).astype(np.int64))
             added = torch.from_numpy(rows.asnumpy().reshape(-1, width)).to(torch.float32)
-            self.accumulators[embedding_index].index_add_(0, index, added)
+            piece = [i for i, (p, _, _) in enumerate(self.layout.pieces) if p == embedding_index][0]
+            self.accumulators[piece].view(-1, width).index_add_(0, index, added)
 
     def square_sum(self) -> float:
-        """The accumulators' sum of squares, summed in fp32 tensor by tensor as the in-graph
-        step does (training/step.py _self_dot, then AddN)."""
+        """The sum of squares of this rank's accumulators, in fp32 tensor by tensor in the
+        parameters' order as the in-graph step sums (training/step.py _self_dot, then AddN);
+        under data parallel the vectors, which every rank holds, only on rank 0, so that the
+        ranks' sums add up to the whole."""
         total = torch.zeros((), dtype=torch.float32)
-        for acc in self.accumulators:
-            flat = acc.reshape(-1)
-            total += torch.dot(flat, flat)
+        for (index, _, _), acc in zip(self.layout.pieces, self.accumulators):
+            if self.layout.rank == 0 or index in self.layout.offsets:
+                total += torch.dot(acc, acc)
         return float(total)
 
-    def step(self, lr: float, scale: float, grad_clip: float, overflow: bool) -> float:
-        """Unscale, clip and update unless `overflow`; zero the accumulators. Returns the
+    def step(self, lr: float, scale: float, grad_clip: float, overflow: bool, square_sum: float) -> float:
+        """Unscale, clip and update unless `overflow`; zero the accumulators. `square_sum`: the
+        gradients' sum of squares over every rank (square_sum's, summed). Returns the
         gradients' global norm after unscaling, before clipping."""
         f32 = np.float32
-        norm = f32(math.sqrt(self.square_sum())) / f32(scale)
+        norm = f32(math.sqrt(square_sum)) / f32(scale)
         self.learning_rate.asnumpy()[...] = lr  # assigned every step, as the in-graph step does
         if not overflow:
             factor = f32(1.0) / f32(scale)
@@ -143,11 +237,11 @@ class HostAdamW(nn.Cell):
         c1, c2 = 1.0 - o.beta1 ** BIAS_STEP, 1.0 - o.beta2 ** BIAS_STEP
         lr_t, eps_t = lr * c1 / math.sqrt(c2), o.eps / math.sqrt(c2)
         for decayed in (True, False):
-            chosen = [i for i, p in enumerate(self.card) if is_matrix(p) == decayed]
+            chosen = [n for n, (i, _, _) in enumerate(self.layout.pieces) if is_matrix(self.card[i]) == decayed]
             if not chosen:
                 continue
             decay = lr * (o.weight_decay if decayed else 0.0) / lr_t if lr_t else 0.0
-            pick = lambda tensors: [tensors[i] for i in chosen]  # noqa: E731
+            pick = lambda tensors: [tensors[n] for n in chosen]  # noqa: E731
             torch._fused_adamw_(pick(self.weights), pick(self.accumulators), pick(self.exp_avgs),
                                 pick(self.exp_avg_sqs), [], pick(self.steps), lr=lr_t, beta1=o.beta1,
                                 beta2=o.beta2, weight_decay=decay, eps=eps_t, amsgrad=False, maximize=False)

@@ -7,7 +7,10 @@ into its fp32 accumulators (training/host_optimizer.py). Its overflow flag and l
 the device's step buffers. At the step's end a small graph, `StepEnd`, combines the flags
 across ranks and runs the loss-scale update cell on the device, exactly as FinalMicroStep
 does; the host then unscales, clips and updates unless the step overflowed, and pushes the
-new compute-dtype weights into the card's Parameters before the next forward.
+new compute-dtype weights into the card's Parameters before the next forward. Under data
+parallel each micro-batch's gradients are all-reduced on the card and only this rank's ranges
+leave it (training/host_shards.py), the sum of squares of the global norm is summed over the
+ranks by StepEnd, and the card gathers the updated weights from every rank's range.
 """
 from __future__ import annotations
 
@@ -35,9 +38,22 @@ class HostMicroStep(MicroStep):
         self.carry = Buffers(self.weights, self.scale_sense, accumulate=False)
         self.combine_flags = self.is_distributed
         self.is_distributed = False  # the flag is combined across ranks once, by StepEnd
+        # Under data parallel, each weight's flat (start, stop) this rank's host keeps
+        # (ShardLayout.card_ranges): only they leave the card.
+        self.ranges = ()
 
     def construct(self, token_count, *batch):
+        if self.combine_flags:
+            # Data parallel: each micro-batch's gradients are summed over the ranks before they
+            # leave the card, since each rank's host accumulates only its range of them
+            # (training/host_shards.py). Seeded with scale / the step's tokens over every rank,
+            # the sum is one process's gradient of the ranks' micro-batches together; the
+            # embedding's rows are added on the card first, as the in-graph k = 1 step adds them.
+            token_count = self.allreduce(token_count.reshape((1,)))[0]
         loss, grads, status, rows = self.scaled_gradients(token_count, *batch)
+        if self.combine_flags:
+            grads = self.grad_reducer(self.add_embedding_rows(grads, batch[0], rows, accumulators=False))
+            rows = None
         checked = grads if rows is None else grads + (rows,)
         if self.overflow_check == ISFINITE:
             flag = ops.logical_not(ops.isfinite(ops.addn(self.hyper_map(_self_dot, checked))))
@@ -46,12 +62,23 @@ class HostMicroStep(MicroStep):
         done = ops.assign(self.carry.overflow, ops.maximum(self.carry.overflow, flag.astype(ms.float32)))
         done = ops.depend(done, ops.assign_add(self.carry.loss, loss.astype(ms.float32)))
         rows = ops.zeros((0,), loss.dtype) if rows is None else rows
+        if self.ranges:
+            grads = self.kept(grads)
         return ops.depend(loss, done), grads, rows
+
+    def kept(self, grads):
+        """Each gradient's flat range this rank's host keeps, so a card sends its host 1/N of
+        the gradients, not all of them."""
+        out = ()
+        for i in range(len(self.ranges)):
+            start, stop = self.ranges[i]
+            out = out + (grads[i].reshape((-1,))[start:stop],)
+        return out
 
 
 class StepEnd(nn.Cell):
-    """The device's part of the step's end: the step's loss, tokens, stop request and overflow
-    flag (all-reduced under data parallel), the loss-scale update, the buffers cleared. As
+    """The device's part of the step's end: the step's loss, tokens, stop request, overflow
+    flag and the host's sum of squares of the gradients (all-reduced under data parallel), the loss-scale update, the buffers cleared. As
     FinalMicroStep's tail (training/step.py); the loss-scale cell is the micro-step's."""
 
     def __init__(self, micro: HostMicroStep):
@@ -62,9 +89,9 @@ class StepEnd(nn.Cell):
         self.distributed = micro.combine_flags
         self.allreduce = ops.AllReduce()
 
-    def construct(self, token_count, stop):
+    def construct(self, token_count, stop, square_sum):
         scale = self.scale_sense * 1.0  # the scale this step used, read before its update
-        flags = ops.stack([self.carry.loss * 1.0, token_count, stop, self.carry.overflow * 1.0])
+        flags = ops.stack([self.carry.loss * 1.0, token_count, stop, self.carry.overflow * 1.0, square_sum])
         if self.distributed:
             flags = self.allreduce(flags)
         overflow = ops.logical_or(flags[3] > 0, ops.logical_not(ops.isfinite(flags[0])))
@@ -72,7 +99,7 @@ class StepEnd(nn.Cell):
             overflow = self.loss_scaling_manager(self.scale_sense, overflow)
         done = ops.assign(self.carry.loss, ops.zeros_like(self.carry.loss))
         done = ops.depend(done, ops.assign(self.carry.overflow, ops.zeros_like(self.carry.overflow)))
-        out = ops.stack([flags[0], flags[1], overflow.astype(ms.float32), scale, flags[2]])
+        out = ops.stack([flags[0], flags[1], overflow.astype(ms.float32), scale, flags[2], flags[4]])
         return ops.depend(out, done)
 
 
@@ -83,6 +110,8 @@ class HostStep:
     def __init__(self, loss_cell, host: HostAdamW, scaler, grad_clip: float, accumulation_steps: int = 1,
                  count=target_tokens):
         self.micro = HostMicroStep(loss_cell, host.card, scaler.sense())
+        if host.sharded:
+            self.micro.ranges = host.layout.card_ranges()
         self.end = StepEnd(self.micro)
         self.host, self.scaler, self.grad_clip = host, scaler, grad_clip
         self.accumulation_steps, self.count = accumulation_steps, count
@@ -92,12 +121,14 @@ class HostStep:
             raise ValueError(f"{len(micro_batches)} micro-batches for a step built for {self.accumulation_steps}")
         tokens = Tensor(sum(self.count(b) for b in micro_batches), ms.float32)
         index = self.micro.embedding_index
+        rows_out = index >= 0 and not self.micro.combine_flags  # under data parallel the card added them
         for batch in micro_batches:
             _, grads, rows = self.micro(tokens, *map(Tensor, batch))
-            self.host.accumulate(grads, index, batch[0][:, :-1], rows if index >= 0 else None)
-        out = self.end(tokens, Tensor(float(stop_requested), ms.float32))
-        loss_sum, token_total, overflow, scale, stops = (float(v) for v in out.asnumpy())
-        norm = self.host.step(lr, scale, self.grad_clip, overflow > 0)
+            self.host.accumulate(grads, index, batch[0][:, :-1], rows if rows_out else None)
+        # The sum of squares of the ranks' ranges, summed by StepEnd's all-reduce: the global norm.
+        out = self.end(tokens, Tensor(float(stop_requested), ms.float32), Tensor(self.host.square_sum(), ms.float32))
+        loss_sum, token_total, overflow, scale, stops, square_sum = (float(v) for v in out.asnumpy())
+        norm = self.host.step(lr, scale, self.grad_clip, overflow > 0, square_sum)
         token_total = int(round(token_total))
         return StepResult(loss_sum / max(token_total, 1), token_total, norm, overflow > 0, scale, stops > 0, lr)
 

@@ -20,23 +20,35 @@ from .session import Session
 from .step import StepResult
 
 
-def save(session: Session, step: int) -> Path:
-    """This rank's checkpoint of `step`; a failure stops the run, saying what survives."""
+def save(session: Session, step: int) -> Optional[Path]:
+    """This rank's checkpoint of `step` (None: a rank that only sent its states to rank 0); a
+    failure stops the run, saying what survives."""
     s, t = session, session.recipe.train
     last = s.checkpointer.last
     kept = f"the last complete checkpoint, {last}, is intact" if last else "no checkpoint of this run exists"
-    if not all_finite(s.params):
+    params, optimizer = s.params, s.optimizer
+    if gathers(s):  # every rank sends its range of the host's states; rank 0 writes them whole
+        params, optimizer = s.optimizer.whole_states()
+        if not s.checkpointer.saves:
+            return None
+    if not all_finite(params):
         raise RunFailure(f"the weights after step {step} are not finite, so they were not saved; {kept}; "
                          f"lower train.optimizer.lr and resume from it")
     state = {"samples_consumed": s.stream.samples_consumed,
              "rng": {"seed": t.seed, "data_epoch": s.stream.epoch},
              "loss_scale": s.step_fn.loss_scale_state(), "recipe_hash": s.recipe.digest()}
     try:
-        return s.checkpointer.save(step, s.params, s.optimizer, state)
+        return s.checkpointer.save(step, params, optimizer, state)
     except OSError as exc:  # disk full, quota, read-only: say what survives, then stop
         raise RunFailure(f"could not write the checkpoint of step {step} under {s.checkpointer.root}: {exc}; "
                          f"training stopped at step {step} and {kept}; free space and resume with "
                          f"--resume auto") from exc
+
+
+def gathers(s: Session) -> bool:
+    """Whether saving is a collective: the optimizer on the host under data parallel, where
+    each rank holds a range of the states (training/host_shards.py)."""
+    return getattr(s.optimizer, "sharded", False)
 
 
 def step_record(s: Session, step: int, result: StepResult, tokens_per_s: float, seconds: float,
@@ -123,7 +135,7 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
             # The end and a stop save whatever the streak: a skipped step left the weights as
             # they were, and save() still refuses weights that are not finite.
             due = step == t.max_steps or stopping or (step % t.save_every == 0 and streak.count == 0)
-            if s.checkpointer.saves and due:
+            if due and (s.checkpointer.saves or gathers(s)):
                 save(s, step)
             if stopping and step < t.max_steps:
                 stopped_by = signals.received or "a signal to another rank"

@@ -74,8 +74,9 @@ def model_description(recipe: Recipe, shape: LlamaShape, params: list, run_dir: 
             "source": str(run_dir), "hf_config": pretrained_hf_config(recipe)}
 
 
-def host_optimizer(recipe: Recipe, params: list):
-    """The host's states (strategies.offload.optimizer: host) for the card's `params`, or None."""
+def host_optimizer(recipe: Recipe, params: list, world: Optional[World] = None):
+    """The host's states (strategies.offload.optimizer: host) for the card's `params`, this
+    rank's range of them under data parallel, or None."""
     if not on_host(recipe):
         return None
     try:
@@ -85,11 +86,14 @@ def host_optimizer(recipe: Recipe, params: list):
                           f"is not installed ({exc}); install the offload extra: pip install -e '.[offload]'") from None
 
     compute = model_dtypes(recipe.strategies.precision)["compute_dtype"]
-    threads = host_threads(recipe.strategies.offload)
+    threads, world = host_threads(recipe.strategies.offload), world or World()
+    host = HostAdamW(params, recipe.train.optimizer, threads, getattr(mstype, compute), world.rank, world.size)
+    held = host.held_elements()
     # fp32 master, two moments and an accumulator a parameter
-    note(f"the optimizer on the host: {threads} thread(s), {16 * sum(p.size for p in params) / 2**30:.2f} GiB of "
-         f"fp32 master weights, moments and gradient accumulators in host memory; the card keeps {compute} weights")
-    return HostAdamW(params, recipe.train.optimizer, threads, getattr(mstype, compute))
+    share = "" if world.size == 1 else f" (rank {world.rank}'s range: {held:,} of {sum(p.size for p in params):,})"
+    note(f"the optimizer on the host: {threads} thread(s), {16 * held / 2**30:.2f} GiB of fp32 master weights, "
+         f"moments and gradient accumulators in host memory{share}; the card keeps {compute} weights")
+    return host
 
 
 def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRecordSamples],
@@ -113,11 +117,13 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
         if world.sharded:  # the pair loss in MindFormers' chain, fed interleaved pairs
             sharded_parts = {"network": PairLossTwoOutputs(loss_cell), "count": count, "arrange": interleave}
     params, shape = net.trainable_params(), resolve_shape(recipe.model)
-    host = host_optimizer(recipe, params)  # the fp32 masters and moments on the host, the card's copies halved
+    host = host_optimizer(recipe, params, world)  # the fp32 masters and moments on the host, the card's copies halved
     if host is not None:
         from .host_step import HostStep  # imported here: as host_optimizer
 
-        optimizer, params = host, host.master_params  # what checkpoints hold: the fp32 masters, as without
+        # What checkpoints hold: the fp32 masters, as without; under data parallel a rank holds
+        # a range of them, and its whole weights are the card's (loop.save gathers the masters).
+        optimizer, params = host, host.master_params if not host.sharded else host.card
         step_fn = HostStep(loss_cell, host, scaler, t.grad_clip, k, count=count)
     else:
         # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
@@ -125,7 +131,7 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
         step_fn = ShardedStep(net, optimizer, scaler, recipe, k, **sharded_parts) if world.sharded else TrainStep(
             loss_cell, optimizer, scaler, t.grad_clip, k, count=count)  # sharded: MindFormers' wrapper chain
     eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
-    description = model_description(recipe, shape, params, run_dir, world)
+    description = model_description(recipe, shape, host.master_params if host else params, run_dir, world)
     checkpointer = Checkpointer(run_dir, world, t.keep_last, description)
     stream_at = partial(BatchStream, train_source, batch_size, recipe.data.max_seq_len + 1, t.seed, rank=rank,
                         world=ranks)  # this rank's batches after a number of samples consumed
