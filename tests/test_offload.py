@@ -185,6 +185,25 @@ def test_a_run_resumes_from_host_to_device_and_back(ms, six_step_run, host_six_s
     assert_same_steps(resumed_at_3(device, tmp_path / "to_host", "--set", HOST), device, range(1, 7))
 
 
+def test_bfloat16_gradients_reach_the_host_accumulators_exactly(ms):
+    """The 910B's compute dtype: the card hands out bf16 gradients, which MindSpore gives as
+    ml_dtypes' numpy bfloat16 and torch.from_numpy refused (TypeError at the first micro-batch,
+    found in review). Values exact in bf16 arrive exactly; the card keeps the matrix in bf16."""
+    from mindspore import Parameter, Tensor
+
+    from llama_npu.recipe.schema import OptimizerSection
+    from llama_npu.training.host_optimizer import HostAdamW
+
+    card = [Parameter(Tensor(np.ones((4, 3), np.float32)), name="w"), Parameter(Tensor(np.ones(3, np.float32)), name="g")]
+    host = HostAdamW(card, OptimizerSection(), 1, ms.bfloat16)
+    assert card[0].dtype == ms.bfloat16 and card[1].dtype == ms.float32
+    matrix, vector = np.arange(12, dtype=np.float32).reshape(4, 3) / 8, np.array([0.5, -2.0, 3.0], np.float32)
+    host.accumulate([Tensor(matrix, ms.bfloat16), Tensor(vector)])
+    host.accumulate([Tensor(matrix, ms.bfloat16), Tensor(vector)])
+    assert np.array_equal(host.accumulators[0].numpy(), 2 * matrix.reshape(-1))
+    assert np.array_equal(host.accumulators[1].numpy(), 2 * vector)
+
+
 @pytest.mark.parametrize("overrides, message", [
     ((HOST, "train.optimizer.name=sgd"), "strategies.offload.optimizer=host with train.optimizer.name=sgd: the host "
                                          "runs AdamW only"),

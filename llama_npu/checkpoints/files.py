@@ -367,6 +367,18 @@ def load_checkpoint(path: Path, net, optimizer) -> dict:
     state = read_state(path)
     if state is None:
         raise CheckpointError(f"{path} is not a complete checkpoint")
+    load_whole = getattr(net, "load_whole", None)
+    if load_whole is not None:  # the host optimizer (training/host_optimizer.py): its ranges, a tensor at a time
+        from ..weights.tensor_files import ConvertError, ckpt_index
+
+        try:  # the headers only; the directory's checksums were verified before the resume chose it
+            wrong = load_whole(ckpt_index(path / WEIGHTS), ckpt_index(path / OPTIMIZER))
+        except (ValueError, EOFError, OSError, ConvertError) as exc:
+            raise CheckpointError(f"{path} is damaged or unreadable ({exc})") from exc
+        if wrong:
+            raise CheckpointError(f"{path} lacks trained weights or optimizer states of this model's sizes: "
+                                  f"{', '.join(wrong[:5])}")
+        return state
     # Both files are read (and CRC-checked) before either is loaded, so a damaged one
     # leaves the network and optimizer untouched.
     contents = {}
@@ -375,13 +387,6 @@ def load_checkpoint(path: Path, net, optimizer) -> dict:
             contents[name] = ms.load_checkpoint(str(path / name), crc_check=True)
         except (ValueError, RuntimeError, OSError) as exc:
             raise CheckpointError(f"{path / name} is damaged or unreadable ({exc})") from exc
-    load_whole = getattr(net, "load_whole", None)
-    if load_whole is not None:  # the host optimizer (training/host_optimizer.py): whole tensors, its ranges kept
-        wrong = load_whole(contents[WEIGHTS], contents[OPTIMIZER])
-        if wrong:
-            raise CheckpointError(f"{path} lacks trained weights or optimizer states of this model's sizes: "
-                                  f"{', '.join(wrong[:5])}")
-        return state
     not_loaded, _ = ms.load_param_into_net(net, contents[WEIGHTS], strict_load=True)
     # Only what this rank owns must be there: a pipeline stage's file holds its own stage.
     missing = [n for n in not_loaded if n in {p.name for p in owned(net.trainable_params())}]

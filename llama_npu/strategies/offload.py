@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..common.launcher import launched_workers
+from ..common.launcher import local_workers
 from ..model.architecture import matched_layers, resolve_shape
 from ..recipe.problems import RecipeError, choice
 from .lora import lora_params_per_layer
@@ -73,7 +73,7 @@ def host_threads(section: OffloadSection) -> int:
     if section.threads:
         return section.threads
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    local = int(os.environ.get("LOCAL_WORKERS") or launched_workers())
+    local = local_workers()
     return max(1, cores // max(local, 1))
 
 

@@ -42,6 +42,7 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn
 
 from ..recipe.schema import OptimizerSection
+from ..weights.tensor_files import to_float32
 from .host_shards import CardExchange, ShardLayout, is_matrix
 
 BIAS_STEP = 1.0  # the step torch's kernel corrects the bias for: see the module's docstring
@@ -50,6 +51,15 @@ BIAS_STEP = 1.0  # the step torch's kernel corrects the bias for: see the module
 def _flat(param) -> torch.Tensor:
     """A flat torch view of a host Parameter's memory (asnumpy shares a CPU tensor's memory)."""
     return torch.from_numpy(param.asnumpy()).reshape(-1)
+
+
+def _torch(tensor) -> torch.Tensor:
+    """A card output in torch, without a copy: MindSpore gives bfloat16 as ml_dtypes' numpy
+    bfloat16, which torch.from_numpy refuses, so its bits go through as uint16."""
+    values = tensor.asnumpy()
+    if tensor.dtype == ms.bfloat16:
+        return torch.from_numpy(values.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(values)
 
 
 class WholeStates(nn.Cell):
@@ -81,19 +91,23 @@ class HostAdamW(nn.Cell):
             return ParameterTuple(Parameter(Tensor(values(i, a, b)), name=prefix + self.card[i].name,
                                             requires_grad=prefix == "") for i, a, b in self.layout.pieces)
 
+        # The masters first, then the card's fp32 copies cast away by the first push, then the
+        # moments and accumulators: the host never holds the card's fp32 weights beside all
+        # 16 bytes a parameter of states (20 at the peak, where the planner counts 16).
         self.masters = held("", self._initial)
+        self.section = section
+        self.card_dtypes = [compute_dtype if is_matrix(p) else ms.float32 for p in self.card]
+        self.exchange = None  # data parallel: CardExchange, built at the first push
+        self.weights = [_flat(p) for p in self.masters]
+        self.push()
         zeros = lambda i, a, b: np.zeros(self._piece_shape(i, a, b), np.float32)  # noqa: E731
         self.moments1, self.moments2 = held("adam_m.", zeros), held("adam_v.", zeros)
         self.global_step = Parameter(Tensor([0], ms.int32), name="global_step", requires_grad=False)
         self.learning_rate = Parameter(Tensor(section.lr, ms.float32), name="learning_rate", requires_grad=False)
-        self.section = section
-        self.card_dtypes = [compute_dtype if is_matrix(p) else ms.float32 for p in self.card]
         self.accumulators = [torch.zeros(b - a, dtype=torch.float32) for _, a, b in self.layout.pieces]
         self.steps = [torch.tensor(BIAS_STEP) for _ in self.layout.pieces]
-        self.exchange = None  # data parallel: CardExchange, built at the first push
         torch.set_num_threads(threads)
         self.bind()
-        self.push()
 
     def _piece_shape(self, index: int, start: int, stop: int) -> tuple:
         """A Parameter's shape: the tensor's own when the rank holds it whole, else its flat range."""
@@ -156,20 +170,24 @@ class HostAdamW(nn.Cell):
 
     def load_whole(self, weights: dict, states: dict) -> list:
         """This rank's ranges of a checkpoint's whole tensors (`weights`, `states`: name ->
-        Parameter, as mindspore.load_checkpoint reads model.ckpt and optimizer.ckpt) into its
-        states, in place; returns what is missing or of another size, loading nothing then."""
+        StoredTensor of model.ckpt and optimizer.ckpt, weights/tensor_files.py ckpt_index) into
+        its states, in place, a memory-mapped tensor at a time: the host holds its states and
+        one tensor, where mindspore.load_checkpoint would parse both files whole beside them
+        (12 more bytes a parameter). Returns what is missing or of another size, loading
+        nothing then."""
         sources = [(weights, "", self.weights), (states, "adam_m.", self.exp_avgs), (states, "adam_v.", self.exp_avg_sqs)]
         wrong = [f"{prefix}{p.name}" for source, prefix, _ in sources for p in self.card
-                 if prefix + p.name not in source or source[prefix + p.name].size != p.size]
+                 if prefix + p.name not in source or math.prod(source[prefix + p.name].shape) != p.size]
         wrong += [name for name in ("global_step", "learning_rate") if name not in states]
         if wrong:
             return wrong
         for source, prefix, targets in sources:
             for (index, start, stop), target in zip(self.layout.pieces, targets):
-                whole = source[prefix + self.card[index].name].asnumpy().astype(np.float32).reshape(-1)
-                target.copy_(torch.from_numpy(whole[start:stop]))
-        self.global_step.asnumpy()[...] = states["global_step"].asnumpy()
-        self.learning_rate.asnumpy()[...] = states["learning_rate"].asnumpy()
+                stored = source[prefix + self.card[index].name]
+                whole = stored.read().reshape(-1)[start:stop]
+                target.copy_(torch.from_numpy(to_float32(whole, stored.code)))
+        self.global_step.asnumpy()[...] = states["global_step"].read().reshape(self.global_step.shape)
+        self.learning_rate.asnumpy()[...] = states["learning_rate"].read().reshape(self.learning_rate.shape)
         return []
 
     def whole_states(self) -> tuple[list, nn.Cell]:
@@ -194,11 +212,11 @@ class HostAdamW(nn.Cell):
         added at the rows of `tokens` (B, T) in fp32, as the in-graph step adds them into fp32
         gradients."""
         for (index, _, _), acc in zip(self.layout.pieces, self.accumulators):
-            acc.add_(torch.from_numpy(grads[index].asnumpy()).reshape(-1))
+            acc.add_(_torch(grads[index]).reshape(-1))
         if rows is not None:
             width = rows.shape[-1]
             index = torch.from_numpy(tokens.reshape(-1).astype(np.int64))
-            added = torch.from_numpy(rows.asnumpy().reshape(-1, width)).to(torch.float32)
+            added = _torch(rows).reshape(-1, width).to(torch.float32)
             piece = [i for i, (p, _, _) in enumerate(self.layout.pieces) if p == embedding_index][0]
             self.accumulators[piece].view(-1, width).index_add_(0, index, added)
 

@@ -125,6 +125,7 @@ class HostStep:
         for batch in micro_batches:
             _, grads, rows = self.micro(tokens, *map(Tensor, batch))
             self.host.accumulate(grads, index, batch[0][:, :-1], rows if rows_out else None)
+            del grads, rows  # freed before the next micro-batch's: the card holds one set, as planned
         # The sum of squares of the ranks' ranges, summed by StepEnd's all-reduce: the global norm.
         out = self.end(tokens, Tensor(float(stop_requested), ms.float32), Tensor(self.host.square_sum(), ms.float32))
         loss_sum, token_total, overflow, scale, stops, square_sum = (float(v) for v in out.asnumpy())

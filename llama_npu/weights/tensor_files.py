@@ -89,8 +89,9 @@ def expected_shapes(shape) -> Dict[str, tuple]:
 
 # Safetensors' dtype codes name dtypes here; BF16 arrays hold the raw 16-bit patterns
 # (numpy has no bfloat16), so bfloat16 needs no torch and round trips are bit-exact.
-NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8}
-CKPT_TYPES = {"F32": "Float32", "F16": "Float16", "BF16": "BFloat16", "I8": "Int8"}  # TensorProto.tensor_type
+# I32: the optimizer's global_step, which a resume of the host optimizer streams (checkpoints/files.py).
+NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I8": np.int8, "I32": np.int32}
+CKPT_TYPES = {"F32": "Float32", "F16": "Float16", "BF16": "BFloat16", "I8": "Int8", "I32": "Int32"}  # TensorProto.tensor_type
 CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # --dtype -> code
 
 
