@@ -23,8 +23,8 @@ from mindspore import Tensor, nn
 from llama_npu.common.collective import all_reduce_sum
 from llama_npu.common.launcher import is_scheduler
 from llama_npu.data.batches import ListSamples
-from llama_npu.data.pair_source import PairSource
-from llama_npu.data.pairs import PairSample
+from llama_npu.objectives.dpo.source import PairSource
+from llama_npu.objectives.dpo.pairs import PairSample
 from llama_npu.data.samples import Sample
 from llama_npu.recipe.load import load_recipe
 from llama_npu.selftest.sharded import layout_problem
