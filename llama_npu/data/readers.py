@@ -391,6 +391,7 @@ def good_records(paths, fmt: str, on_bad_record: str, skipped: SkipReport, optio
             yield item
 
 
-def read_records(paths, fmt: str = "alpaca", options: ReadOptions = ReadOptions()) -> List[Record]:
+def read_records(paths, fmt: str = "alpaca", options: ReadOptions = ReadOptions(),
+                 kind: Optional[RecordKind] = None) -> List[Record]:
     """All records, stopping at the first bad one."""
-    return read_dataset(paths, fmt, options=options)[0]
+    return read_dataset(paths, fmt, options=options, kind=kind)[0]

@@ -102,12 +102,11 @@ class Strategy:
     vocab_emb_dp: bool = True
     # The objective's terms (objectives/ plan_settings). Rows a sample is: 2 for a DPO pair
     # (its chosen and rejected reply run in one forward pass), whose micro_batch and
-    # global_batch count pairs.
+    # global_batch count pairs. A sample of several rows keeps them on one card, so its loss
+    # splits only the batch axis: no model or pipeline parallel.
     sequences_per_sample: int = 1
     # dpo.reference adapters_off: a forward without gradients before the policy's, each micro-step.
     reference_forward: bool = False
-    # The objective's loss splits only the batch axis: no model or pipeline parallel (DPO's).
-    data_parallel_only: bool = False
     offload: bool = False  # strategies.offload.optimizer host: master, moments, accumulators and update on the host
 
     @property
@@ -382,7 +381,7 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
             continue  # the host update trains every parameter, on the layouts strategies/offload.py check allows
         if base.reference_forward and not with_lora:
             continue  # an adapters-off reference is the LoRA policy's own base
-        if (base.data_parallel_only and (model > 1 or pipeline > 1)) or (shard and base.reference_forward):
+        if (base.sequences_per_sample > 1 and (model > 1 or pipeline > 1)) or (shard and base.reference_forward):
             continue  # layouts the objective's check refuses (DPO: objectives/dpo/section.py)
         if base_dtype == "int8" and model > 1:
             continue  # the int8 base is not sharded (strategies/lora.py refuses it)

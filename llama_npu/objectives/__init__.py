@@ -26,8 +26,9 @@ The records it reads and how they become batches
   record is of its kind and the line refusing it when another objective reads it (a pair
   given to SFT), and the reason and line of its own refusal of another kind's records.
   records_of(objective) adds the other objectives' kinds, so each refuses the others'.
-- samples(recipe, tokenizer) -> (training source, held-out samples): the records read
-  (RECORDS, data.columns, data.encoding, data.on_bad_record) and tokenized to
+- samples(recipe, tokenizer, records) -> (training source, held-out samples): the records
+  read (`records`: its RECORDS from records_of; data.columns, data.encoding and
+  data.on_bad_record through data/source.py read_records) and tokenized to
   data.max_seq_len + 1 tokens. The source is what data/batches.py BatchStream draws from:
   len(), iterate(indices) -> items; and, when its items are not SFT samples,
   pad(picked, length) -> the micro-batch's arrays, (input_ids, labels, *more), the rows of
@@ -70,9 +71,10 @@ Its scoring, planner term and rehearsal
   because evaluation/ sits above objectives/. SFT's is eval's default, the loss and
   perplexity (evaluation/perplexity.py).
 - plan_settings(recipe) -> the planner Strategy's keys it sets (memory/planner.py):
-  sequences_per_sample (rows an item is), reference_forward (a forward without gradients
-  in every micro-step, its own phase and 2 FLOPs a parameter and token),
-  data_parallel_only (its loss splits only the batch axis).
+  sequences_per_sample (rows an item is; more than one keeps them on one card, so the
+  search offers no model or pipeline parallel), reference_forward (a forward without
+  gradients in every micro-step, its own phase and 2 FLOPs a parameter and token; with
+  optimizer_shard refused).
 - rehearse_length(r, shortest, items) -> the rehearsal's data.max_seq_len (optional):
   `train --rehearse` shrinks the sequence to `shortest`; an objective whose records need
   more (a prompt and a reply) says what, through r.change (training/rehearse.py).

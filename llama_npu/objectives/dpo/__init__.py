@@ -41,10 +41,9 @@ def parts(recipe, run_dir, net, loss_cell, source, world):
 
 
 def plan_settings(recipe) -> dict:
-    """A pair is 2 rows in one forward pass (loss.py); adapters_off's reference is a forward
-    without gradients in every micro-step; the pair loss splits only the batch axis."""
-    return {"sequences_per_sample": 2, "reference_forward": recipe.dpo.reference == "adapters_off",
-            "data_parallel_only": True}
+    """A pair is 2 rows in one forward pass (loss.py), on one card; adapters_off's reference
+    is a forward without gradients in every micro-step."""
+    return {"sequences_per_sample": 2, "reference_forward": recipe.dpo.reference == "adapters_off"}
 
 
 def score(recipe, checkpoint, files, batch_size, device, load) -> dict:
