@@ -4,7 +4,7 @@ built to <out>/rank_<R>.json. Nothing is compiled: semi-auto parallel cannot
 compile on the CPU backend, but MindFormers' wrappers build there once communication is up
 (MFPipelineWithLossScaleCell creates a communication group in its constructor). The DPO
 layout's reference pass does compile and run: stand-alone, before the chain is built
-(training/sharded_preference.py). Then the pipeline wrapper's float-status order is dumped as
+(objectives/dpo/sharded.py). Then the pipeline wrapper's float-status order is dumped as
 IR (register_order_ir).
 
     python tests/sharded_chain.py OUT_DIR

@@ -496,7 +496,7 @@ def test_the_planner_counts_two_sequences_a_pair_and_no_reference_weights():
 def test_fit_offers_a_dpo_run_only_layouts_its_validation_takes():
     """`plan --fit` without LoRA for the 3B full DPO recipe: on its 8 x 910B it keeps data 8 x
     optimizer sharding; on 8 x 910A (32 GB) nothing DPO takes fits, where the same rows as SFT
-    would be offered pipeline stages, which DPO refuses (objectives/preference.py)."""
+    would be offered pipeline stages, which DPO refuses (objectives/dpo/section.py)."""
     from dataclasses import replace
 
     from llama_npu.memory.devices import DEVICES

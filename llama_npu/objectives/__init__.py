@@ -55,12 +55,15 @@ Its loss, reference and normaliser
     loop into metrics.jsonl beside the loss (DPO: TRL's rewards/* and logps/*, summed by
     the loss cell into a Parameter and averaged over the step's items);
   - prepare(micro_batches) -> micro_batches (optional): run by the loop on each step's k
-    micro-batches before the step, for a quantity of the whole optimizer step (a KL
-    estimate over every micro-batch and rank) that the loss cell then reads as an array;
+    micro-batches (this rank's) before the step, and on the example batches a resume
+    compiles with, for a quantity of the whole optimizer step (a KL estimate over every
+    micro-batch, reduced across ranks by the hook itself) that the loss cell then reads as
+    an extra array of each micro-batch;
   - sharded (optional): for the sharded layout (training/sharded_step.py ShardedStep):
     {"network": the loss as (numerator, denominator) for MindFormers' chain, "count": as
-    above, "arrange": the row order a micro-batch goes in with}; an objective without it
-    runs its loss in the unsharded step only, and its check refuses sharded layouts.
+    above, "arrange": the row order a micro-batch goes in with}. Without it the sharded step
+    runs MindFormers' own token loss (SFT's): any other objective gives it, or its check
+    refuses the sharded layouts (strategies.parallel model, pipeline or optimizer_shard).
 
 Its scoring, planner term and rehearsal
 - score(recipe, checkpoint, files, batch_size, device, load) -> dict and
@@ -79,7 +82,7 @@ Its scoring, planner term and rehearsal
   `train --rehearse` shrinks the sequence to `shortest`; an objective whose records need
   more (a prompt and a reply) says what, through r.change (training/rehearse.py).
 - rehearsal_source(source, recipe) -> the source a rehearsal trains on, and
-  rehearsal_notes(recipe) -> lines for its summary (optional): DPO trains on its first
+  rehearsal_notes(rehearsal recipe) -> lines for its summary (optional): DPO trains on its first
   pairs only, so that the reference pass is as short as the rehearsal.
 
 Adding an objective (a reward model, KTO): write its module here with the names above, add
