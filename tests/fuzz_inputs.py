@@ -376,7 +376,7 @@ def record_cases(draw) -> RecordCase:
 
 
 def _read(case: RecordCase, path: Path):
-    from llama_npu.data.pairs import read_pairs
+    from llama_npu.objectives.dpo.records import read_pairs
     from llama_npu.data.readers import read_dataset
     from llama_npu.data.tables import ReadOptions
 

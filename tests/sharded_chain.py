@@ -4,7 +4,7 @@ built to <out>/rank_<R>.json. Nothing is compiled: semi-auto parallel cannot
 compile on the CPU backend, but MindFormers' wrappers build there once communication is up
 (MFPipelineWithLossScaleCell creates a communication group in its constructor). The DPO
 layout's reference pass does compile and run: stand-alone, before the chain is built
-(training/sharded_preference.py). Then the pipeline wrapper's float-status order is dumped as
+(objectives/dpo/sharded.py). Then the pipeline wrapper's float-status order is dumped as
 IR (register_order_ir).
 
     python tests/sharded_chain.py OUT_DIR
@@ -23,8 +23,8 @@ from mindspore import Tensor, nn
 from llama_npu.common.collective import all_reduce_sum
 from llama_npu.common.launcher import is_scheduler
 from llama_npu.data.batches import ListSamples
-from llama_npu.data.pair_source import PairSource
-from llama_npu.data.pairs import PairSample
+from llama_npu.objectives.dpo.source import PairSource
+from llama_npu.objectives.dpo.pairs import PairSample
 from llama_npu.data.samples import Sample
 from llama_npu.recipe.load import load_recipe
 from llama_npu.selftest.sharded import layout_problem

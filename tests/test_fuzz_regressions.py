@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import REPO, SMOKE
-from llama_npu.data.pairs import read_pairs
+from llama_npu.objectives.dpo.records import read_pairs
 from llama_npu.data.readers import RecordError, read_records
 from llama_npu.evaluation.exams.layouts import read_exam
 from llama_npu.recipe.load import load_recipe

@@ -134,7 +134,7 @@ def test_eval_data_names_the_unread_column_once(six_step_run, tmp_path):
 def test_preference_layouts_read_system_history_and_both_replies(tmp_path):
     """LLaMA-Factory's preference layouts: sharegpt turns ending with the user and `chosen` /
     `rejected` as gpt messages, a `system` column; alpaca with `history`."""
-    from llama_npu.data.pairs import read_pairs
+    from llama_npu.objectives.dpo.records import read_pairs
 
     sharegpt = {"system": SYSTEM, "conversations": [{"from": "human", "value": "你好"}, {"from": "gpt", "value": "你好！"},
                                                     {"from": "human", "value": "一加一等于几？"}],

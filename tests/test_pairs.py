@@ -8,10 +8,12 @@ import yaml
 
 from conftest import REPO, SMOKE, run_cli
 from llama_npu.data.chat_template import render_text
-from llama_npu.data.pairs import PAIR_PARSERS, PairRecord, pad_pair_batch, read_pairs, tokenize_pairs
 from llama_npu.data.readers import RecordError, iter_records
 from llama_npu.data.tokenizer import load_tokenizer
 from llama_npu.model.tokens import IGNORE_ID, PAD_ID
+from llama_npu.objectives import dpo, records_of, sft
+from llama_npu.objectives.dpo.pairs import pad_pair_batch, tokenize_pairs
+from llama_npu.objectives.dpo.records import PairRecord, read_pairs
 from llama_npu.recipe.load import recipe_from_dict
 from llama_npu.recipe.problems import RecipeError
 from llama_npu.training.preflight import preflight
@@ -64,14 +66,14 @@ def test_both_layouts_read_as_prompt_and_two_replies(tmp_path):
         PairRecord(f"{sharegpt}:2", [("user", "你好")], "你好！有什么可以帮你？", "嗯。")]
     answered = write_jsonl(tmp_path / "answered.jsonl", [{"conversations": [
         {"from": "human", "value": "你好"}, {"from": "gpt", "value": "你好！"}], "chosen": "a", "rejected": "b"}])
-    [error] = list(iter_records([answered], "sharegpt", parsers=PAIR_PARSERS))
+    [error] = list(iter_records([answered], "sharegpt", kind=dpo.RECORDS))
     assert str(error) == (f"{answered}:1: the conversation ends with an assistant turn; expected it to end with the "
                           f"user, whom 'chosen' and 'rejected' answer")
 
 
 def test_a_pair_read_as_sft_data_names_the_objective(tmp_path):
     data = write_jsonl(tmp_path / "pairs.jsonl", [GOOD])
-    [error] = list(iter_records([data], "alpaca"))
+    [error] = list(iter_records([data], "alpaca", kind=records_of(sft)))
     assert str(error) == (f"{data}:1: the record is a preference pair ('chosen' and 'rejected'), read as SFT data: "
                           f"pairs train with train.objective: dpo, from data.train_files")
 
@@ -170,7 +172,7 @@ def test_the_shipped_preference_sample_reads_whole_and_holds_out_its_eval_prompt
 
 
 def test_a_run_reads_its_pairs_counting_what_it_left_out(tmp_path, tokenizer, capsys):
-    from llama_npu.data.source import pair_samples
+    from llama_npu.objectives.dpo.source import pair_samples
 
     data = write_jsonl(tmp_path / "pairs.jsonl", [
         GOOD, {"instruction": "你好", "chosen": "你好！", "rejected": "你好！"},  # 2: skipped
@@ -198,7 +200,7 @@ def test_pairs_from_a_spreadsheet_by_data_columns_validate_and_equal_their_jsonl
     mapping chosen and rejected too: validate accepts the recipe, and the run's tokenized
     pairs are the JSONL form's, row for row."""
     from llama_npu.cli import build_parser
-    from llama_npu.data.source import pair_samples
+    from llama_npu.objectives.dpo.source import pair_samples
     from test_tables import write_table
 
     shipped = [json.loads(line) for line in (REPO / "data" / "zh_pref_train.jsonl").read_text().splitlines()[:6]]

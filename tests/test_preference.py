@@ -97,7 +97,7 @@ def trl_terms(section, model, ids, labels, reference):
 
 def ours(ms, recipe_sets, checkpoint):
     """(the converted network, its PreferenceLoss) for the smoke recipe with `recipe_sets`."""
-    from llama_npu.objectives.preference_loss import PreferenceLoss
+    from llama_npu.objectives.dpo.loss import PreferenceLoss
     from llama_npu.strategies.network import build_network
 
     recipe = load_recipe(SMOKE, [f"data.max_seq_len={T}", f"model.checkpoint={checkpoint}", "train.objective=dpo",
@@ -370,7 +370,7 @@ def dpo_step(ms, sets, k, checkpoint=""):
     `checkpoint`), SGD."""
     from llama_npu.strategies.precision import LossScaler
     from llama_npu.training.optimizer import build_optimizer
-    from llama_npu.training.preference_parts import pairs_of
+    from llama_npu.objectives.dpo.parts import pairs_of
     from llama_npu.training.step import TrainStep
 
     net, cell, _ = ours(ms, ["train.optimizer.name=sgd", "train.optimizer.lr=0.5", *sets], checkpoint)
@@ -496,7 +496,7 @@ def test_the_planner_counts_two_sequences_a_pair_and_no_reference_weights():
 def test_fit_offers_a_dpo_run_only_layouts_its_validation_takes():
     """`plan --fit` without LoRA for the 3B full DPO recipe: on its 8 x 910B it keeps data 8 x
     optimizer sharding; on 8 x 910A (32 GB) nothing DPO takes fits, where the same rows as SFT
-    would be offered pipeline stages, which DPO refuses (objectives/preference.py)."""
+    would be offered pipeline stages, which DPO refuses (objectives/dpo/section.py)."""
     from dataclasses import replace
 
     from llama_npu.memory.devices import DEVICES
@@ -598,8 +598,8 @@ def test_the_sharded_pair_loss_on_interleaved_rows_equals_the_unsharded_step(ms)
     from mindformers.wrapper.wrapper import GradAccumulationCellWithTwoOutput
     from mindspore import ParameterTuple
 
-    from llama_npu.objectives.preference_loss import PreferenceLoss
-    from llama_npu.training.sharded_preference import PairLossTwoOutputs, interleave
+    from llama_npu.objectives.dpo.loss import PreferenceLoss
+    from llama_npu.objectives.dpo.sharded import PairLossTwoOutputs, interleave
     from llama_npu.training.sharded_step import step_inputs
 
     ids, labels = pair_batch()

@@ -99,7 +99,7 @@ def test_recipe_rehearses_on_cpu_with_its_strategies(tmp_path, path):
 def assert_a_dpo_rehearsal(stdout, summary):
     """A DPO rehearsal on the shipped pairs at 32 tokens: the pairs whose prompt leaves no room
     for a reply there are skipped, and the reference pass covers only the 6 pairs its 3 steps
-    of 2 read (training/rehearse_pairs.py), both in the printed change list."""
+    of 2 read (objectives/dpo/rehearsal.py), both in the printed change list."""
     shrunk = summary["rehearsal"]["shrunk"]
     assert ("data.on_bad_record 'error' -> 'skip' (51 of 200 training pairs have a prompt of more than 32 tokens, "
             "no room for a reply: left out of the rehearsal)") in shrunk

@@ -9,12 +9,14 @@ import tempfile
 from pathlib import Path
 
 from ..common.frameworks import quiet_frameworks
-from ..data.readers import RecordError, is_pair_file
+from ..data.readers import RecordError, first_record_is
 from ..data.tables import ReadOptions
 from ..evaluation.exams.report import format_summary
 from ..evaluation.exams.request import exam_request
+from ..evaluation.loaded_model import scoring_network
 from ..evaluation.perplexity import evaluate_checkpoint
 from ..model.llama import MAX_POSITIONS
+from ..objectives import scoring
 from ..recipe.stored import owning_recipe
 from .arguments import WEIGHTS_HELP, add_device_argument, add_weights_argument, check_ranges
 
@@ -74,11 +76,11 @@ def run(args) -> int:
     given = [f"--{name.replace('_', '-')}" for name in EXAM_OPTIONS if getattr(args, name) is not None]
     if given:
         raise RecordError(f"{', '.join(given)}: only with --task ceval|cmmlu|mmlu")
-    if all(Path(f).is_file() and is_pair_file(Path(f), run_reading(Path(args.checkpoint))) for f in args.data):
-        # imported here: it loads MindSpore, which --help must not (eval's other paths load it later)
-        from ..evaluation.preference_eval import evaluate_pairs
-
-        return run_pairs(args, evaluate_pairs)  # preference pairs: a DPO run's scores
+    reading = run_reading(Path(args.checkpoint))
+    objective = scoring(lambda kind: all(Path(f).is_file() and first_record_is(Path(f), kind, reading)
+                                         for f in args.data))
+    if objective is not None:  # records of an objective's own kind (DPO's pairs): its scores
+        return run_objective(args, objective)
     result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len,
                                  args.batch_size or RECORDS_A_BATCH, args.device, args.weights)
     if args.json:
@@ -98,17 +100,15 @@ def run_reading(checkpoint: Path) -> ReadOptions:
     return ReadOptions.of(recipe.data.columns, recipe.data.encoding) if recipe else ReadOptions()
 
 
-def run_pairs(args, evaluate_pairs) -> int:
-    """eval of a DPO run on preference pairs, at the run's own data.max_seq_len."""
+def run_objective(args, objective) -> int:
+    """eval of a run on records of its objective's kind (DPO's preference pairs), at the
+    run's own data.max_seq_len, scored by the objective (objectives/ score)."""
     if args.max_seq_len is not None:
-        raise RecordError("--max-seq-len: preference pairs are scored at the run's own data.max_seq_len")
-    result = evaluate_pairs(Path(args.checkpoint), args.data, args.batch_size, args.device)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"DPO loss {result['loss']:.4f} ({result['dpo_loss']}), reward accuracy "
-              f"{result['rewards/accuracies']:.3f}, margin {result['rewards/margins']:.4f} over {result['pairs']} "
-              f"pairs, against the reference {result['reference']}")
+        raise RecordError(f"--max-seq-len: {objective.RECORDS.name} are scored at the run's own data.max_seq_len")
+    checkpoint = Path(args.checkpoint)
+    result = objective.score(owning_recipe(checkpoint), checkpoint, args.data, args.batch_size, args.device,
+                             scoring_network)
+    print(json.dumps(result) if args.json else objective.score_line(result))
     return 0
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from ..common.console import note
 from ..data.formats import FORMATS, ON_BAD_RECORD
 from ..data.tables import ReadOptions, parse_columns
+from ..objectives import records_of, sft
 from .arguments import check_ranges
 
 
@@ -43,7 +44,8 @@ def run(args) -> int:
     meta = prepare_dataset(args.format, args.input, Path(args.output), tokenizer=args.tokenizer,
                            max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
                            overwrite=args.overwrite, train_on_prompt=args.train_on_prompt,
-                           progress=note, options=ReadOptions.of(parse_columns(args.column), args.encoding))
+                           progress=note, options=ReadOptions.of(parse_columns(args.column), args.encoding),
+                           kind=records_of(sft))
     print(format_report(meta))
     print(f"wrote {args.output}")
     return 0

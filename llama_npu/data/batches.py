@@ -71,7 +71,7 @@ class BatchStream:
             if self._owns(position):
                 picked.append(next(self._iterator))
         self.samples_consumed += self.batch_size * self.world
-        if hasattr(self.source, "pad"):  # a source whose items are not samples (objectives/pair_source.py)
+        if hasattr(self.source, "pad"):  # a source whose items are not samples (an objective's, objectives/)
             return self.source.pad(picked, self.length)
         return pad_batch(picked, self.length, PAD_ID)
 

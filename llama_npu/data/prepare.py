@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from ..common.console import progress_bar
 from .mindrecord import DATA_FILE, META_FILE, RowWriter
 from .packing import assign_rows, gather_rows, padding_share
 from .readers import RecordError, SkipReport, good_records
+from .record_kind import RecordKind
 from .samples import FitReport, tokenized_chunks
 from .tables import ReadOptions
 from .tokenizer import load_tokenizer, tokenizer_identity
@@ -38,8 +39,9 @@ def _sha256(path: Path) -> str:
 def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = "llama3.2",
                     max_seq_len: int = 2048, packed: bool = False, on_bad_record: str = "error",
                     overwrite: bool = False, train_on_prompt: bool = False, progress=None,
-                    options: ReadOptions = ReadOptions()) -> dict:
-    """Write the prepared dataset and return its meta.json content.
+                    options: ReadOptions = ReadOptions(), kind: Optional[RecordKind] = None) -> dict:
+    """Write the prepared dataset and return its meta.json content. `kind`: the SFT records
+    refusing other objectives' by name (objectives/ records_of; the readers' default else).
 
     `max_seq_len` is the sequence length the model sees, as in a recipe's data.max_seq_len;
     each stored sample (or packed row) holds up to max_seq_len + 1 tokens.
@@ -59,7 +61,7 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     length = max_seq_len + 1
 
     skipped = SkipReport()
-    count = sum(1 for _ in good_records(inputs, fmt, on_bad_record, skipped, options))
+    count = sum(1 for _ in good_records(inputs, fmt, on_bad_record, skipped, options, kind))
     if progress:
         progress(f"tokenizing {count} records, written as {'packed rows' if packed else 'samples'} as they come")
     fit = FitReport()
@@ -67,7 +69,7 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     with staged_directory(output, replace=overwrite) as staging:
         writer = RowWriter(staging / DATA_FILE)
         with progress_bar(count, "tokenize", "record") as bar:
-            records = good_records(inputs, fmt, "skip", SkipReport(), options, name_unread=False)
+            records = good_records(inputs, fmt, "skip", SkipReport(), options, kind, name_unread=False)
             chunks = tokenized_chunks(tok, records, length, train_on_prompt, fit, bar)
             kept, packed_rows = _write_packed(writer, chunks, length, staging) if packed else \
                 _write_samples(writer, chunks, length)

@@ -23,6 +23,7 @@ from ..common.console import note
 from .chat_template import Message
 from .encodings import decode_file, text_lines
 from .errors import RecordError
+from .record_kind import RecordKind
 from .tables import ReadOptions, is_table, map_columns, table_records
 
 # What a bad-record error ends with: how to train on the rest instead.
@@ -253,34 +254,28 @@ PARSERS = {"alpaca": parse_alpaca, "sharegpt": parse_sharegpt, "text": parse_tex
 FORMAT_KEYS = {"alpaca": ("instruction",), "sharegpt": ("conversations", "messages"), "text": ("text",)}
 
 
-# The keys that make a record a preference pair (data/pairs.py reads them).
-PAIR_KEYS = ("chosen", "rejected")
-# The keys each format reads, of SFT records and of preference pairs; a file's other columns
-# are named once, as unread (LLaMA-Factory's `tools` is read to be refused).
+# The keys each format reads; a file's other columns are named once, as unread
+# (LLaMA-Factory's `tools` is read to be refused).
 READ_KEYS = {"alpaca": {"instruction", "input", "output", "system", "history", "tools"},
              "sharegpt": {"conversations", "messages", "system", "tools"}, "text": {"text"}}
-PAIR_READ_KEYS = {fmt: keys - {"output"} | set(PAIR_KEYS) for fmt, keys in READ_KEYS.items()}
+# The SFT objective's records (objectives/sft.py), the readers' default kind.
+SFT_RECORDS = RecordKind("SFT records", PARSERS, READ_KEYS)
 
 
-def is_pair(raw: object) -> bool:
-    return isinstance(raw, dict) and all(key in raw for key in PAIR_KEYS)
-
-
-def is_pair_file(path: Path, options: ReadOptions = ReadOptions()) -> bool:
-    """Whether a file's first record, read with `options`, is a preference pair (eval --data
-    scores those against a DPO run's reference)."""
+def first_record_is(path: Path, kind: RecordKind, options: ReadOptions = ReadOptions()) -> bool:
+    """Whether a file's first record, read with `options`, is of `kind` (eval --data scores
+    such files by their objective)."""
     for _, raw in _raw_records(Path(path), options):
-        return is_pair(raw)
+        return kind.is_record(raw)
     return False
 
 
-def _wrong_format(raw: object, fmt: str, error: RecordError, parsers: dict) -> RecordError:
-    """`error`, or, when the record carries another format's keys, an error saying so."""
-    if parsers is PARSERS and is_pair(raw):
-        where = str(error).split(": ", 1)[0]
-        return RecordError(f"{where}: the record is a preference pair ('chosen' and 'rejected'), read as SFT data: "
-                           f"pairs train with train.objective: dpo, from data.train_files",
-                           "preference pair read as SFT")
+def _wrong_format(raw: object, fmt: str, error: RecordError, kind: RecordKind) -> RecordError:
+    """`error`, or, when the record is another objective's or carries another format's keys,
+    an error saying so."""
+    misread = kind.misread_error(raw, str(error).split(": ", 1)[0])
+    if misread is not None:
+        return misread
     if not isinstance(raw, dict) or any(key in raw for key in FORMAT_KEYS[fmt]):
         return error
     for other, keys in FORMAT_KEYS.items():
@@ -312,15 +307,15 @@ def detect_format(path: Path, options: ReadOptions = ReadOptions()) -> str:
     raise RecordError(f"{path}: no records (empty input)")
 
 
-def iter_records(paths, fmt: str, options: ReadOptions = ReadOptions(), parsers: Optional[dict] = None,
+def iter_records(paths, fmt: str, options: ReadOptions = ReadOptions(), kind: Optional[RecordKind] = None,
                  on_unread: Optional[Callable[[Path, List[str]], None]] = None) -> Iterator[Record | RecordError]:
     """Every record of every file, in order; a bad record is yielded as its RecordError.
-    A missing, empty or undecodable file raises at once. `parsers`: format -> parse function
-    (PARSERS; data/pairs.py's PAIR_PARSERS for preference pairs). `on_unread(path, keys)`:
-    told, after each file, the keys of its records that the format does not read."""
-    parsers = parsers or PARSERS
-    parse = parsers[fmt]
-    reads = (READ_KEYS if parsers is PARSERS else PAIR_READ_KEYS).get(fmt, set())
+    A missing, empty or undecodable file raises at once. `kind`: the records an objective
+    reads (SFT_RECORDS; objectives/ records_of). `on_unread(path, keys)`: told, after each
+    file, the keys of its records that the format does not read."""
+    kind = kind or SFT_RECORDS
+    parse = kind.parsers[fmt]
+    reads = kind.read_keys.get(fmt, set())
     for path in map(Path, paths):
         if not path.is_file():
             raise RecordError(f"{path}: file not found")
@@ -335,16 +330,16 @@ def iter_records(paths, fmt: str, options: ReadOptions = ReadOptions(), parsers:
             try:
                 yield parse(raw, f"{path}:{lineno}")
             except RecordError as exc:
-                yield _wrong_format(raw, fmt, exc, parsers)
+                yield _wrong_format(raw, fmt, exc, kind)
         if count == 0:
             raise RecordError(f"{path}: no records (empty input)")
         if unread and on_unread:
             on_unread(path, list(unread))
 
 
-def unread_note(fmt: str, pairs: bool) -> Callable[[Path, List[str]], None]:
+def unread_note(fmt: str, kind: RecordKind) -> Callable[[Path, List[str]], None]:
     """on_unread for iter_records: a note naming a file's unread columns and what is read."""
-    reads = sorted((PAIR_READ_KEYS if pairs else READ_KEYS)[fmt] - {"tools"})
+    reads = sorted(kind.read_keys[fmt] - {"tools"})
 
     def named(path: Path, keys: List[str]) -> None:
         note(f"{path}: {'column' if len(keys) == 1 else 'columns'} {', '.join(map(repr, keys))} not read ({fmt} "
@@ -377,21 +372,21 @@ class SkipReport:
 
 def read_dataset(paths, fmt: str, on_bad_record: str = "error",
                  options: ReadOptions = ReadOptions(),
-                 parsers: Optional[dict] = None) -> Tuple[List[Record], SkipReport]:
+                 kind: Optional[RecordKind] = None) -> Tuple[List[Record], SkipReport]:
     """All good records; a bad one stops the read (error) or is counted and left out (skip).
     Train reads through here, prepare-data through good_records, the pre-flight through
     iter_records."""
     skipped = SkipReport()
-    return list(good_records(paths, fmt, on_bad_record, skipped, options, parsers)), skipped
+    return list(good_records(paths, fmt, on_bad_record, skipped, options, kind)), skipped
 
 
 def good_records(paths, fmt: str, on_bad_record: str, skipped: SkipReport, options: ReadOptions = ReadOptions(),
-                 parsers: Optional[dict] = None, name_unread: bool = True) -> Iterator[Record]:
+                 kind: Optional[RecordKind] = None, name_unread: bool = True) -> Iterator[Record]:
     """The good records, streamed; a bad one stops the read (error) or is counted in
     `skipped` and left out (skip). With `name_unread`, a file's columns that nothing reads are
     named in a note (prepare-data reads its files twice and names them on one pass)."""
-    on_unread = unread_note(fmt, parsers not in (None, PARSERS)) if name_unread else None
-    for item in iter_records(paths, fmt, options, parsers, on_unread):
+    on_unread = unread_note(fmt, kind or SFT_RECORDS) if name_unread else None
+    for item in iter_records(paths, fmt, options, kind, on_unread):
         if isinstance(item, RecordError):
             if on_bad_record == "error":
                 raise with_skip_hint(item)
@@ -400,6 +395,7 @@ def good_records(paths, fmt: str, on_bad_record: str, skipped: SkipReport, optio
             yield item
 
 
-def read_records(paths, fmt: str = "alpaca", options: ReadOptions = ReadOptions()) -> List[Record]:
+def read_records(paths, fmt: str = "alpaca", options: ReadOptions = ReadOptions(),
+                 kind: Optional[RecordKind] = None) -> List[Record]:
     """All records, stopping at the first bad one."""
-    return read_dataset(paths, fmt, options=options)[0]
+    return read_dataset(paths, fmt, options=options, kind=kind)[0]

@@ -187,3 +187,10 @@ def pad_batch(samples: Sequence[Sample], length: int, pad_id: int):
     if samples and samples[0].segment_ids is not None:
         return ids, labels, segments
     return ids, labels
+
+
+def pad_items(items: Sequence, length: int, pad_id: int):
+    """(ids, labels) of items of several rows each (`item.rows`, samples in a fixed order, as
+    an objective's pair or labelled reply holds them): the P items' first rows, then their
+    second rows, and so on (TRL's concatenated order), right-padded to `length`."""
+    return pad_batch([item.rows[r] for r in range(len(items[0].rows)) for item in items], length, pad_id)

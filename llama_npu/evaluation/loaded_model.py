@@ -129,3 +129,9 @@ def held_weights(recipe, on_ascend: bool, stored: dict, quantized: bool, shape, 
     net, loss_cell = build_network(recipe, on_ascend=on_ascend, variable_length=True, param_dtype=param_dtype)
     load_weights(net, dequantized_weights(stored) if quantized else stored, shape, source)
     return net, loss_cell
+
+
+def scoring_network(checkpoint: Path, max_seq_len: int, rows: int, device: str = "auto"):
+    """(the network of `checkpoint`, LoRA adapters folded in, the head's chunk of tokens), as
+    an objective's `eval --data` scoring takes it (objectives/ score)."""
+    return build_from_checkpoint(checkpoint, max_seq_len, rows, device)[0], EVAL_CHUNK

@@ -18,6 +18,7 @@ from typing import Optional
 from ..data.readers import RecordError, detect_format as record_format, read_dataset
 from ..data.tables import ReadOptions
 from ..data.tokenizer import load_tokenizer
+from ..objectives import records_of, sft
 from .loaded_model import EVAL_CHUNK, build_from_checkpoint, select_device
 from .loss_loop import evaluate
 
@@ -35,7 +36,9 @@ def detect_format(path: Path, options: ReadOptions = ReadOptions()) -> str:
 def read_eval_records(data_files, reading: ReadOptions) -> list:
     """The records of eval --data's files, each in the format its keys give, read by train's
     readers with the run's data.columns and data.encoding (`reading`)."""
-    return [r for f in data_files for r in read_dataset([f], detect_format(Path(f), reading), options=reading)[0]]
+    kind = records_of(sft)  # another objective's records (pairs) refused by name
+    return [r for f in data_files for r in read_dataset([f], detect_format(Path(f), reading), options=reading,
+                                                        kind=kind)[0]]
 
 
 DEFAULT_MAX_SEQ_LEN = 2048  # eval of a checkpoint that is not a run's (a run's is evaluated at its own)

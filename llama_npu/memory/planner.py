@@ -59,6 +59,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
 from ..model.architecture import LlamaShape, resolve_shape
+from ..objectives import of as objective_of
 from ..recipe.schema import Recipe
 from ..strategies import STRATEGIES, chunked_ce, lora, offload, parallel, precision, recompute
 from ..strategies.accumulation import accumulates
@@ -99,8 +100,10 @@ class Strategy:
     optimizer_shard: bool = False
     sequence_parallel: bool = False
     vocab_emb_dp: bool = True
-    # Rows a sample is: 2 for a DPO pair (its chosen and rejected reply run in one forward
-    # pass, objectives/preference_loss.py), whose micro_batch and global_batch count pairs.
+    # The objective's terms (objectives/ plan_settings). Rows a sample is: 2 for a DPO pair
+    # (its chosen and rejected reply run in one forward pass), whose micro_batch and
+    # global_batch count pairs. A sample of several rows keeps them on one card, so its loss
+    # splits only the batch axis: no model or pipeline parallel.
     sequences_per_sample: int = 1
     # dpo.reference adapters_off: a forward without gradients before the policy's, each micro-step.
     reference_forward: bool = False
@@ -322,9 +325,7 @@ def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
     settings = {key: value for strategy in STRATEGIES for key, value in strategy.plan_settings(recipe).items()}
     return Strategy(seq_len=recipe.data.max_seq_len, micro_batch=recipe.train.micro_batch_size,
                     optimizer=recipe.train.optimizer.name, flash_attention=get_device(device_name).flash_attention,
-                    sequences_per_sample=2 if recipe.train.objective == "dpo" else 1,
-                    reference_forward=recipe.train.objective == "dpo" and recipe.dpo.reference == "adapters_off",
-                    **settings)
+                    **settings, **objective_of(recipe).plan_settings(recipe))
 
 
 def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Plan:
@@ -353,7 +354,7 @@ def tokens_per_second(shape: LlamaShape, params: int, s: Strategy) -> float:
     the layout's losses (pipeline bubble, model-parallel communication), and small
     micro-batches using the matmul units less well."""
     flops = lora.flops_per_parameter(s) * params
-    if s.reference_forward:  # dpo.reference adapters_off: a second forward, 2 FLOPs per parameter and token
+    if s.reference_forward:  # an adapters-off reference: a second forward, 2 FLOPs per parameter and token
         flops += 2 * params
     for strategy in STRATEGIES:
         if hasattr(strategy, "extra_flops"):
@@ -381,9 +382,9 @@ def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices:
         if on_host and (with_lora or not offload.planned_layout_supported(data, model, pipeline, shard)):
             continue  # the host update trains every parameter, on the layouts strategies/offload.py check allows
         if base.reference_forward and not with_lora:
-            continue  # dpo.reference adapters_off is the LoRA policy's own base
-        if base.sequences_per_sample == 2 and (model > 1 or pipeline > 1 or (shard and base.reference_forward)):
-            continue  # DPO layouts recipe validation refuses (objectives/preference.py check)
+            continue  # an adapters-off reference is the LoRA policy's own base
+        if (base.sequences_per_sample > 1 and (model > 1 or pipeline > 1)) or (shard and base.reference_forward):
+            continue  # layouts the objective's check refuses (DPO: objectives/dpo/section.py)
         if base_dtype == "int8" and model > 1:
             continue  # the int8 base is not sharded (strategies/lora.py refuses it)
         if chunked and (shard or model > 1 or pipeline > 1):

@@ -35,8 +35,9 @@ def ready_to_train(recipe: Recipe) -> Tuple[Recipe, List[str]]:
     """(the recipe with absolute paths and train.max_steps at most validate's MAX_PASSES
     passes over its training rows, what changed)."""
     # imported here: tokenizing loads numpy, which the plan itself does not need
-    from ..data.source import run_samples
-    from ..training.data_size import MAX_PASSES, step_rows
+    from ..objectives import run_samples
+    from ..strategies.accumulation import step_rows
+    from ..training.data_size import MAX_PASSES
 
     tree, changed = absolute_paths(recipe.to_dict()), []
     with contextlib.redirect_stdout(sys.stderr):  # the reading's notes; plan --json prints only its object

@@ -27,7 +27,6 @@ FOREIGN_NAMES = {
     "save_steps": "train.save_every",
     "save_total_limit": "train.keep_last",
     "eval_steps": "train.eval_every",
-    "stage": "train.objective (sft or dpo)",
     "cutoff_len": "data.max_seq_len",
     "seq_length": "data.max_seq_len",
     "max_seq_length": "data.max_seq_len",
@@ -52,9 +51,6 @@ FOREIGN_NAMES = {
     "enable_parallel_optimizer": "strategies.parallel.optimizer_shard",
     "model_name_or_path": "model.checkpoint (a `llama-npu convert hf-to-ms` directory)",
     "load_checkpoint": "model.checkpoint",
-    "pref_beta": "dpo.beta",
-    "pref_loss": "dpo.loss",
-    "pref_ftx": "dpo.orpo_lambda (ORPO's NLL weight)",
     "output_dir": "the --output-dir option of train",
 }
 
@@ -76,4 +72,14 @@ def key_elsewhere(key: str) -> Optional[str]:
     ours = [k for k in _leaf_keys(Recipe) if k.rsplit(".", 1)[-1] == name and k != key]
     if len(ours) == 1:
         return ours[0]
-    return FOREIGN_NAMES.get(name.lower())
+    return foreign_names().get(name.lower())
+
+
+def foreign_names() -> dict:
+    """FOREIGN_NAMES with LLaMA-Factory's `stage` and each objective's own (objectives/)."""
+    from ..objectives import NAMES, OBJECTIVES  # imported here: as the schema above
+
+    names = dict(FOREIGN_NAMES, stage=f"train.objective ({', '.join(NAMES[:-1])} or {NAMES[-1]})")
+    for objective in OBJECTIVES:
+        names.update(objective.FOREIGN_NAMES)
+    return names

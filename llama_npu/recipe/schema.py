@@ -1,5 +1,6 @@
 """The recipe's schema: one dataclass a section, each key with its default and what it takes.
-The strategies' sections are their modules' own (strategies/), gathered here in their order.
+The strategies' sections are their modules' own (strategies/), gathered here in their order,
+and so are the objectives' (objectives/).
 """
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from ..objectives import OBJECTIVES
 from ..strategies import STRATEGIES
-from ..training.objective_config import DpoSection
 
 
 @dataclass
@@ -72,7 +73,7 @@ class TrainSection:
     max_nonfinite_steps: int = 10
     eval_every: int = 0  # 0: evaluate only at the end (when eval files are given)
     mode: str = "graph"  # graph | pynative
-    objective: str = "sft"  # sft | dpo (preference pairs: the dpo section)
+    objective: str = "sft"  # one of objectives/ NAMES; its section, if any, is the key of that name
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
 
 
@@ -88,13 +89,12 @@ class DeviceSection:
 
 
 @dataclass
-class Recipe:
+class Sections:
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     train: TrainSection = field(default_factory=TrainSection)
     strategies: StrategiesSection = field(default_factory=StrategiesSection)
     device: DeviceSection = field(default_factory=DeviceSection)
-    dpo: DpoSection = field(default_factory=DpoSection)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -102,6 +102,12 @@ class Recipe:
     def digest(self) -> str:
         text = json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+# The objectives' sections (objectives/), after the others, in the registry's order.
+Recipe = dataclasses.make_dataclass(
+    "Recipe", [(o.NAME, o.SECTION, field(default_factory=o.SECTION)) for o in OBJECTIVES if o.SECTION],
+    bases=(Sections,))
 
 
 def with_absolute_paths(recipe: Recipe) -> Recipe:

@@ -1,5 +1,5 @@
 """Validation: every problem of a recipe listed at once, section by section, then each
-strategy's own checks (strategies/). A check that builds on a value runs once that value
+strategy's own checks (strategies/), then each objective's (objectives/). A check that builds on a value runs once that value
 passed."""
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from ..data.formats import FORMATS, ON_BAD_RECORD
 from ..memory.devices import DEVICE_TARGETS
 from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
 from ..model.llama import MAX_POSITIONS
-from ..objectives import preference
+from ..objectives import NAMES, OBJECTIVES
 from ..strategies import STRATEGIES
-from ..training.objective_config import check_objective
 from .problems import Problems, RecipeError, choice, positive
 
 
@@ -24,11 +23,12 @@ def validate(recipe) -> None:
     passed["sizes"] = problems.passes(check_sizes, recipe)
     problems.check(check_train, recipe.train)
     problems.check(check_device, recipe.device)
-    problems.check(check_objective, recipe)
+    problems.check(choice, "train.objective", recipe.train.objective, NAMES)
     for strategy in STRATEGIES:
         ready = all(passed[name] for name in strategy.CHECKED_AFTER)
         passed[strategy.KEY] = ready and problems.passes(strategy.check, recipe)
-    problems.check(preference.check, recipe)
+    for objective in OBJECTIVES:  # each checks its section; the picked one what it refuses
+        problems.check(objective.check, recipe)
     problems.raise_any()
 
 

@@ -92,9 +92,15 @@ def profile_overrides(value: str, base) -> List[str]:
 
 # ---------------------------------------------------------------- planner term
 
-def plan_settings(recipe) -> dict:
+def step_rows(recipe) -> int:
+    """Rows (samples, packed rows or an objective's items) one optimizer step takes over all
+    data-parallel ranks: the global batch."""
     t = recipe.train
-    return {"global_batch": t.global_batch_size or t.micro_batch_size * recipe.strategies.parallel.data}
+    return t.global_batch_size or t.micro_batch_size * recipe.strategies.parallel.data
+
+
+def plan_settings(recipe) -> dict:
+    return {"global_batch": step_rows(recipe)}
 
 
 def accumulates(s) -> bool:

@@ -5,14 +5,10 @@ over train.max_steps is learnt by heart. Both are warnings with the numbers, fro
 from __future__ import annotations
 
 from ..common.console import warn
+from ..objectives import run_samples
+from ..strategies.accumulation import step_rows
 
 MAX_PASSES = 20
-
-
-def step_rows(recipe) -> int:
-    """Rows (samples or packed rows) one optimizer step takes over all data-parallel ranks."""
-    t = recipe.train
-    return t.global_batch_size or t.micro_batch_size * recipe.strategies.parallel.data
 
 
 def data_size_warning(recipe, rows: int) -> str:
@@ -38,8 +34,5 @@ def warn_data_size(recipe, rows: int) -> None:
 
 def check_data_size(recipe) -> None:
     """`validate`'s warning: the rows train would have, tokenized (and packed) as train does;
-    under train.objective dpo the preference pairs, which the batch sizes count."""
-    # imported here: tokenizing loads numpy, which the recipe checks before it do not need
-    from ..data.source import run_samples
-
+    an objective's items (DPO's pairs) where the batch sizes count those."""
     warn_data_size(recipe, len(run_samples(recipe)[0]))

@@ -17,8 +17,9 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops
 
+from ..objectives.sft import target_tokens
 from .host_optimizer import HostAdamW
-from .step import ISFINITE, Buffers, MicroStep, StepResult, _self_dot, target_tokens
+from .step import ISFINITE, Buffers, MicroStep, StepResult, _self_dot
 
 
 class CardWeights:

@@ -12,10 +12,10 @@ from ..common.console import note, progress_bar
 from ..common.stopping import RunFailure, StopSignals
 from ..evaluation.loss_loop import evaluate
 from ..memory.measure import current_rss, peak_memory
+from ..objectives.reference_pass import weights_digest
 from ..strategies.accumulation import accumulation_steps
 from .nonfinite import NonFiniteStreak, all_finite
 from .optimizer import lr_at
-from .reference_pass import weights_digest
 from .session import Session
 from .step import StepResult
 
@@ -62,8 +62,8 @@ def step_record(s: Session, step: int, result: StepResult, tokens_per_s: float, 
               "overflow": result.overflow, "nonfinite_in_a_row": nonfinite_in_a_row,
               "samples_consumed": s.stream.samples_consumed, "peak_memory_bytes": peak,
               "memory_source": source, "planned_peak_bytes": s.planned_peak, "host_rss_bytes": current_rss()}
-    if s.pair_metrics is not None:  # the preference objective's rewards/* and logps/* (TRL's names)
-        record.update(s.pair_metrics())
+    if s.objective.metrics is not None:  # the objective's own (DPO: TRL's rewards/* and logps/*)
+        record.update(s.objective.metrics())
     if s.eval_samples and t.eval_every and step % t.eval_every == 0:
         record["eval_loss"] = evaluate(s.eval_cell, s.eval_samples, s.eval_batch, s.recipe.data.max_seq_len + 1)[0]
     return record
@@ -114,7 +114,7 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
     with signals.training(), progress, s.metrics or nullcontext():
         for step in range(start_step + 1, t.max_steps + 1):
             begin = time.perf_counter()
-            batches = [s.stream.next_batch() for _ in range(k)]
+            batches = s.objective.prepared([s.stream.next_batch() for _ in range(k)])
             result = s.step_fn(batches, lr_at(step, t), stop_requested=signals.received is not None)
             seconds = time.perf_counter() - begin
             streak.update(step, result.overflow, result.loss_scale)

@@ -22,8 +22,10 @@ from ..common.atomic import unwritable_reason
 from ..common.console import note
 from ..common.launcher import local_workers
 from ..data.readers import RecordError, iter_records, with_skip_hint
+from ..data.record_kind import RecordKind
 from ..data.tables import ReadOptions
 from ..data.tokenizer import TokenizerError, load_tokenizer, tokenizer_identity
+from ..objectives import OBJECTIVES, of as objective_of, records_of
 from ..recipe.base_weights import CHECKPOINT_PLACEHOLDER, check_base
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe, with_absolute_paths
@@ -38,7 +40,8 @@ from ..weights.errors import ConvertError
 # diverged run is recovered (training/nonfinite.py NonFiniteStreak says so), and memory
 # strategies do not change the maths.
 RESULT_KEYS = ("model.", "data.", "train.micro_batch_size", "train.global_batch_size", "train.seed",
-               "strategies.lora.", "strategies.parallel.", "train.objective", "dpo.")
+               "strategies.lora.", "strategies.parallel.", "train.objective",
+               *(f"{objective.NAME}." for objective in OBJECTIVES if objective.SECTION))
 NOT_RESULT_KEYS = ("data.eval_files",)  # what is evaluated, not what is trained
 
 
@@ -119,46 +122,34 @@ def check_host_memory(recipe: Recipe) -> list:
 BAD_RECORDS_LISTED = 20
 
 
-def _file_bad_records(path: str, fmt: str, options: ReadOptions, parsers: Optional[dict] = None) -> tuple[list, list]:
+def _file_bad_records(path: str, fmt: str, options: ReadOptions, kind: RecordKind) -> tuple[list, list]:
     """(every bad record, every good one) of one file, read with the reader train uses
-    (data/readers.py; `parsers`: data/pairs.py's for preference pairs); a file of which no
-    record parses (most often another format) is one error instead."""
+    (data/readers.py; `kind`: the objective's records); a file of which no record parses
+    (most often another format, or another objective's records) is one error instead."""
     bad, good = [], []
     try:
-        for item in iter_records([path], fmt, options, parsers):
+        for item in iter_records([path], fmt, options, kind):
             (bad if isinstance(item, RecordError) else good).append(item)
     except OSError as exc:
         raise RecordError(f"{path}: cannot read it ({exc.strerror})") from None
-    if bad and not good and all(error.reason == "not a pair" for error in bad):
-        raise RecordError(f"train.objective=dpo: {path} holds no preference pair (no record has 'chosen' and "
-                          f"'rejected'); DPO trains on pairs, SFT records train with train.objective: sft")
+    if bad and not good and kind.none_in_file and all(error.reason == kind.not_mine for error in bad):
+        raise RecordError(kind.none_in_file(path))
     if bad and not good:
         raise RecordError(f"data.format={fmt}: no record of {path} parses; the first: {bad[0]}")
     return bad, good
 
 
-def _pair_room(recipe: Recipe, tokenizer, pairs: list) -> list:
-    """The pairs whose prompt leaves no reply token within data.max_seq_len, as errors."""
-    from ..data.pairs import no_room_error, tokenize_pairs  # imported here: it loads numpy, only DPO needs it
-
-    max_seq_len = recipe.data.max_seq_len
-    report = tokenize_pairs(tokenizer, pairs, max_seq_len + 1, recipe.dpo.on_long_pair, bar=False)[1]
-    return [no_room_error(where, tokens, max_seq_len) for where, tokens in report.no_room]
-
-
 def check_records(recipe: Recipe, tokenizer=None) -> list:
     """Problems of data.train_files and data.eval_files: each bad record (the first
-    BAD_RECORDS_LISTED, then a count) unless data.on_bad_record is skip. Preference pairs
-    (train.objective: dpo) are tokenized too, with `tokenizer`, for a prompt too long."""
-    d, problems, bad, parsers = recipe.data, [], [], None
-    if recipe.train.objective == "dpo":
-        from ..data.pairs import PAIR_PARSERS  # imported here: it loads numpy, only DPO needs it
-
-        parsers = PAIR_PARSERS
+    BAD_RECORDS_LISTED, then a count) unless data.on_bad_record is skip. An objective with a
+    `preflight` (DPO: a prompt too long for a reply) checks its good records too, with `tokenizer`."""
+    d, problems, bad = recipe.data, [], []
+    objective = objective_of(recipe)
+    kind, tokenized = records_of(objective), getattr(objective, "preflight", None)
     for path in d.train_files + d.eval_files:
         errors, good = _collect(problems, _file_bad_records, path, d.format, ReadOptions.of(d.columns, d.encoding),
-                                parsers) or ([], [])
-        bad += errors + (_pair_room(recipe, tokenizer, good) if parsers and tokenizer else [])
+                                kind) or ([], [])
+        bad += errors + (tokenized(recipe, tokenizer, good) if tokenized and tokenizer else [])
     if d.on_bad_record == "error":
         problems += [str(with_skip_hint(error)) for error in bad[:BAD_RECORDS_LISTED]]
         if len(bad) > BAD_RECORDS_LISTED:

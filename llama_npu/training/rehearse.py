@@ -2,8 +2,9 @@
 CPU, with every strategy the CPU can run kept as the recipe sets it.
 
 Shrunk: the model (the tiny preset), the sequence (a data.prepared directory is kept, its
-rows read as windows of the short sequence; preference pairs: a length that leaves their
-prompts room for a reply, and as many pairs as the steps read, training/rehearse_pairs.py),
+rows read as windows of the short sequence; an objective's records as it shrinks them,
+objectives/: DPO's pairs a length that leaves their prompts room for a reply, and as many
+pairs as the steps read),
 the batch, the steps, the device.
 Kept: precision and loss scaling (BF16 becomes FP16: the CPU has no BF16 kernels), LoRA,
 recompute, chunked cross-entropy (in chunks smaller than the short sequence), gradient
@@ -19,12 +20,12 @@ from pathlib import Path
 
 from ..model.architecture import SIZE_KEYS, resolve_shape
 from ..model.llama import fused_kernels
+from ..objectives import of as objective_of
 from ..recipe.base_weights import random_base_reason
 from ..recipe.load import recipe_from_dict
 from ..recipe.schema import Recipe
 from ..strategies import STRATEGIES
 from ..strategies.accumulation import MAX_REHEARSED
-from .rehearse_pairs import rehearsed_pairs, shrink_pair_length
 
 SEQ_LEN = 32
 STEPS = 3
@@ -75,9 +76,9 @@ def rehearse(recipe: Recipe, workers: int = 1) -> tuple[Recipe, list, list]:
         if hasattr(strategy, "rehearse"):  # LoRA rehearses as the recipe sets it
             strategy.rehearse(r)
     rehearsal = recipe_from_dict(r.tree, workers=workers)
-    if recipe.train.objective == "dpo":  # training/run.py takes them (first_pairs)
-        r.changed.append(f"the first {rehearsed_pairs(rehearsal)} training pairs only, what {STEPS} steps read: "
-                         f"the reference pass is over them")
+    objective = objective_of(recipe)
+    if hasattr(objective, "rehearsal_notes"):  # what its rehearsal_source takes (training/run.py)
+        r.changed += objective.rehearsal_notes(rehearsal)
     return rehearsal, r.changed, r.not_rehearsed
 
 
@@ -113,8 +114,9 @@ def _shrink_device(r: Rehearsal) -> None:
 def _shrink_data(r: Rehearsal) -> None:
     d = r.recipe.data
     seq_len = min(d.max_seq_len, SEQ_LEN)
-    if r.recipe.train.objective == "dpo":  # a pair's prompt must leave room for its reply
-        seq_len = shrink_pair_length(r, seq_len, STEPS * MAX_REHEARSED * r.workers)
+    objective = objective_of(r.recipe)
+    if hasattr(objective, "rehearse_length"):  # DPO: a pair's prompt must leave room for its reply
+        seq_len = objective.rehearse_length(r, seq_len, STEPS * MAX_REHEARSED * r.workers)
     r.change("data.max_seq_len", seq_len)
     if d.prepared and seq_len < d.max_seq_len:
         r.changed.append(f"data.prepared={d.prepared}: its {d.max_seq_len + 1}-token rows read as windows of "

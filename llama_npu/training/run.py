@@ -19,12 +19,11 @@ from ..checkpoints.leftovers import repair_killed_saves
 from ..common.frameworks import quiet_frameworks
 from ..common.launcher import launched_rank, launched_workers
 from ..common.stopping import StopSignals
-from ..data.source import run_samples
+from ..objectives import of as objective_of, run_samples
 from ..recipe.schema import Recipe, with_absolute_paths
 from ..recipe.stored import STORED_RECIPE
 from .data_size import warn_data_size
 from .preflight import checked_start
-from .rehearse_pairs import first_pairs
 from .runtime import init_runtime
 
 
@@ -55,8 +54,9 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     resume_candidates, warn_recipe_hash = checked_start(recipe, run_dir, resume, overwrite, force,
                                                         launched_workers(), rank == 0, rehearsal is not None)
     train_source, eval_samples = run_samples(recipe)
-    if rehearsal is not None and recipe.train.objective == "dpo":  # a reference pass as short as the rehearsal
-        train_source = first_pairs(train_source, recipe)
+    objective = objective_of(recipe)
+    if rehearsal is not None and hasattr(objective, "rehearsal_source"):  # DPO: a reference pass as short as it
+        train_source = objective.rehearsal_source(train_source, recipe)
     if rehearsal is None and rank == 0:  # a rehearsal's few short steps say nothing of the recipe's schedule
         warn_data_size(recipe, len(train_source))
     # Under msrun only rank 0 clears and writes the run directory; the others read.

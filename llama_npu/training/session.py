@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from mindspore import Parameter, nn
 from mindspore.common import dtype as mstype
@@ -19,6 +19,8 @@ from ..data.mindrecord import MindRecordSamples
 from ..data.samples import Sample
 from ..memory.planned_peak import planned_peak_bytes
 from ..model.architecture import LlamaShape, resolve_shape
+from ..objectives import of as objective_of
+from ..objectives.parts import ObjectiveParts
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe
 from ..strategies.accumulation import accumulation_steps
@@ -30,9 +32,7 @@ from ..weights.pretrained import pretrained_hf_config
 from .metrics import MetricLogger
 from .optimizer import build_optimizer
 from .sharded_step import EvalKeepingTrainStrategy, ShardedStep, eval_layout
-from .preference_parts import pairs_of, preference_parts
-from .sharded_preference import PairLossTwoOutputs, interleave
-from .step import TrainStep, target_tokens
+from .step import TrainStep
 
 if TYPE_CHECKING:  # for the annotation only: MindFormers is imported by mute_mindformers_info, stdout captured
     from mindformers.models.llama import LlamaForCausalLM
@@ -52,6 +52,7 @@ class Session:
     params: list[Parameter]
     optimizer: nn.Cell  # an nn.Optimizer, or the host's states (training/host_optimizer.py)
     scaler: LossScaler
+    objective: ObjectiveParts  # the loss cell, its normaliser, metrics and step preparation (objectives/)
     step_fn: Union[TrainStep, ShardedStep, "HostStep"]
     stream: BatchStream
     eval_cell: Union[nn.Cell, EvalKeepingTrainStrategy]
@@ -62,8 +63,6 @@ class Session:
     planned_peak: int
     start_step: int = 0
     rehearsal: Optional[dict] = None  # what training.rehearse shrank and could not rehearse
-    # train.objective dpo: the step's TRL metrics over this rank's pairs (PreferenceLoss.take_metrics)
-    pair_metrics: Optional[Callable[[], dict]] = None
 
 
 def model_description(recipe: Recipe, shape: LlamaShape, params: list, run_dir: Path, world: World) -> Optional[dict]:
@@ -108,14 +107,9 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
     scaler, k = LossScaler(recipe.strategies.precision), accumulation_steps(recipe)
     note(f"building the model{' and loading ' + recipe.model.checkpoint if recipe.model.checkpoint else ''}")
     net, loss_cell = build_network(recipe, on_ascend)
-    pair_metrics, count, sharded_parts = None, target_tokens, {}
-    if recipe.train.objective == "dpo":  # before a resume loads trained weights: the reference's are the start's
-        loss_cell = preference_parts(recipe, run_dir, net, train_source, world)
-        # Sharded: the metric sums are over every card's pairs (training/sharded_preference.py).
-        pairs = t.micro_batch_size * k * (parallel.data if world.sharded else 1)
-        pair_metrics, count = partial(loss_cell.take_metrics, pairs), pairs_of
-        if world.sharded:  # the pair loss in MindFormers' chain, fed interleaved pairs
-            sharded_parts = {"network": PairLossTwoOutputs(loss_cell), "count": count, "arrange": interleave}
+    # before a resume loads trained weights: a precomputed reference's are the start's
+    objective = objective_of(recipe).parts(recipe, run_dir, net, loss_cell, train_source, world)
+    loss_cell, count = objective.loss_cell, objective.count
     params, shape = net.trainable_params(), resolve_shape(recipe.model)
     host = host_optimizer(recipe, params, world)  # the fp32 masters and moments on the host, the card's copies halved
     if host is not None:
@@ -128,7 +122,7 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
     else:
         # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
         optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
-        step_fn = ShardedStep(net, optimizer, scaler, recipe, k, **sharded_parts) if world.sharded else TrainStep(
+        step_fn = ShardedStep(net, optimizer, scaler, recipe, k, **(objective.sharded or {})) if world.sharded else TrainStep(
             loss_cell, optimizer, scaler, t.grad_clip, k, count=count)  # sharded: MindFormers' wrapper chain
     eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
     description = model_description(recipe, shape, host.master_params if host else params, run_dir, world)
@@ -136,7 +130,7 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
     stream_at = partial(BatchStream, train_source, batch_size, recipe.data.max_seq_len + 1, t.seed, rank=rank,
                         world=ranks)  # this rank's batches after a number of samples consumed
     start_step, samples_consumed = resume(recipe, checkpointer, resume_candidates, step_fn, host or net, optimizer,
-                                          partial(first_batches, stream_at, k), warn_recipe_hash)
+                                          lambda: objective.prepared(first_batches(stream_at, k)), warn_recipe_hash)
     if host is not None and start_step:
         host.loaded()  # the loaded masters, halved, onto the card
     metrics = MetricLogger(run_dir, start_step) if world.is_main else None
@@ -144,5 +138,5 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
     planned_peak = planned_peak_bytes(recipe, shape, sum(p.size for p in params))
     note(f"model {recipe.model.preset} ({shape.describe()}); {sum(p.size for p in params):,} trainable "
          f"parameters{'' if world.size == 1 else f' (rank {world.rank} of {world.size})'}")
-    return Session(recipe, run_dir, world, on_ascend, net, params, optimizer, scaler, step_fn, stream, eval_cell,
-                   eval_batch, eval_samples, checkpointer, metrics, planned_peak, start_step, rehearsal, pair_metrics)
+    return Session(recipe, run_dir, world, on_ascend, net, params, optimizer, scaler, objective, step_fn, stream,
+                   eval_cell, eval_batch, eval_samples, checkpointer, metrics, planned_peak, start_step, rehearsal)

@@ -6,7 +6,7 @@ _wrap_network_with_tool_cells_legacy -> create_model_wrapper, with _reset_wrappe
 
     the loss network: MindFormers' LlamaForCausalLM in training mode, with
         calculate_per_token_loss, returns (summed token loss, target tokens)
-        (train.objective dpo: (summed pair losses, pairs), training/sharded_preference.py)
+        (train.objective dpo: (summed pair losses, pairs), objectives/dpo/sharded.py)
     -> GradAccumulationCellWithTwoOutput(k)        when k > 1 micro-batches, no pipeline
        PipelineCellWithTwoOutput(micro_batches)     when pipelining
     -> _VirtualDatasetCell                          (the full batch, split by data parallel)
@@ -43,9 +43,10 @@ from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2
 
 from ..model.loss import layers_with_additive_mask
 from ..model.tokens import IGNORE_ID
+from ..objectives.sft import target_tokens
 from ..recipe.schema import Recipe
 from ..strategies.parallel import ParallelSection, World
-from .step import REGISTERS, StepResult, overflow_check, target_tokens
+from .step import REGISTERS, StepResult, overflow_check
 
 _clear_float_status = NPUClearFloatStatusV2()
 
@@ -157,7 +158,7 @@ def build_train_network(llama, optimizer, recipe: Recipe, scale_sense, k: int, n
     `scale_sense`: LossScaler.sense(), the update cell MindFormers' configs name for dynamic
     scaling (mindspore.nn.DynamicLossScaleUpdateCell) or a fixed value. `k`: the recipe's
     accumulation steps. `network`: the loss network returning (numerator, denominator);
-    TrainLoss by default, DPO's pair loss (training/sharded_preference.py)."""
+    TrainLoss by default, DPO's pair loss (objectives/dpo/sharded.py)."""
     # imported here: MindFormers loads through mute_mindformers_info (common/frameworks.py), stdout captured
     from mindformers.wrapper.wrapper import (GradAccumulationCellWithTwoOutput, MFPipelineWithLossScaleCell,
                                              MFTrainOneStepCell, PipelineCellWithTwoOutput)
@@ -237,7 +238,7 @@ class ShardedStep:
                  arrange=None):
         """`network`, `count`, `arrange`: the loss network (build_train_network), what its
         denominator counts in a micro-batch (target tokens; DPO's pairs) and the row order a
-        micro-batch goes in with (DPO: sharded_preference.interleave)."""
+        micro-batch goes in with (DPO: objectives/dpo/sharded.py interleave)."""
         # The wrappers call the optimizer only inside `if not overflow`, where a host-side
         # set_data of a learning-rate Parameter is not seen by the compiled graph (MindSpore
         # 2.9.0, checked on CPU): the schedule must be a cell the optimizer evaluates itself.

@@ -53,7 +53,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.ops.auto_generate.gen_ops_prim import InplaceCopy, InplaceMul
 from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2
 
-from ..model.tokens import IGNORE_ID
+from ..objectives.sft import target_tokens
 from .jit_level import in_place_kernels
 
 REGISTERS, INFNAN, ISFINITE = "float-status registers", "INFNAN (AllFinite / IsFinite)", "is-finite reduction"
@@ -355,11 +355,6 @@ class StepResult:
     lr: float  # the learning rate of this step's update (the one it would have had, when skipped)
 
 
-def target_tokens(batch) -> int:
-    """The tokens a micro-batch's summed SFT loss is divided by (over the whole step)."""
-    return int((batch[1][:, 1:] != IGNORE_ID).sum())
-
-
 class TrainStep:
     """One optimizer step over a list of micro-batches: len(micro_batches) must be the
     `accumulation_steps` the step was built for."""
@@ -368,7 +363,7 @@ class TrainStep:
                  in_place: bool | None = None, count=target_tokens):
         """`in_place`: unscale, clip and copy with in-place kernels; by default where the jit
         level MindSpore will compile with allows them (jit_level.in_place_kernels). `count`:
-        what a micro-batch's summed loss is a sum over (target tokens; a preference loss's pairs)."""
+        what a micro-batch's summed loss is a sum over (target tokens; an objective's items, objectives/)."""
         in_place = in_place_kernels() if in_place is None else in_place
         self.final = FinalMicroStep(loss_cell, optimizer, scaler.sense(), grad_clip, accumulation_steps > 1, in_place)
         self.accumulating = (AccumulatingMicroStep(loss_cell, optimizer, self.final.carry, in_place)

@@ -1,21 +1,21 @@
 """A DPO recipe's rehearsal (training/rehearse.py): its sequence length and its pairs.
 
 An SFT rehearsal trains 32-token sequences. A preference pair is refused when its prompt
-leaves no reply token within data.max_seq_len (data/pairs.py), and the Llama 3 chat
+leaves no reply token within data.max_seq_len (pairs.py), and the Llama 3 chat
 template's headers alone take 15 tokens: at 32 a quarter of the shipped
 data/zh_pref_train.jsonl has no room (its prompts run to 121 tokens). So a DPO rehearsal
 takes the shortest multiple of 32 at which enough pairs for its steps keep a reply (and, under
 dpo.on_long_pair: drop, stay whole), never more than the recipe's own length nor CAP (a CPU
 step's logits are 128,256 fp32 values a token), and leaves the other pairs out
 (data.on_bad_record: skip), saying how many. It trains on the first pairs only, as many as
-its steps read, so that the reference pass (training/reference_pass.py: a forward pass over
+its steps read, so that the reference pass (objectives/reference_pass.py: a forward pass over
 every training pair) is as short as the rehearsal, not hours over a large data set.
 """
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from .data_size import step_rows
+from ...strategies.accumulation import step_rows
 
 CAP = 256
 
@@ -24,10 +24,11 @@ def _lengths(recipe) -> Optional[List[Tuple[int, int]]]:
     """(prompt tokens, longer row's tokens) of each readable training pair, or None when the
     files cannot be read: the rehearsal's pre-flight then says why, against its own recipe."""
     # imported here: tokenizing loads the tokenizer and numpy, needless for the SFT rehearsal
-    from ..data.pairs import pair_lengths, read_pairs
-    from ..data.readers import RecordError
-    from ..data.tables import ReadOptions
-    from ..data.tokenizer import load_tokenizer
+    from ...data.readers import RecordError
+    from ...data.tables import ReadOptions
+    from ...data.tokenizer import load_tokenizer
+    from .pairs import pair_lengths
+    from .records import read_pairs
 
     d = recipe.data
     try:
@@ -68,6 +69,12 @@ def rehearsed_pairs(recipe) -> int:
 
 def first_pairs(source, recipe):
     """The rehearsal's training pairs: the first `rehearsed_pairs`, whose reference pass is short."""
-    from ..data.pair_source import PairSource  # imported here: it loads numpy, needless for validate
+    from .source import PairSource  # imported here: it loads numpy, needless for validate
 
     return PairSource(source.pairs[:rehearsed_pairs(recipe)])
+
+
+def rehearsal_notes(rehearsal) -> list:
+    """The rehearsal summary's line: it trains on the first pairs only (first_pairs)."""
+    return [f"the first {rehearsed_pairs(rehearsal)} training pairs only, what {rehearsal.train.max_steps} steps read: "
+            f"the reference pass is over them"]

@@ -1,6 +1,7 @@
-"""Preference tuning's losses (DPO, IPO and reference-free SimPO and ORPO, as TRL 0.24.0 defines them)
-and their references: the checks of the `dpo:` section's keys for them (the section itself and
-train.objective: training/objective_config.py). Pure Python: validate and plan load no MindSpore.
+"""The `dpo:` section (train.objective: dpo) and its checks: preference tuning's losses (DPO,
+IPO and reference-free SimPO and ORPO, as TRL 0.24.0 defines them), their references, and
+what the objective refuses of the data section and the layouts. Pure Python: validate and
+plan load no MindSpore.
 
 Which reference a loss compares with (docs/preference-tuning.md says what each costs):
 - precomputed: the starting weights' log-probs of every training pair, computed before step 1;
@@ -9,8 +10,12 @@ Which reference a loss compares with (docs/preference-tuning.md says what each c
 """
 from __future__ import annotations
 
-from ..recipe.problems import Problems, choice, positive
+from dataclasses import dataclass
 
+from ...recipe.problems import Problems, choice, positive
+
+NAME = "dpo"
+ON_LONG_PAIR = ("truncate", "drop")
 LOSSES = ("sigmoid", "ipo", "simpo", "orpo")
 REFERENCES = ("precomputed", "adapters_off", "none")
 # trl/trainer/cpo_trainer.py and orpo_trainer.py: their losses read no reference model
@@ -19,12 +24,51 @@ REFERENCE_FREE = ("simpo", "orpo")
 LENGTH_NORMALISED = ("ipo", "simpo", "orpo")
 
 
+@dataclass
+class DpoSection:
+    # A pair whose longer reply does not fit data.max_seq_len: cut both replies there, or
+    # leave the pair out; the run counts both.
+    on_long_pair: str = "truncate"  # truncate | drop
+    # The loss and its reference (TRL 0.24.0's meanings).
+    beta: float = 0.1  # DPOConfig.beta: how far from the reference a reward counts
+    loss: str = "sigmoid"  # sigmoid | ipo | simpo | orpo
+    label_smoothing: float = 0.0  # conservative DPO (sigmoid, simpo): the chance a label is flipped
+    simpo_gamma: float = 0.5  # CPOConfig.simpo_gamma: SimPO's target reward margin
+    orpo_lambda: float = 0.1  # ORPOConfig.beta: the odds-ratio term's weight beside the NLL (orpo reads no dpo.beta)
+    reference: str = "precomputed"  # precomputed | adapters_off | none
+
+
 def check(recipe) -> None:
-    """The loss's keys and what its reference requires of the strategies (DPO runs only)."""
-    problems = Problems()
-    if recipe.train.objective != "dpo":
-        return
-    d = recipe.dpo
+    """dpo.on_long_pair in every recipe; in a DPO run's, what DPO cannot take from the data
+    section, the loss's keys and what its reference requires of the strategies."""
+    problems, d = Problems(), recipe.dpo
+    problems.check(choice, "dpo.on_long_pair", d.on_long_pair, ON_LONG_PAIR)
+    if recipe.train.objective == NAME:
+        problems += data_problems(recipe.data)
+        problems.check(loss_checks, recipe)
+    problems.raise_any()
+
+
+def data_problems(d) -> list:
+    problems = []
+    if d.pack:
+        problems.append("data.pack: true with train.objective: dpo; a pair's chosen and rejected rows are "
+                        "scored one sequence a row, so DPO data is not packed: set data.pack: false")
+    if d.format == "text":
+        problems.append("data.format: text with train.objective: dpo; preference pairs are alpaca or sharegpt "
+                        "records with 'chosen' and 'rejected'")
+    if d.prepared:
+        problems.append("data.prepared with train.objective: dpo; prepare-data writes SFT samples, so give "
+                        "the preference pairs as data.train_files")
+    if d.train_on_prompt:
+        problems.append("data.train_on_prompt: true with train.objective: dpo; only the reply tokens of a "
+                        "pair are scored: set data.train_on_prompt: false")
+    return problems
+
+
+def loss_checks(recipe) -> None:
+    """The loss's keys and what its reference requires of the strategies."""
+    problems, d = Problems(), recipe.dpo
     problems.check(positive, "dpo.beta", d.beta)
     problems.check(choice, "dpo.loss", d.loss, LOSSES)
     problems.check(choice, "dpo.reference", d.reference, REFERENCES)
@@ -58,4 +102,3 @@ def check(recipe) -> None:
                         "reference runs in the unsharded step only, and a LoRA run's optimizer states are small; "
                         "switch optimizer_shard off (data parallel) or use dpo.reference=precomputed")
     problems.raise_any()
-

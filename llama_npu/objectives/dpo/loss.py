@@ -19,9 +19,9 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.ops import operations as P
 
-from .adapters_off import AdaptersOffReference, install_adapter_switch
-from .preference import LENGTH_NORMALISED
-from .sequence_logps import SequenceLogProbs
+from ..adapters_off import AdaptersOffReference, install_adapter_switch
+from ..sequence_logps import SequenceLogProbs
+from .section import LENGTH_NORMALISED
 
 
 class PairLoss(nn.Cell):
@@ -74,7 +74,7 @@ class ConcatenatedPairs(nn.Cell):
 
 class InterleavedPairs(nn.Cell):
     """(2P,) per-row values in the sharded step's order (each pair's chosen row, then its
-    rejected row; training/sharded_preference.py says why) -> (chosen (P,), rejected (P,)).
+    rejected row; sharded.py says why) -> (chosen (P,), rejected (P,)).
     A data-parallel shard holds whole pairs, so the split is a reshape to (P, 2) that keeps
     the batch axis split as it was and a slice of the pair axis, which is not split: the
     (dp, 1) strategies MindFormers gives its own slices of the batch (llama.py)."""

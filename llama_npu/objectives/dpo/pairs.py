@@ -1,36 +1,16 @@
-"""Preference pairs (train.objective: dpo): a prompt with a better reply (`chosen`) and a
-worse one (`rejected`), read from the layouts the SFT readers take (data/readers.py), and
-tokenized into two samples that share the prompt.
-
-- alpaca: `instruction`, optional `input` and `system`, `chosen`, `rejected`;
-- sharegpt: `conversations` of {from, value} or `messages` of {role, content} as the prompt
-  history, ending with the user; `chosen` and `rejected` are the last assistant reply.
-
-A reply is a string or an assistant message ({role, content} or {from, value}). A record is
-a pair when it has `chosen` and `rejected`.
-"""
+"""Preference pairs (train.objective: dpo) tokenized: each pair record (records.py) becomes
+two samples that share the prompt, its chosen and its rejected reply as the assistant's
+closing turn, and a micro-batch of pairs two stacks of rows."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple
 
-from ..common.console import progress_bar
-from .chat_template import Message, assemble_chat, role_headers
-from .readers import (PAIR_KEYS, SHAREGPT_ROLES, RecordError, SkipReport, _object, _string, alpaca_prompt,
-                      read_dataset, sharegpt_turns)
-from .samples import TOKENIZE_BATCH, Sample, fit_length, pad_batch
-from .tables import ReadOptions
-
-# Named by every error about a pair's content, as the way to train on the other pairs.
-SKIP_HINT = "data.on_bad_record: skip drops such pairs"
-
-
-@dataclass
-class PairRecord:
-    where: str  # file:line
-    prompt: List[Message]  # the turns before the reply, ending with the user's
-    chosen: str
-    rejected: str
+from ...common.console import progress_bar
+from ...data.chat_template import assemble_chat, role_headers
+from ...data.readers import RecordError
+from ...data.samples import TOKENIZE_BATCH, Sample, fit_length, pad_items
+from .records import SKIP_HINT, PairRecord
 
 
 @dataclass
@@ -38,57 +18,10 @@ class PairSample:
     chosen: Sample
     rejected: Sample
 
-
-def _reply(record: dict, key: str, where: str) -> str:
-    """record[key] as the reply's text: a string, or an assistant message."""
-    holder, text_key, at = record, key, where
-    value = record.get(key)
-    if isinstance(value, dict):
-        role_key, text_key = ("from", "value") if "from" in value or "value" in value else ("role", "content")
-        role = value.get(role_key, "assistant")  # a message without a role is the reply
-        if not isinstance(role, str) or SHAREGPT_ROLES.get(role) != "assistant":
-            raise RecordError(f"{where}: '{key}' is a message from {role!r}; expected the assistant's reply; "
-                              f"{SKIP_HINT}", f"'{key}' not from the assistant")
-        holder, at = value, f"{where} '{key}'"
-    try:
-        return _string(holder, text_key, at, required=True, what=f"empty '{key}'")
-    except RecordError as exc:
-        raise RecordError(f"{exc}; {SKIP_HINT}", exc.reason) from None
-
-
-def _pair(record: dict, where: str, prompt: List[Message]) -> PairRecord:
-    chosen, rejected = _reply(record, "chosen", where), _reply(record, "rejected", where)
-    if chosen.strip() == rejected.strip():
-        raise RecordError(f"{where}: 'chosen' equals 'rejected'; a pair needs two different replies; {SKIP_HINT}",
-                          "chosen equal to rejected")
-    return PairRecord(where, prompt, chosen, rejected)
-
-
-def _pair_object(raw: object, where: str, prompt_keys: str) -> dict:
-    record = _object(raw, where, f"{prompt_keys}, 'chosen' and 'rejected'")
-    if not any(key in record for key in PAIR_KEYS):
-        raise RecordError(f"{where}: not a preference pair: train.objective: dpo expects 'chosen' and 'rejected' "
-                          f"replies; {SKIP_HINT}", "not a pair")
-    return record
-
-
-def parse_alpaca_pair(raw: object, where: str) -> PairRecord:
-    record = _pair_object(raw, where, "'instruction'")
-    return _pair(record, where, alpaca_prompt(record, where))
-
-
-def parse_sharegpt_pair(raw: object, where: str) -> PairRecord:
-    record = _pair_object(raw, where, "'conversations' or 'messages'")
-    return _pair(record, where, sharegpt_turns(record, where, "user", ", whom 'chosen' and 'rejected' answer"))
-
-
-PAIR_PARSERS = {"alpaca": parse_alpaca_pair, "sharegpt": parse_sharegpt_pair}
-
-
-def read_pairs(paths, fmt: str, on_bad_record: str = "error",
-               options: ReadOptions = ReadOptions()) -> Tuple[List[PairRecord], SkipReport]:
-    """All good pairs of `paths`; a bad record stops the read (error) or is counted (skip)."""
-    return read_dataset(paths, fmt, on_bad_record, options, PAIR_PARSERS)
+    @property
+    def rows(self) -> tuple:
+        """The pair's rows in a batch's order (objectives/reference_pass.py)."""
+        return self.chosen, self.rejected
 
 
 @dataclass
@@ -177,4 +110,4 @@ def pad_pair_batch(pairs: Sequence[PairSample], length: int, pad_id: int):
     the P rejected rows in the same order, as TRL 0.24's DPOTrainer.concatenated_inputs
     (trl/trainer/dpo_trainer.py) stacks them, so that one forward pass scores both halves of
     every pair."""
-    return pad_batch([p.chosen for p in pairs] + [p.rejected for p in pairs], length, pad_id)
+    return pad_items(pairs, length, pad_id)

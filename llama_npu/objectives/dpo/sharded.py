@@ -1,5 +1,5 @@
 """train.objective dpo on the sharded layout it supports: data parallel with optimizer_shard
-(objectives/preference.py refuses model and pipeline parallel), through MindFormers' wrapper
+(section.py refuses model and pipeline parallel), through MindFormers' wrapper
 chain (training/sharded_step.py) under semi_auto_parallel. Ascend only: CI builds the chain
 under msrun (tests/sharded_chain.py) and checks the loss network on the CPU, stand-alone.
 
@@ -13,7 +13,7 @@ first half of the batch and its rejected row in the second, on another card. So 
 interleaves them: pair j's chosen row is row 2j, its rejected row 2j + 1 (`interleave`, the
 reference log-probs with them). Every block either cut makes has an even length and starts at
 an even row, so a pair's two rows stay on one card in one micro-batch whichever cut comes
-first, and the card scores its pairs alone (objectives/preference_loss.py InterleavedPairs).
+first, and the card scores its pairs alone (loss.py InterleavedPairs).
 
 The division. MindFormers' wrappers with calculate_per_token_loss take (numerator,
 denominator) from the network, add both over the micro-batches and divide the loss and the
@@ -44,8 +44,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from ..common.collective import stand_alone
-from ..strategies.parallel import World
+from ...common.collective import stand_alone
+from ...strategies.parallel import World
 
 
 def interleave(batch):

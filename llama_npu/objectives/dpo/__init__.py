@@ -1,0 +1,76 @@
+"""train.objective: dpo, preference tuning on pairs (TRL 0.24.0's DPO, IPO, SimPO and ORPO),
+behind the objective interface (objectives/__init__.py):
+- section.py: the `dpo:` section and its checks (pure Python);
+- records.py: the pair records of each format (pure Python), pairs.py: tokenized into two
+  rows sharing the prompt; source.py: the pairs as a BatchStream source, with the reference;
+- loss.py: the losses and the loss cell; parts.py: the run's set-up (the precomputed
+  reference, objectives/reference_pass.py); sharded.py: the sharded layout's order;
+- scoring.py: `eval --data PAIRS`; rehearsal.py: `train --rehearse`'s length and pairs.
+Its heavy modules (numpy, MindSpore) are imported where they are used, so `validate` and
+`plan` load neither."""
+from __future__ import annotations
+
+from .records import RECORDS
+from .section import NAME, DpoSection, check
+
+SECTION = DpoSection
+# LLaMA-Factory's (its FinetuningArguments)
+FOREIGN_NAMES = {"pref_beta": "dpo.beta", "pref_loss": "dpo.loss", "pref_ftx": "dpo.orpo_lambda (ORPO's NLL weight)"}
+
+
+def samples(recipe, tokenizer, records):
+    """(the training pairs as a source, no held-out samples: check refuses data.eval_files)."""
+    from .source import PairSource, pair_samples
+
+    return PairSource(pair_samples(recipe, tokenizer, recipe.data.train_files, records)), []
+
+
+def preflight(recipe, tokenizer, records) -> list:
+    """The pairs whose prompt leaves no reply token within data.max_seq_len, as errors."""
+    from .pairs import no_room_error, tokenize_pairs
+
+    max_seq_len = recipe.data.max_seq_len
+    report = tokenize_pairs(tokenizer, records, max_seq_len + 1, recipe.dpo.on_long_pair, bar=False)[1]
+    return [no_room_error(where, tokens, max_seq_len) for where, tokens in report.no_room]
+
+
+def parts(recipe, run_dir, net, loss_cell, source, world):
+    from .parts import preference_parts
+
+    return preference_parts(recipe, run_dir, net, source, world)
+
+
+def plan_settings(recipe) -> dict:
+    """A pair is 2 rows in one forward pass (loss.py), on one card; adapters_off's reference
+    is a forward without gradients in every micro-step."""
+    return {"sequences_per_sample": 2, "reference_forward": recipe.dpo.reference == "adapters_off"}
+
+
+def score(recipe, checkpoint, files, batch_size, device, load) -> dict:
+    from .scoring import evaluate_pairs
+
+    return evaluate_pairs(recipe, checkpoint, files, batch_size, device, load)
+
+
+def score_line(result: dict) -> str:
+    return (f"DPO loss {result['loss']:.4f} ({result['dpo_loss']}), reward accuracy "
+            f"{result['rewards/accuracies']:.3f}, margin {result['rewards/margins']:.4f} over {result['pairs']} "
+            f"pairs, against the reference {result['reference']}")
+
+
+def rehearse_length(r, shortest: int, items: int) -> int:
+    from .rehearsal import shrink_pair_length
+
+    return shrink_pair_length(r, shortest, items)
+
+
+def rehearsal_source(source, recipe):
+    from .rehearsal import first_pairs
+
+    return first_pairs(source, recipe)
+
+
+def rehearsal_notes(recipe) -> list:
+    from .rehearsal import rehearsal_notes as notes
+
+    return notes(recipe)
