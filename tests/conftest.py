@@ -39,7 +39,7 @@ SMOKE = REPO / "recipes" / "cpu_smoke.yaml"
 JOINED = {"test_parallel.py": "dp2_launch", "test_reliability.py": "dp2_launch",
           "test_convert.py": "conversions", "test_exams.py": "conversions", "test_chat_export.py": "conversions",
           "test_int8.py": "conversions",
-          "test_preference.py": "conversions", "test_verified_reads.py": "conversions"}
+          "test_preference.py": "conversions", "test_kto.py": "conversions", "test_verified_reads.py": "conversions"}
 HEAVIEST_FIRST = ["dp2_launch", "conversions", "test_shipped_recipes.py", "test_train.py", "test_strategies.py",
                   "test_offload.py", "test_benchmarks.py", "test_selftest.py", "test_planner.py"]
 

@@ -98,7 +98,7 @@ import importlib
 
 # train.objective's values, in the order validate names them: an objective is registered by
 # adding its module's name here, one line in its commit (the modules import as the package's).
-OBJECTIVES = tuple(importlib.import_module(f"{__name__}.{name}") for name in ("sft", "dpo"))
+OBJECTIVES = tuple(importlib.import_module(f"{__name__}.{name}") for name in ("sft", "dpo", "kto"))
 NAMES = tuple(objective.NAME for objective in OBJECTIVES)
 
 

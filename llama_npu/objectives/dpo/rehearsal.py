@@ -16,9 +16,7 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 from ...strategies.accumulation import step_rows
-
-CAP = 256
-
+from ..rehearsal_length import shrink_to_fit
 
 def _lengths(recipe) -> Optional[List[Tuple[int, int]]]:
     """(prompt tokens, longer row's tokens) of each readable training pair, or None when the
@@ -42,24 +40,8 @@ def shrink_pair_length(r, shortest: int, pairs_needed: int) -> int:
     """The rehearsal's data.max_seq_len for a DPO recipe: from `shortest` (the SFT
     rehearsal's) up in steps of it, the first at which `pairs_needed` pairs keep a reply;
     the pairs without room there are skipped (data.on_bad_record: skip)."""
-    d = r.recipe.data
-    lengths = _lengths(r.recipe)
-    longest = min(d.max_seq_len, CAP)
-    if lengths is None or shortest >= longest:
-        return min(shortest, d.max_seq_len)
-    needed = min(pairs_needed, len(lengths))
-    for length in [*range(shortest, longest, shortest), longest]:
-        # a pair keeps a reply when its prompt is shorter than the row of length + 1 tokens
-        room = sum(prompt <= length for prompt, _ in lengths)
-        whole = sum(prompt <= length and row <= length + 1 for prompt, row in lengths)
-        if (room if r.recipe.dpo.on_long_pair == "truncate" else whole) >= needed:
-            break
-    r.change("data.max_seq_len", length, f"the shortest multiple of {shortest} at which {needed} training pairs "
-             f"keep a reply" if length > shortest else "")
-    if room < len(lengths):
-        r.change("data.on_bad_record", "skip", f"{len(lengths) - room} of {len(lengths)} training pairs have a "
-                 f"prompt of more than {length} tokens, no room for a reply: left out of the rehearsal")
-    return length
+    return shrink_to_fit(r, shortest, pairs_needed, _lengths(r.recipe), r.recipe.dpo.on_long_pair == "drop",
+                         "training pairs")
 
 
 def rehearsed_pairs(recipe) -> int:

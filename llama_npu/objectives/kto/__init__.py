@@ -1,0 +1,76 @@
+"""train.objective: kto, KTO on single replies with a thumbs up or down (TRL 0.24.0's
+KTOTrainer), behind the objective interface (objectives/__init__.py):
+- section.py: the `kto:` section and its checks (pure Python);
+- records.py: the labelled replies of each format (pure Python); replies.py: tokenized, as
+  the run's source, and the KL rows; reference.py: the precomputed reference;
+- loss.py: the loss, the loss cell and the KL pass; kl_estimate.py: the KL once an
+  optimizer step; parts.py: the run's set-up;
+- scoring.py: `eval --data FILE`; rehearsal.py: `train --rehearse`'s length and records.
+Its heavy modules (numpy, MindSpore) are imported where they are used, so `validate` and
+`plan` load neither."""
+from __future__ import annotations
+
+from .records import RECORDS
+from .section import NAME, KtoSection, check
+
+SECTION = KtoSection
+# LLaMA-Factory's (its FinetuningArguments; its pref_beta is dpo.beta's name there too)
+FOREIGN_NAMES = {"kto_chosen_weight": "kto.desirable_weight", "kto_rejected_weight": "kto.undesirable_weight"}
+
+
+def samples(recipe, tokenizer, records):
+    """(the labelled replies as a source, no held-out samples: check refuses data.eval_files)."""
+    from .replies import KtoSource, reply_samples
+
+    return KtoSource(reply_samples(recipe, tokenizer, recipe.data.train_files, records)), []
+
+
+def preflight(recipe, tokenizer, records) -> list:
+    """The records whose prompt leaves no reply token within data.max_seq_len, as errors."""
+    from .replies import no_room_error, tokenize_kto
+
+    max_seq_len = recipe.data.max_seq_len
+    report = tokenize_kto(tokenizer, records, max_seq_len + 1, bar=False)[1]
+    return [no_room_error(where, tokens, max_seq_len) for where, tokens in report.no_room]
+
+
+def parts(recipe, run_dir, net, loss_cell, source, world):
+    from .parts import kto_parts
+
+    return kto_parts(recipe, run_dir, net, source, world)
+
+
+def plan_settings(recipe) -> dict:
+    """One row a record; the KL pass before each step is a forward without gradients (a phase
+    of its own, as an adapters-off reference's, which then runs in every micro-step too)."""
+    return {"sequences_per_sample": 1, "reference_forward": True}
+
+
+def score(recipe, checkpoint, files, batch_size, device, load) -> dict:
+    from .scoring import evaluate_replies
+
+    return evaluate_replies(recipe, checkpoint, files, batch_size, device, load)
+
+
+def score_line(result: dict) -> str:
+    margin = f", margin {result['rewards/margins']:.4f}" if "rewards/margins" in result else ""
+    return (f"KTO loss {result['loss']:.4f}, KL {result['kl']:.4f}{margin} over {result['replies']} labelled "
+            f"replies, against the reference {result['reference']}")
+
+
+def rehearse_length(r, shortest: int, items: int) -> int:
+    from .rehearsal import shrink_length
+
+    return shrink_length(r, shortest, items)
+
+
+def rehearsal_source(source, recipe):
+    from .rehearsal import first_records
+
+    return first_records(source, recipe)
+
+
+def rehearsal_notes(recipe) -> list:
+    from .rehearsal import rehearsal_notes as notes
+
+    return notes(recipe)

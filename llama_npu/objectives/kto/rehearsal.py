@@ -1,0 +1,52 @@
+"""A KTO recipe's rehearsal (training/rehearse.py): its sequence length and its records.
+
+As a DPO rehearsal's (objectives/dpo/rehearsal.py says why; objectives/rehearsal_length.py): the shortest multiple of the
+SFT rehearsal's length at which enough records for its steps keep a reply (a record whose
+prompt fills the row is left out, data.on_bad_record: skip, saying how many), never more
+than the recipe's own length nor CAP; and it trains on its first records only, so that the
+reference pass is as short as the rehearsal.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from ...strategies.accumulation import step_rows
+from ..rehearsal_length import shrink_to_fit
+
+
+def _lengths(recipe) -> Optional[List[Tuple[int, int]]]:
+    """(prompt tokens, row tokens) of each readable training record, or None when the files
+    cannot be read: the rehearsal's pre-flight then says why, against its own recipe."""
+    # imported here: tokenizing loads the tokenizer and numpy, needless for the SFT rehearsal
+    from ...data.readers import RecordError, read_dataset
+    from ...data.tables import ReadOptions
+    from ...data.tokenizer import load_tokenizer
+    from .records import RECORDS
+    from .replies import reply_span, tokenize_kto
+
+    d = recipe.data
+    try:
+        records = read_dataset(d.train_files, d.format, "skip", ReadOptions.of(d.columns, d.encoding), RECORDS)[0]
+        samples = tokenize_kto(load_tokenizer(d.tokenizer), records, 1 << 30, bar=False)[0]
+    except (OSError, RecordError, ValueError):
+        return None
+    return [(reply_span(s.sample.labels)[0], len(s.sample.input_ids)) for s in samples] or None
+
+
+def shrink_length(r, shortest: int, needed: int) -> int:
+    return shrink_to_fit(r, shortest, needed, _lengths(r.recipe), False, "training records")
+
+
+def rehearsed_records(recipe) -> int:
+    return step_rows(recipe) * recipe.train.max_steps
+
+
+def first_records(source, recipe):
+    from .replies import KtoSource  # imported here: it loads numpy, needless for validate
+
+    return KtoSource(source.samples[:rehearsed_records(recipe)])
+
+
+def rehearsal_notes(rehearsal) -> list:
+    return [f"the first {rehearsed_records(rehearsal)} training records only, what {rehearsal.train.max_steps} steps "
+            f"read: the reference pass is over them"]
