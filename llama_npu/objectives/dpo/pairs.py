@@ -8,9 +8,8 @@ from typing import List, Sequence, Tuple
 
 from ...common.console import progress_bar
 from ...data.chat_template import assemble_chat, role_headers
-from ...data.readers import RecordError
 from ...data.samples import TOKENIZE_BATCH, Sample, fit_length, pad_items
-from .records import SKIP_HINT, PairRecord
+from .records import PairRecord
 
 
 @dataclass
@@ -35,12 +34,6 @@ class PairReport:
     def describe(self, max_len: int) -> str:
         return (f"{self.kept} of {self.read} preference pairs kept ({self.truncated} truncated, {self.dropped} "
                 f"dropped: a row past {max_len} tokens; {len(self.no_room)} dropped: no room for a reply)")
-
-
-def no_room_error(where: str, prompt_tokens: int, max_seq_len: int) -> RecordError:
-    return RecordError(f"{where}: the prompt takes {prompt_tokens} tokens, which leaves no room for a reply within "
-                       f"data.max_seq_len={max_seq_len}; shorten it or raise data.max_seq_len; {SKIP_HINT}",
-                       "no room for a reply")
 
 
 def _rows(headers, record: PairRecord, contents: list):

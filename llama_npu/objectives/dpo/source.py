@@ -13,8 +13,9 @@ from ...data.readers import RecordError
 from ...data.record_kind import RecordKind
 from ...data.source import read_records
 from ...model.tokens import PAD_ID
-from .pairs import PairSample, no_room_error, pad_pair_batch, tokenize_pairs
-from .records import RECORDS
+from ..prompt_room import no_room_error
+from .pairs import PairSample, pad_pair_batch, tokenize_pairs
+from .records import RECORDS, SKIP_HINT
 
 
 class PairSource:
@@ -45,7 +46,7 @@ def pair_samples(recipe, tokenizer, files: Sequence[str], kind: RecordKind = REC
     pairs, report = tokenize_pairs(tokenizer, read_records(recipe, files, kind), d.max_seq_len + 1,
                                    recipe.dpo.on_long_pair)
     if report.no_room and d.on_bad_record == "error":  # the pre-flight lists them all
-        raise no_room_error(*report.no_room[0], d.max_seq_len)
+        raise no_room_error(*report.no_room[0], d.max_seq_len, SKIP_HINT)
     note(f"{', '.join(files)}: {report.describe(d.max_seq_len + 1)}")
     if not pairs:
         hint = ", or set dpo.on_long_pair: truncate" if report.dropped else ""

@@ -27,11 +27,13 @@ def samples(recipe, tokenizer, records):
 
 def preflight(recipe, tokenizer, records) -> list:
     """The records whose prompt leaves no reply token within data.max_seq_len, as errors."""
-    from .replies import no_room_error, tokenize_kto
+    from ..prompt_room import no_room_error
+    from .records import SKIP_HINT
+    from .replies import tokenize_kto
 
     max_seq_len = recipe.data.max_seq_len
     report = tokenize_kto(tokenizer, records, max_seq_len + 1, bar=False)[1]
-    return [no_room_error(where, tokens, max_seq_len) for where, tokens in report.no_room]
+    return [no_room_error(where, tokens, max_seq_len, SKIP_HINT) for where, tokens in report.no_room]
 
 
 def parts(recipe, run_dir, net, loss_cell, source, world):

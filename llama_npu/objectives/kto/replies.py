@@ -19,6 +19,7 @@ from ...data.record_kind import RecordKind
 from ...data.samples import TOKENIZE_BATCH, Sample, pad_batch
 from ...data.source import read_records
 from ...model.tokens import IGNORE_ID, PAD_ID
+from ..prompt_room import no_room_error
 from .records import RECORDS, SKIP_HINT, KtoRecord
 
 
@@ -42,12 +43,6 @@ class KtoReport:
     def describe(self, max_len: int) -> str:
         return (f"{self.kept} of {self.read} labelled replies kept ({self.truncated} truncated at {max_len} tokens; "
                 f"{len(self.no_room)} dropped: no room for a reply)")
-
-
-def no_room_error(where: str, prompt_tokens: int, max_seq_len: int) -> RecordError:
-    return RecordError(f"{where}: the prompt takes {prompt_tokens} tokens, which leaves no room for a reply within "
-                       f"data.max_seq_len={max_seq_len}; shorten it or raise data.max_seq_len; {SKIP_HINT}",
-                       "no room for a reply")
 
 
 def tokenize_kto(tokenizer, records: Sequence[KtoRecord], max_len: int,
@@ -81,7 +76,7 @@ def reply_samples(recipe, tokenizer, files: Sequence[str], kind: RecordKind = RE
     d = recipe.data
     samples, report = tokenize_kto(tokenizer, read_records(recipe, files, kind), d.max_seq_len + 1)
     if report.no_room and d.on_bad_record == "error":  # the pre-flight lists them all
-        raise no_room_error(*report.no_room[0], d.max_seq_len)
+        raise no_room_error(*report.no_room[0], d.max_seq_len, SKIP_HINT)
     note(f"{', '.join(files)}: {report.describe(d.max_seq_len + 1)}")
     if not samples:
         raise RecordError(f"no labelled reply left in {', '.join(files)}: all {report.read} were dropped; raise "

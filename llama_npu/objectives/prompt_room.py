@@ -1,0 +1,13 @@
+"""What objectives that score a reply after a prompt (DPO's pairs, KTO's labelled replies)
+say when the prompt alone fills data.max_seq_len."""
+from __future__ import annotations
+
+from ..data.errors import RecordError
+
+
+def no_room_error(where: str, prompt_tokens: int, max_seq_len: int, skip_hint: str) -> RecordError:
+    """The record at `where` keeps no reply token to score; `skip_hint` says how to drop such
+    records in the objective's words."""
+    return RecordError(f"{where}: the prompt takes {prompt_tokens} tokens, which leaves no room for a reply within "
+                       f"data.max_seq_len={max_seq_len}; shorten it or raise data.max_seq_len; {skip_hint}",
+                       "no room for a reply")
