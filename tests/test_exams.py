@@ -32,6 +32,8 @@ RUNS = {
     "hf-vs-lora-mmlu-0": ("hf", "mmlu", 0, ["--compare", "<lora>", "--subjects", "astronomy"]),
     "converted-vs-hf-chat-ceval-0": ("converted", "ceval", 0, ["--compare", "<hf>", "--compare-chat",
                                                                "--subjects", "high_school_physics"]),
+    # 12 batches of one: through compiled graphs (the runs above, 1-2 batches each, run op by op)
+    "hf-vs-lora-ceval-0-graphs": ("hf", "ceval", 0, ["--compare", "<lora>", "--batch-size", "1"]),
 }
 
 
@@ -82,10 +84,10 @@ def test_a_second_run_loads_its_graphs_from_the_compile_cache(hf_dir, tmp_path):
     again) and scores exactly as the first."""
     cache = tmp_path / "compile"
     args = ["eval", "--task", "ceval", "--checkpoint", hf_dir[0], "--data", SAMPLES["ceval"], "--shots", 0,
-            "--batch-size", 8, "--device", "cpu", "--json"]
+            "--batch-size", 1, "--device", "cpu", "--json"]  # 12 batches: compiled (fewer run op by op)
     run_cli(*args, "--output", tmp_path / "first.jsonl", env={"LLAMA_NPU_COMPILE_CACHE": str(cache)}, check=True)
     graphs = {p: p.stat().st_mtime_ns for p in cache.rglob("*.mindir")}
-    assert len(graphs) >= 2 and len({p.parent for p in graphs}) == 1  # backbone and head, one directory
+    assert len(graphs) == 2 and len({p.parent for p in graphs}) == 1  # backbone and head, one directory
     run_cli(*args, "--output", tmp_path / "second.jsonl", env={"LLAMA_NPU_COMPILE_CACHE": str(cache)}, check=True)
     assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.mindir")} == graphs
     assert (tmp_path / "second.jsonl").read_text() == (tmp_path / "first.jsonl").read_text()
@@ -232,6 +234,21 @@ def test_compare_scores_a_base_and_a_chat_fine_tune_in_one_format(exam_runs, lor
     fine_tune = transformers.LlamaForCausalLM.from_pretrained(lora_export[1]).eval()
     assert recompute_from_output(records, "A", base) == pytest.approx(summary["overall"]["acc"])
     assert recompute_from_output(records, "B", fine_tune) == pytest.approx(summary["compare"]["overall"]["acc"])
+
+
+def test_compare_scores_the_second_checkpoint_through_the_first_ones_graphs(exam_runs, lora_export):
+    """--compare loads B's weights into A's network: the two graphs (the backbone and the
+    head, each of dynamic shape) compile once for A and none for B, and B's scores are still
+    the fine-tune's own (transformers on the same prompt ids). A small exam (the other runs:
+    at most EAGER_BATCHES batches) compiles nothing at all."""
+    summary, records, base = exam_runs("hf-vs-lora-ceval-0-graphs")
+    assert (summary["graphs_compiled"], summary["compare"]["graphs_compiled"]) == (2, 0)
+    fine_tune = transformers.LlamaForCausalLM.from_pretrained(lora_export[1]).eval()
+    assert recompute_from_output(records, "A", base) == pytest.approx(summary["overall"]["acc"])
+    assert recompute_from_output(records, "B", fine_tune) == pytest.approx(summary["compare"]["overall"]["acc"])
+    assert any(r["compare"]["logprobs"] != r["logprobs"] for r in records)
+    small = exam_runs("hf-vs-lora-mmlu-0")[0]
+    assert (small["graphs_compiled"], small["compare"]["graphs_compiled"]) == (0, 0)
 
 
 def test_a_forced_second_format_is_said_to_change_two_things(exam_runs):
