@@ -243,6 +243,7 @@ def test_compare_scores_the_second_checkpoint_through_the_first_ones_graphs(exam
     at most EAGER_BATCHES batches) compiles nothing at all."""
     summary, records, base = exam_runs("hf-vs-lora-ceval-0-graphs")
     assert (summary["graphs_compiled"], summary["compare"]["graphs_compiled"]) == (2, 0)
+    assert summary["compile_seconds"] > 0 and summary["compare"]["compile_seconds"] == 0
     fine_tune = transformers.LlamaForCausalLM.from_pretrained(lora_export[1]).eval()
     assert recompute_from_output(records, "A", base) == pytest.approx(summary["overall"]["acc"])
     assert recompute_from_output(records, "B", fine_tune) == pytest.approx(summary["compare"]["overall"]["acc"])
@@ -330,14 +331,16 @@ def test_bad_data_is_one_line_naming_the_file_and_line_and_writes_nothing(tmp_pa
 
 # ---------------------------------------------------------------- the adapter's other two requests
 
-def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir, conversions):
+def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir, conversions, monkeypatch):
     """loglikelihood_rolling (perplexity tasks) over disjoint --max-seq-len windows, and
     generate_until (generative tasks) greedy and cut at its `until` string, as transformers
-    computes them on the same model."""
+    computes them on the same model. The windows score the same op by op, through the two
+    dynamic-shape graphs (the CPU's) and through a graph a padded width (Ascend's)."""
     from lm_eval import utils
     from lm_eval.api.instance import Instance
 
     from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.evaluation.exams import lm_adapter
     from llama_npu.evaluation.exams.lm_adapter import MindSporeLM
     from llama_npu.evaluation.loaded_model import build_from_checkpoint
 
@@ -356,7 +359,13 @@ def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir,
             logits = reference(torch.tensor([context + continuation[:-1]])).logits[0, -len(continuation):]
             expected += torch.log_softmax(logits.double(), -1)[torch.arange(len(continuation)), continuation].sum().item()
     [ours] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
-    assert ours == pytest.approx(expected, abs=1e-3)
+    assert ours == pytest.approx(expected, abs=1e-3) and lm.compiled == set()
+    monkeypatch.setattr(lm_adapter, "EAGER_BATCHES", 0)
+    for dynamic, graphs in ((True, {("backbone", None), ("head", None)}), (False, {("backbone", 16), ("head", 32)})):
+        compiled = MindSporeLM(net, tok, max_seq_len=16, batch_size=2, progress=False)
+        compiled.dynamic = dynamic
+        [ours] = compiled.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+        assert ours == pytest.approx(expected, abs=1e-3) and compiled.compiled == graphs
 
     prompt = "长江流入"
     [reply] = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["\n"], "max_gen_toks": 6}), 0)])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from contextlib import contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -148,6 +149,7 @@ class MindSporeLM(TemplateLM):
         self.dynamic = dynamic_shapes()
         self.widths: List[int] = []  # the backbone's padded widths (plan_widths), without dynamic shapes
         self.compiled: set = set()  # ("backbone", width) / ("head", rows) already compiled; None: any
+        self.compile_seconds = 0.0  # spent compiling them (or loading them from the compile cache)
         # (context, continuation) -> (the context ids scored, after any cut; continuation ids)
         self.encoded: Dict[Tuple[str, str], Tuple[List[int], List[int]]] = {}
 
@@ -311,6 +313,7 @@ class MindSporeLM(TemplateLM):
         else:
             compile_cache.enable(self._cache_key(todo))
         hidden_size = self.net.config.hidden_size
+        started = time.perf_counter()
         for kind, size in todo:
             if kind == "backbone":
                 ids = ms.Tensor(shape=[self.batch_size, None], dtype=ms.int32) if size is None else \
@@ -324,6 +327,7 @@ class MindSporeLM(TemplateLM):
                 self.head.set_inputs(*inputs)
                 self.head.compile(*inputs)
             self.compiled.add((kind, size))
+        self.compile_seconds += time.perf_counter() - started
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
         """Each string's total log-likelihood in disjoint windows of --max-seq-len, as

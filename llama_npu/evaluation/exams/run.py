@@ -109,7 +109,8 @@ def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, 
     """The summary and records of `checkpoint`; with `lm` (the first checkpoint's scorer, under
     --compare) its weights are loaded into that scorer's network, and its questions run through
     the graphs already compiled, where the shapes allow (loaded_model.reload_weights).
-    "graphs_compiled" counts the graphs compiled (or loaded from the compile cache) for it."""
+    "graphs_compiled" counts the graphs compiled (or loaded from the compile cache) for it, and
+    "compile_seconds" is the part of "scoring_seconds" that took."""
     from .lm_adapter import MindSporeLM  # imported here: lm-eval, only once the exam data is checked
 
     chat_on, reason = prompt_format
@@ -119,13 +120,13 @@ def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, 
         lm = MindSporeLM(net, load_tokenizer(tokenizer), max_seq_len, batch_size)
     else:
         lm.use_checkpoint(load_tokenizer(tokenizer))
-    graphs = len(lm.compiled)
+    graphs, compiling = len(lm.compiled), lm.compile_seconds
     started = time.perf_counter()
     records, counts = score(lm, tasks, data, shots, chat_on)
     seconds = time.perf_counter() - started
     return {"checkpoint": str(checkpoint), "chat": chat_on, "chat_reason": reason, **counts,
             "scoring_seconds": seconds, "questions_per_second": len(records) / seconds,
-            "graphs_compiled": len(lm.compiled) - graphs,
+            "graphs_compiled": len(lm.compiled) - graphs, "compile_seconds": lm.compile_seconds - compiling,
             **summarize(data.layout.task, records, {s: t.config.__dict__ for s, t in tasks.items()}),
             "records": records, "scorer": lm}
 
