@@ -238,9 +238,9 @@ def test_compare_scores_a_base_and_a_chat_fine_tune_in_one_format(exam_runs, lor
 
 def test_compare_scores_the_second_checkpoint_through_the_first_ones_graphs(exam_runs, lora_export):
     """--compare loads B's weights into A's network: the two graphs (the backbone and the
-    head, each of dynamic shape) compile once for A and none for B, and B's scores are still
-    the fine-tune's own (transformers on the same prompt ids). A small exam (the other runs:
-    at most EAGER_BATCHES batches) compiles nothing at all."""
+    head) compile once for A and none for B, and B's scores are still the fine-tune's own
+    (transformers on the same prompt ids). A small exam (the other runs: at most
+    EAGER_BATCHES batches) compiles nothing at all."""
     summary, records, base = exam_runs("hf-vs-lora-ceval-0-graphs")
     assert (summary["graphs_compiled"], summary["compare"]["graphs_compiled"]) == (2, 0)
     assert summary["compile_seconds"] > 0 and summary["compare"]["compile_seconds"] == 0

@@ -6,14 +6,15 @@ Scoring (`_loglikelihood_tokens`), as `llama-npu eval` batches:
   --max-seq-len; requests with the same input share one row, so the four one-token choices
   A-D of a question cost one forward pass of the backbone;
 - rows are sorted by length, longest first (the first batch sizes the memory the others
-  reuse), and batched --batch-size at a time. On the CPU the backbone and the head are each
-  one graph of dynamic shape (Cell.set_inputs, mindspore/nn/cell.py: a None dimension), so
-  each batch is padded only to its own longest row and the whole exam compiles two graphs,
-  whatever its lengths. Elsewhere (Ascend, whose O2 graph sink is not checked here with
-  dynamic shapes) each batch is padded to one of a few widths (plan_widths): the power-of-two
-  buckets of their longest rows (loss_loop.bucket_length), merged upward where the padding
-  costs less than the compile it saves, a graph a width. compile_cache.py keeps the graphs
-  for the next run of the same shapes;
+  reuse), and batched --batch-size at a time. Each batch is padded to one of a few widths
+  (plan_widths): the power-of-two buckets of their longest rows (loss_loop.bucket_length),
+  merged upward where the padding costs less than the compile it saves, a graph a width. On
+  the CPU, where that costs more (dynamic_cheaper), the backbone and the head are each one
+  graph of dynamic shape instead (Cell.set_inputs, mindspore/nn/cell.py: a None dimension),
+  each batch padded only to its own longest row; an exam of at most EAGER_BATCHES batches
+  compiles nothing and runs op by op. Ascend keeps the widths (its 910A default, the O2 graph
+  sink, is not checked here with dynamic shapes). compile_cache.py keeps the graphs for the
+  next run of the same shapes;
 - the LM head runs only at the positions that predict a continuation token, EVAL_CHUNK
   positions per call, each position scoring up to TARGETS tokens: one chunk of logits exists
   at a time, and the fp32 log-softmax never leaves the device;
@@ -42,10 +43,13 @@ from ..loss_loop import bucket_length
 
 TARGETS = 4  # continuation tokens scored per head position: the four choices of a question
 # One more backbone graph costs about a forward over this many padded tokens: measured on
-# this 2-core CPU for the hidden-256, 4-layer model of benchmarks/exam_throughput.py (a
-# compile ~6.5 s, a padded token ~0.4 ms, both under the same load). On a card compute is
-# faster and compiles slower, which only makes merging widths the better choice there.
-COMPILE_TOKENS = 16384
+# this 2-core CPU for the hidden-256, 4-layer model of benchmarks/exam_throughput.py at a load
+# under 1 (a compile 1.5-1.9 s, a padded token 0.1 ms at 129 wide to 0.2 ms at 513). On a card
+# compute is faster and compiles slower, which only makes merging widths the better choice there.
+COMPILE_TOKENS = 10240
+# The backbone's graph of dynamic shape compiles in about twice that (2.8 s against 1.5 s, the
+# same measurement; 4.1 against 2.3 at a load of 4-8).
+DYNAMIC_COMPILE_TOKENS = 2 * COMPILE_TOKENS
 # Exams of at most this many batches run op by op (PyNative), nothing compiled: measured on
 # this 2-core CPU (hidden-256, 4-layer model, batch 8, /tmp profile of 2026-12-03 at load 5-8):
 # a batch costs 0.45-0.65 s more eager than through a graph (0.6 vs 0.15 s at 70 tokens,
@@ -83,10 +87,10 @@ def plan_widths(lengths: Sequence[int], batch_size: int, max_len: int) -> List[i
 
 
 def dynamic_shapes() -> bool:
-    """Whether the scorer compiles one graph of dynamic shape for all widths: on the CPU,
-    where MindSpore 2.9 runs it kernel by kernel (checked: one compile, no recompile at a new
-    width); not on Ascend, unchecked here (its 910A default, the O2 graph sink, wants static
-    shapes)."""
+    """Whether the scorer may compile one graph of dynamic shape for all widths, or run op by
+    op: on the CPU, where MindSpore 2.9 runs it kernel by kernel (checked: one compile, no
+    recompile at a new width); not on Ascend, unchecked here (its 910A default, the O2 graph
+    sink, wants static shapes)."""
     import mindspore as ms  # imported here: MindSpore loads after the command's quiet_frameworks (common/frameworks.py)
 
     return ms.get_context("device_target") == "CPU"
@@ -105,6 +109,17 @@ def run_mode(eager: bool):
         yield
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def dynamic_cheaper(lengths: Sequence[int], batch_size: int, max_len: int) -> bool:
+    """Whether one backbone graph of dynamic shape, each batch at its own longest row, costs
+    less than plan_widths' graph a width, each batch padded to its width: the compiles counted
+    in (DYNAMIC_)COMPILE_TOKENS, the batches in their padded tokens. A small 0-shot exam,
+    whose rows all fit one short bucket, compiles one static shape."""
+    widths = plan_widths(lengths, batch_size, max_len)
+    longest = sorted(lengths, reverse=True)[::batch_size]
+    static = COMPILE_TOKENS * len(widths) + batch_size * sum(next(w for w in widths if w >= n) for n in longest)
+    return DYNAMIC_COMPILE_TOKENS + batch_size * sum(longest) < static
 
 
 def head_rows(needed: int) -> int:
@@ -146,7 +161,8 @@ class MindSporeLM(TemplateLM):
         self.backbone.set_train(False)
         self.head = target_head(net.lm_head)
         self.markers = {m: tokenizer.token_to_id(m) for m in MARKER_TOKENS}
-        self.dynamic = dynamic_shapes()
+        self.may_vary = dynamic_shapes()  # dynamic shapes and op-by-op runs are options (on the CPU)
+        self.dynamic: Optional[bool] = None if self.may_vary else False  # chosen at the first call where None
         self.widths: List[int] = []  # the backbone's padded widths (plan_widths), without dynamic shapes
         self.compiled: set = set()  # ("backbone", width) / ("head", rows) already compiled; None: any
         self.compile_seconds = 0.0  # spent compiling them (or loading them from the compile cache)
@@ -217,6 +233,8 @@ class MindSporeLM(TemplateLM):
             if key is not None:
                 self.encoded[key] = (list(inputs[:first + 1]), list(continuation))
         order = sorted(rows, key=len, reverse=True)
+        if self.dynamic is None:
+            self.dynamic = dynamic_cheaper([len(r) for r in order], self.batch_size, self.max_seq_len)
         if not self.dynamic:
             self._plan_widths([len(r) for r in order])
         batches = []  # (rows, width, [(positions, targets (C, TARGETS), owners)] a head call)
@@ -276,7 +294,7 @@ class MindSporeLM(TemplateLM):
         compile cache does not hold them (it hands them back in less time than an eager run)."""
         from .. import compile_cache
 
-        if not self.dynamic or self.compiled or batches > EAGER_BATCHES:
+        if not self.may_vary or self.compiled or batches > EAGER_BATCHES:
             return False
         return not compile_cache.holds(self._cache_key(graphs))
 
