@@ -1,19 +1,22 @@
 """Questions per second of `llama-npu eval --task ceval` against lm-eval's own HFLM
-(transformers on torch, CPU) on the same requests and the same weights, compile included;
-then our figures again from new processes, MindSpore's compile cache warm.
+(transformers on torch, CPU) on the same requests and the same weights: each side cold (a
+new process: our graphs compiled, HFLM's first call), then ours warm (again in a new
+process, MindSpore's compile cache holding the graphs).
 
 The model is a random Llama 3.2-shaped one written by transformers
 (scripts/make_tiny_hf_model.py): hidden --hidden (256), --layers (4), head size 64, four
 query heads a KV head, MLP 4 x hidden, the full 128,256-token vocabulary, tied embeddings;
-batch --batch-size (8) for both. The questions are the shipped C-Eval sample's, repeated
-(--questions 48 192), at --shots 0 and 5.
+batch --batch-size (8) for both. The questions are the shipped C-Eval sample's rows,
+repeated and numbered so that every prompt differs (--questions 48 192), at --shots 0 and 5.
 
 Ours runs the real command in a child process, its compile cache in a fresh directory of
-this run (LLAMA_NPU_COMPILE_CACHE); its time is the command's own `scoring_seconds`
+each cell (LLAMA_NPU_COMPILE_CACHE); its time is the command's own `scoring_seconds`
 (prompts built, graphs compiled, questions scored; without start-up and model load).
 HFLM's is its `loglikelihood` on the requests our prompt builder makes for it (the same
-tasks and shots, its own tokenizer from the same tokenizer.json). The log-likelihoods of
-all four choices of every question are compared.
+tasks and shots, its own tokenizer from the same tokenizer.json), in a child process of its
+own for each cell (without start-up and model load either). The log-likelihoods of all four
+choices of every question are compared. The load average is printed before and after: on a
+shared host the figures move with it.
 
 This is CPU speed on this machine, not NPU figures (FACTS.md).
 
@@ -38,7 +41,9 @@ sys.path.insert(0, str(REPO))
 
 
 def write_questions(root: Path, count: int) -> None:
-    """`count` val questions over the sample's subjects (its rows repeated), and its dev split."""
+    """`count` val questions over the sample's subjects, and its dev split. The sample's rows
+    are repeated, each numbered ("（7）...") so that every prompt differs: both scorers run
+    one forward for identical requests, and repeated rows would measure only their fixed costs."""
     import shutil
 
     shutil.copytree(SAMPLE / "dev", root / "dev")
@@ -52,12 +57,16 @@ def write_questions(root: Path, count: int) -> None:
         with (root / "val" / f"{subject}_val.csv").open("w", encoding="utf-8", newline="") as fh:
             writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(header)
-            writer.writerows([str(n)] + rows[n % len(rows)][1:] for n in range(wanted))
+            writer.writerows([str(n), f"（{n + 1}）{rows[n % len(rows)][1]}"] + rows[n % len(rows)][2:]
+                             for n in range(wanted))
 
 
-def ours(model: Path, data: Path, shots: int, batch: int, cache: Path, output: Path) -> tuple[float, list]:
-    """(scoring seconds, the four log-likelihoods of each question) of `eval --task` in a new process."""
+def ours(model: Path, data: Path, shots: int, batch: int, cache: Path, output: Path) -> tuple[dict, list]:
+    """({scoring, compile, start-up seconds}, the four log-likelihoods of each question) of
+    `eval --task` in a new process; start-up is the rest of the process's time (imports,
+    model build, checkpoint load), left out of both scorers' figures."""
     output.unlink(missing_ok=True)
+    started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "llama_npu", "eval", "--task", "ceval", "--checkpoint", str(model),
                            "--data", str(data), "--shots", str(shots), "--batch-size", str(batch), "--device", "cpu",
                            "--json", "--output", str(output)], cwd=REPO, capture_output=True, text=True,
@@ -65,8 +74,12 @@ def ours(model: Path, data: Path, shots: int, batch: int, cache: Path, output: P
                                "PYTHONPATH": str(REPO)})
     if proc.returncode != 0:
         raise SystemExit(f"eval --task ceval --shots {shots} failed:\n{proc.stderr[-3000:]}")
+    wall = time.perf_counter() - started
     records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
-    return json.loads(proc.stdout)["scoring_seconds"], [[r["logprobs"][k] for k in "ABCD"] for r in records]
+    summary = json.loads(proc.stdout)
+    seconds = {"scoring": summary["scoring_seconds"], "compile": summary["compile_seconds"],
+               "start-up": wall - summary["scoring_seconds"]}
+    return seconds, [[r["logprobs"][k] for k in "ABCD"] for r in records]
 
 
 def hflm_scores(lm, data_dir: Path, shots: int) -> tuple[float, list]:
@@ -89,7 +102,40 @@ def hflm_scores(lm, data_dir: Path, shots: int) -> tuple[float, list]:
     return seconds, [values[i:i + 4] for i in range(0, len(values), 4)]
 
 
+def hflm_cell(model: Path, data: Path, shots: int, batch: int) -> tuple[float, list]:
+    """hflm_scores in a new process (HFLM cold, as ours is)."""
+    proc = subprocess.run([sys.executable, __file__, "--hflm-cell", str(model), str(data), str(shots), str(batch)],
+                          cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if proc.returncode != 0:
+        raise SystemExit(f"HFLM --shots {shots} failed:\n{proc.stderr[-3000:]}")
+    seconds, values = json.loads(proc.stdout.splitlines()[-1])
+    return seconds, values
+
+
+def run_hflm_cell(model: Path, data: Path, shots: int, batch: int) -> None:
+    import torch
+    import transformers
+    from lm_eval.models.huggingface import HFLM
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    # Llama 3's own markers: without a tokenizer_config.json transformers would add "<s>" and a
+    # pad token past the embedding
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"),
+                                                     bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
+                                                     pad_token="<|eot_id|>")
+    lm = HFLM(pretrained=str(model), tokenizer=tokenizer, batch_size=batch, device="cpu", max_length=2048,
+              add_bos_token=True, dtype="float32")
+    print(json.dumps(hflm_scores(lm, data, shots)))
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " (1, 5, 15 min)"
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--hflm-cell"]:
+        model, data, shots, batch = sys.argv[2:6]
+        return run_hflm_cell(Path(model), Path(data), int(shots), int(batch))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, nargs="+", default=[48, 192])
     parser.add_argument("--shots", type=int, nargs="+", default=[0, 5])
@@ -98,9 +144,6 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
 
-    import torch
-    import transformers
-    from lm_eval.models.huggingface import HFLM
     from make_tiny_hf_model import make_tiny_hf_model
 
     heads = max(args.hidden // 64, 1)
@@ -109,33 +152,28 @@ def main() -> None:
         model = work / "model"
         make_tiny_hf_model(model, hidden=args.hidden, layers=args.layers, heads=heads, kv_heads=max(heads // 4, 1),
                            intermediate=4 * args.hidden)
-        torch.set_num_threads(os.cpu_count() or 1)
-        # Llama 3's own markers: without a tokenizer_config.json transformers would add "<s>" and a
-        # pad token past the embedding
-        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"),
-                                                         bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
-                                                         pad_token="<|eot_id|>")
-        lm = HFLM(pretrained=str(model), tokenizer=tokenizer, batch_size=args.batch_size, device="cpu",
-                  max_length=2048, add_bos_token=True, dtype="float32")
         print(f"random Llama 3.2-shaped model: hidden {args.hidden}, {args.layers} layers, vocab 128,256; batch "
-              f"{args.batch_size}; C-Eval sample questions; CPU, {os.cpu_count()} cores; compile included")
-        print(f"{'questions':>9} {'shots':>5} {'HFLM q/s':>9} {'ours q/s':>9} {'ratio':>6} {'max |dlogp|':>11}")
-        cache = work / "compile-cache"
-        cells = [(q, s) for q in args.questions for s in args.shots]
-        for count, shots in cells:
-            data = work / f"ceval-{count}"
-            if not data.exists():
-                write_questions(data, count)
-            mine, ours_ll = ours(model, data, shots, args.batch_size, cache, work / "out.jsonl")
-            theirs, their_ll = hflm_scores(lm, data, shots)
-            gap = max(abs(a - b) for x, y in zip(ours_ll, their_ll) for a, b in zip(x, y))
-            print(f"{count:>9} {shots:>5} {count / theirs:>9.2f} {count / mine:>9.2f} {theirs / mine:>5.1f}x "
-                  f"{gap:>11.1e}", flush=True)
-        print("second run, new processes, compile cache warm:")
-        for count, shots in cells:
-            mine, _ = ours(model, work / f"ceval-{count}", shots, args.batch_size, cache, work / "out.jsonl")
-            print(f"{count:>9} {shots:>5} {'':>9} {count / mine:>9.2f}", flush=True)
-        print(f"ratio ours / HFLM: see the ratio column (goal 2x); cache {sum(p.stat().st_size for p in cache.rglob('*') if p.is_file()) / 2**20:.0f} MiB")
+              f"{args.batch_size}; C-Eval sample questions, each prompt distinct; CPU, {os.cpu_count()} cores")
+        print(f"before: {load()}")
+        print(f"{'questions':>9} {'shots':>5} {'HFLM q/s':>9} {'ours cold':>9} {'ratio':>6} {'ours warm':>9} "
+              f"{'ratio':>6} {'max |dlogp|':>11}   ours cold: compile / scoring / start-up s")
+        for count in args.questions:
+            for shots in args.shots:
+                data = work / f"ceval-{count}"
+                if not data.exists():
+                    write_questions(data, count)
+                theirs, their_ll = hflm_cell(model, data, shots, args.batch_size)
+                cache = work / f"compile-cache-{count}-{shots}"  # cold: its own, empty
+                cold, ours_ll = ours(model, data, shots, args.batch_size, cache, work / "out.jsonl")
+                warm, _ = ours(model, data, shots, args.batch_size, cache, work / "out.jsonl")
+                gap = max(abs(a - b) for x, y in zip(ours_ll, their_ll) for a, b in zip(x, y))
+                print(f"{count:>9} {shots:>5} {count / theirs:>9.2f} {count / cold['scoring']:>9.2f} "
+                      f"{theirs / cold['scoring']:>5.1f}x {count / warm['scoring']:>9.2f} "
+                      f"{theirs / warm['scoring']:>5.1f}x {gap:>11.1e}   {cold['compile']:.1f} / "
+                      f"{cold['scoring']:.1f} / {cold['start-up']:.1f}", flush=True)
+        print(f"after: {load()}")
+        print(f"goal: ours / HFLM >= 2x in every cell, cold; compile caches "
+              f"{sum(p.stat().st_size for p in work.glob('compile-cache-*/**/*') if p.is_file()) / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

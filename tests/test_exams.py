@@ -32,6 +32,8 @@ RUNS = {
     "hf-vs-lora-mmlu-0": ("hf", "mmlu", 0, ["--compare", "<lora>", "--subjects", "astronomy"]),
     "converted-vs-hf-chat-ceval-0": ("converted", "ceval", 0, ["--compare", "<hf>", "--compare-chat",
                                                                "--subjects", "high_school_physics"]),
+    # 12 batches of one: through compiled graphs (the runs above, 1-2 batches each, run op by op)
+    "hf-vs-lora-ceval-0-graphs": ("hf", "ceval", 0, ["--compare", "<lora>", "--batch-size", "1"]),
 }
 
 
@@ -82,10 +84,10 @@ def test_a_second_run_loads_its_graphs_from_the_compile_cache(hf_dir, tmp_path):
     again) and scores exactly as the first."""
     cache = tmp_path / "compile"
     args = ["eval", "--task", "ceval", "--checkpoint", hf_dir[0], "--data", SAMPLES["ceval"], "--shots", 0,
-            "--batch-size", 8, "--device", "cpu", "--json"]
+            "--batch-size", 1, "--device", "cpu", "--json"]  # 12 batches: compiled (fewer run op by op)
     run_cli(*args, "--output", tmp_path / "first.jsonl", env={"LLAMA_NPU_COMPILE_CACHE": str(cache)}, check=True)
     graphs = {p: p.stat().st_mtime_ns for p in cache.rglob("*.mindir")}
-    assert len(graphs) >= 2 and len({p.parent for p in graphs}) == 1  # backbone and head, one directory
+    assert len(graphs) == 2 and len({p.parent for p in graphs}) == 1  # backbone and head, one directory
     run_cli(*args, "--output", tmp_path / "second.jsonl", env={"LLAMA_NPU_COMPILE_CACHE": str(cache)}, check=True)
     assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.mindir")} == graphs
     assert (tmp_path / "second.jsonl").read_text() == (tmp_path / "first.jsonl").read_text()
@@ -234,6 +236,22 @@ def test_compare_scores_a_base_and_a_chat_fine_tune_in_one_format(exam_runs, lor
     assert recompute_from_output(records, "B", fine_tune) == pytest.approx(summary["compare"]["overall"]["acc"])
 
 
+def test_compare_scores_the_second_checkpoint_through_the_first_ones_graphs(exam_runs, lora_export):
+    """--compare loads B's weights into A's network: the two graphs (the backbone and the
+    head) compile once for A and none for B, and B's scores are still the fine-tune's own
+    (transformers on the same prompt ids). A small exam (the other runs: at most
+    EAGER_BATCHES batches) compiles nothing at all."""
+    summary, records, base = exam_runs("hf-vs-lora-ceval-0-graphs")
+    assert (summary["graphs_compiled"], summary["compare"]["graphs_compiled"]) == (2, 0)
+    assert summary["compile_seconds"] > 0 and summary["compare"]["compile_seconds"] == 0
+    fine_tune = transformers.LlamaForCausalLM.from_pretrained(lora_export[1]).eval()
+    assert recompute_from_output(records, "A", base) == pytest.approx(summary["overall"]["acc"])
+    assert recompute_from_output(records, "B", fine_tune) == pytest.approx(summary["compare"]["overall"]["acc"])
+    assert any(r["compare"]["logprobs"] != r["logprobs"] for r in records)
+    small = exam_runs("hf-vs-lora-mmlu-0")[0]
+    assert (small["graphs_compiled"], small["compare"]["graphs_compiled"]) == (0, 0)
+
+
 def test_a_forced_second_format_is_said_to_change_two_things(exam_runs):
     """--compare-chat scores B (the same weights as A here) in the chat format, A in the plain
     prompt: the summary and the delta say that the checkpoint and the prompt format both
@@ -313,14 +331,16 @@ def test_bad_data_is_one_line_naming_the_file_and_line_and_writes_nothing(tmp_pa
 
 # ---------------------------------------------------------------- the adapter's other two requests
 
-def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir, conversions):
+def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir, conversions, monkeypatch):
     """loglikelihood_rolling (perplexity tasks) over disjoint --max-seq-len windows, and
     generate_until (generative tasks) greedy and cut at its `until` string, as transformers
-    computes them on the same model."""
+    computes them on the same model. The windows score the same op by op, through the two
+    dynamic-shape graphs (the CPU's) and through a graph a padded width (Ascend's)."""
     from lm_eval import utils
     from lm_eval.api.instance import Instance
 
     from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.evaluation.exams import lm_adapter
     from llama_npu.evaluation.exams.lm_adapter import MindSporeLM
     from llama_npu.evaluation.loaded_model import build_from_checkpoint
 
@@ -339,7 +359,13 @@ def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir,
             logits = reference(torch.tensor([context + continuation[:-1]])).logits[0, -len(continuation):]
             expected += torch.log_softmax(logits.double(), -1)[torch.arange(len(continuation)), continuation].sum().item()
     [ours] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
-    assert ours == pytest.approx(expected, abs=1e-3)
+    assert ours == pytest.approx(expected, abs=1e-3) and lm.compiled == set()
+    monkeypatch.setattr(lm_adapter, "EAGER_BATCHES", 0)
+    for dynamic, graphs in ((True, {("backbone", None), ("head", None)}), (False, {("backbone", 16), ("head", 32)})):
+        compiled = MindSporeLM(net, tok, max_seq_len=16, batch_size=2, progress=False)
+        compiled.dynamic = dynamic
+        [ours] = compiled.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+        assert ours == pytest.approx(expected, abs=1e-3) and compiled.compiled == graphs
 
     prompt = "长江流入"
     [reply] = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["\n"], "max_gen_toks": 6}), 0)])

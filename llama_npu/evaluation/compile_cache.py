@@ -50,21 +50,34 @@ def _sources_digest() -> str:
     return digest.hexdigest()
 
 
-def enable(key: dict) -> Optional[Path]:
-    """Turn the cache on for the graphs `key` describes and return its directory; None (the
-    graphs compile as usual) when switched off, when this process already chose its
-    directory (MindSpore reads the path once), or when MindSpore could not hash the entry
-    script (it reads sys.argv[0] as a file)."""
+def directory(key: dict) -> Optional[Path]:
+    """The directory of the graphs `key` describes; None when the cache is switched off or
+    MindSpore could not hash the entry script (it reads sys.argv[0] as a file)."""
     root = cache_root()
     entry = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    if root is None or os.environ.get("MS_COMPILER_CACHE_PATH") or entry is None or not entry.is_file():
+    if root is None or entry is None or not entry.is_file():
         return None
     import mindformers
     import mindspore
 
     described = {**key, "mindspore": mindspore.__version__, "mindformers": mindformers.__version__,
                  "sources": _sources_digest()}
-    path = root / hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
+    return root / hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def holds(key: dict) -> Optional[bool]:
+    """Whether the cache holds the graphs `key` describes; None when it is not used."""
+    path = directory(key)
+    return None if path is None else any(path.rglob("*.mindir"))
+
+
+def enable(key: dict) -> Optional[Path]:
+    """Turn the cache on for the graphs `key` describes and return its directory; None (the
+    graphs compile as usual) when it is not used (directory) or this process already chose
+    its directory (MindSpore reads the path once)."""
+    path = directory(key)
+    if path is None or os.environ.get("MS_COMPILER_CACHE_PATH"):
+        return None
     path.mkdir(parents=True, exist_ok=True)
     os.environ["MS_COMPILER_CACHE_PATH"] = str(path)
     os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"

@@ -80,22 +80,47 @@ def build_from_checkpoint(checkpoint: Path, max_seq_len: int, batch_size: int = 
     directory) loaded, LoRA adapters folded in, computing in fp32. `weights` (eval's and
     generate's --weights: stored, fp16, int8) says how they are held: stored = fp32, or int8
     for a quantized directory (a LoRA run's adapters folded into it make it float)."""
-    # imported here: --help imports this module; MindSpore and numpy, only to load a model
-    from ..weights.pretrained import model_weights, resolve_weights
-
     on_ascend = select_device(device)
-    if is_hf_directory(checkpoint):
-        (shape, tokenizer, stored), quantized = hf_model_weights(Path(checkpoint)), False
-        weights_file = Path(checkpoint)
-    else:
-        source = resolve_weights(Path(checkpoint))
-        shape, meta, stored = model_weights(source, keep_int8=True)
-        tokenizer, weights_file = source.tokenizer, source.weights
-        quantized = bool(meta.get("quantization")) and source.adapters is None
+    shape, tokenizer, stored, quantized, weights_file = checkpoint_weights(Path(checkpoint))
     mute_mindformers_info()
     recipe = inference_recipe(shape, max_seq_len, batch_size)
     net, loss_cell = held_weights(recipe, on_ascend, stored, quantized, shape, weights_file, weights)
     return net, loss_cell, tokenizer
+
+
+def checkpoint_weights(checkpoint: Path):
+    """(shape, tokenizer name, name -> Tensor as stored, quantized, the weights' file) of a
+    converted, step, run or Hugging Face directory."""
+    # imported here: --help imports this module; MindSpore and numpy, only to load a model
+    from ..weights.pretrained import model_weights, resolve_weights
+
+    if is_hf_directory(checkpoint):
+        (shape, tokenizer, stored), quantized = hf_model_weights(checkpoint), False
+        return shape, tokenizer, stored, quantized, checkpoint
+    source = resolve_weights(checkpoint)
+    shape, meta, stored = model_weights(source, keep_int8=True)
+    quantized = bool(meta.get("quantization")) and source.adapters is None
+    return shape, source.tokenizer, stored, quantized, source.weights
+
+
+def reload_weights(net, checkpoint: Path, weights: str = "stored"):
+    """Load `checkpoint`'s weights into `net` in place, so that the graphs compiled for `net`
+    score them without compiling again; its tokenizer name, or None (nothing loaded) when it
+    needs a network of its own: another shape, or weights held as int8 (held_weights).
+    Compiled graphs read a Parameter's current value at each run (a plain forward has no
+    branch whose reads the FACTS.md staleness of set_data concerns; checked by the --compare
+    exams of tests/test_exams.py against transformers)."""
+    from ..weights.pretrained import dequantized_weights, load_weights
+
+    shape, tokenizer, stored, quantized, weights_file = checkpoint_weights(Path(checkpoint))
+    if weights == "int8" or (weights == "stored" and quantized):
+        return None
+    floats = dequantized_weights(stored) if quantized else stored
+    params = {p.name: tuple(p.shape) for p in net.get_parameters()}
+    if any(params.get(name) != tuple(tensor.shape) for name, tensor in floats.items()):
+        return None
+    load_weights(net, floats, shape, weights_file)
+    return tokenizer
 
 
 def inference_recipe(shape, max_seq_len: int, batch_size: int):

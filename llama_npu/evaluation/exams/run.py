@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 from ...common.atomic import check_writable, replace_file
 from ...data.readers import RecordError
 from ...data.tokenizer import load_tokenizer
-from ..loaded_model import build_from_checkpoint, checkpoint_tokenizer
+from ..loaded_model import build_from_checkpoint, checkpoint_tokenizer, reload_weights
 from .categories import CATEGORY_ORDER, categories_of
 from .layouts import LETTERS, ExamData, read_exam
 from .prompt_format import prompt_formats
@@ -105,19 +105,30 @@ def summarize(task: str, records: List[Scored], configs: dict) -> dict:
 
 
 def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, prompt_format: tuple,
-                     max_seq_len: int, batch_size: int, device: str, weights: str = "stored") -> dict:
+                     max_seq_len: int, batch_size: int, device: str, weights: str = "stored", lm=None) -> dict:
+    """The summary and records of `checkpoint`; with `lm` (the first checkpoint's scorer, under
+    --compare) its weights are loaded into that scorer's network, and its questions run through
+    the graphs already compiled, where the shapes allow (loaded_model.reload_weights).
+    "graphs_compiled" counts the graphs compiled (or loaded from the compile cache) for it, and
+    "compile_seconds" is the part of "scoring_seconds" that took."""
     from .lm_adapter import MindSporeLM  # imported here: lm-eval, only once the exam data is checked
 
     chat_on, reason = prompt_format
-    net, _, tokenizer = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device, weights)
-    lm = MindSporeLM(net, load_tokenizer(tokenizer), max_seq_len, batch_size)
+    tokenizer = reload_weights(lm.net, Path(checkpoint), weights) if lm is not None else None
+    if tokenizer is None:
+        net, _, tokenizer = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device, weights)
+        lm = MindSporeLM(net, load_tokenizer(tokenizer), max_seq_len, batch_size)
+    else:
+        lm.use_checkpoint(load_tokenizer(tokenizer))
+    graphs, compiling = len(lm.compiled), lm.compile_seconds
     started = time.perf_counter()
     records, counts = score(lm, tasks, data, shots, chat_on)
     seconds = time.perf_counter() - started
     return {"checkpoint": str(checkpoint), "chat": chat_on, "chat_reason": reason, **counts,
             "scoring_seconds": seconds, "questions_per_second": len(records) / seconds,
+            "graphs_compiled": len(lm.compiled) - graphs, "compile_seconds": lm.compile_seconds - compiling,
             **summarize(data.layout.task, records, {s: t.config.__dict__ for s, t in tasks.items()}),
-            "records": records}
+            "records": records, "scorer": lm}
 
 
 def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split: Optional[str] = None,
@@ -141,10 +152,12 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
     tasks = build_tasks(data)
     result = {"task": task, "split": data.split, "shots": shots, "data": str(data_dir), "max_seq_len": max_seq_len,
               **score_checkpoint(checkpoint, data, tasks, shots, formats[0], max_seq_len, batch_size, device, weights)}
-    records = result.pop("records")
+    records, scorer = result.pop("records"), result.pop("scorer")
     if compare is not None:
-        other = score_checkpoint(compare, data, tasks, shots, formats[1], max_seq_len, batch_size, device, weights)
+        other = score_checkpoint(compare, data, tasks, shots, formats[1], max_seq_len, batch_size, device, weights,
+                                 lm=scorer)
         other_records = other.pop("records")
+        other.pop("scorer")
         result["compare"] = other
         result["delta"] = delta(result, other)
         for mine, theirs in zip(records, other_records):
