@@ -375,3 +375,38 @@ def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir,
         out = reference.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=[128001, 128008,
                                  128009], pad_token_id=128004)[0, len(ids):].tolist()
     assert reply == tok.decode([t for t in out if t not in (128001, 128008, 128009)]).split("\n")[0]
+
+
+def test_the_compile_cache_removes_entries_of_other_versions_unused_for_an_hour(tmp_path, monkeypatch):
+    """A graph file holds the weights (GBs for a 3B) and an upgrade makes every entry
+    unreachable: enabling the cache removes another version's entries once unused for an hour,
+    and keeps this version's, another version's in recent use, and its own."""
+    import json
+    import os
+    import time
+
+    from llama_npu.evaluation import compile_cache
+
+    monkeypatch.setenv(compile_cache.ROOT_ENV, str(tmp_path))
+    for name in ("MS_COMPILER_CACHE_PATH", "MS_COMPILER_CACHE_ENABLE"):  # set, so that teardown restores them
+        monkeypatch.setenv(name, "")
+    versions = compile_cache._versions()
+    hour_ago = time.time() - 2 * compile_cache.STALE_AFTER
+
+    def entry(name, made_by, age):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "compile_cache_0.mindir").write_bytes(b"graph")
+        if made_by is not None:
+            (path / compile_cache.MADE_BY).write_text(json.dumps(made_by))
+        for p in (path, *path.iterdir()):
+            os.utime(p, (age, age))
+
+    entry("old-version", {**versions, "sources": "an older llama-npu"}, hour_ago)
+    entry("before-made-by", None, hour_ago)
+    entry("other-version-in-use", {**versions, "mindspore": "2.8.0"}, time.time())
+    entry("same-version-other-shape", versions, hour_ago)
+    own = compile_cache.enable({"shape": "tiny", "batch": 8})
+    assert own is not None and json.loads((own / compile_cache.MADE_BY).read_text()) == versions
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [own.name, "other-version-in-use", "same-version-other-shape"])

@@ -16,18 +16,25 @@ MindSpore, MindFormers and of our own sources. A second `eval --task` of the sam
 loads its graphs instead of compiling them.
 
 The root is $LLAMA_NPU_COMPILE_CACHE, or ~/.cache/llama-npu/compile ($XDG_CACHE_HOME
-respected); LLAMA_NPU_COMPILE_CACHE=off compiles without it.
+respected); LLAMA_NPU_COMPILE_CACHE=off compiles without it. A graph file holds the weights
+(a 3B's entry is 6-13 GB), and an upgrade of llama-npu, MindSpore or MindFormers makes every
+entry unreachable: enabling the cache removes the entries another version made, once they
+have gone unused for an hour (a run of the other version may still be reading one).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
 ROOT_ENV = "LLAMA_NPU_COMPILE_CACHE"
+MADE_BY = "made_by.json"  # in each entry: the versions that made it
+STALE_AFTER = 3600  # seconds an entry of another version stays unused before it is removed
 
 
 def cache_root() -> Optional[Path]:
@@ -60,9 +67,31 @@ def directory(key: dict) -> Optional[Path]:
     import mindformers
     import mindspore
 
-    described = {**key, "mindspore": mindspore.__version__, "mindformers": mindformers.__version__,
-                 "sources": _sources_digest()}
+    described = {**key, **_versions()}
     return root / hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _versions() -> dict:
+    import mindformers
+    import mindspore
+
+    return {"mindspore": mindspore.__version__, "mindformers": mindformers.__version__, "sources": _sources_digest()}
+
+
+def _remove_stale(root: Path, versions: dict) -> None:
+    """Entries of `root` made by other versions (or before entries named theirs), unused for
+    STALE_AFTER seconds: no run of these versions can load them."""
+    for entry in root.iterdir():
+        try:
+            made = json.loads((entry / MADE_BY).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            made = None
+        try:
+            unused = time.time() - max(p.stat().st_mtime for p in [entry, *entry.rglob("*")])
+        except OSError:  # removed meanwhile by another run
+            continue
+        if entry.is_dir() and made != versions and unused > STALE_AFTER:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def holds(key: dict) -> Optional[bool]:
@@ -79,6 +108,9 @@ def enable(key: dict) -> Optional[Path]:
     if path is None or os.environ.get("MS_COMPILER_CACHE_PATH"):
         return None
     path.mkdir(parents=True, exist_ok=True)
+    versions = _versions()
+    (path / MADE_BY).write_text(json.dumps(versions), encoding="utf-8")
+    _remove_stale(path.parent, versions)
     os.environ["MS_COMPILER_CACHE_PATH"] = str(path)
     os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
     return path
