@@ -192,7 +192,8 @@ reads) are host memory, 16 bytes a parameter, and the update runs there. The car
 lose the master, the moments, the accumulators and the update's scaling copies; `plan` adds a host line: the bytes a rank and a node hold
 (each of N data-parallel ranks 1/N), the update's time at `--host-bandwidth` (default
 {host_bandwidth:g} GB/s a rank: it reads and writes {update_bytes} bytes a parameter) and the
-traffic a step. The longest sequence a full fine-tune fits, micro-batch 1, one card, O2 in
+traffic a step. Under data parallel the card's update phase also holds the whole weights
+once more, gathered from every rank's updated range before each matrix takes its slice. The longest sequence a full fine-tune fits, micro-batch 1, one card, O2 in
 the card's half precision, any recompute and chunked cross-entropy (`plan --fit --maximize
 seq-len`, from 512 tokens):
 
@@ -359,7 +360,8 @@ LoRA rank 8，作用于 wq、wk、wv、wo，AdamW 只更新适配器，FP16（O2
 fp32 主权重、AdamW 的两个矩以及 fp32 累加器（k = 1 时即更新读取的 fp32 梯度）都在主机内存里，每个参数 16 字节，更新也在主机上运行。卡上各阶段不再有主权重、
 矩、累加器和更新时的缩放副本；`plan` 多出一行主机信息：每个 rank 和每个节点占用的字节（N 个数据并行 rank
 各持 1/N）、按 `--host-bandwidth`（默认每个 rank {host_bandwidth:g} GB/s；每个参数读写 {update_bytes} 字节）计算的
-更新耗时，以及每步的传输量。全参数微调能放下的最长序列（micro-batch 1，单卡，O2 用卡的半精度，任意重计算与
+更新耗时，以及每步的传输量。数据并行时，卡在更新阶段还要多保存一份完整的权重：
+它由各 rank 更新后的段 gather 而成，然后每个矩阵取走自己的切片。全参数微调能放下的最长序列（micro-batch 1，单卡，O2 用卡的半精度，任意重计算与
 分块交叉熵；`plan --fit --maximize seq-len`，从 512 个 token 起）：
 
 | 模型 | 设备 | 最长序列，优化器在卡上 | 最长序列，优化器在主机上 | 该长度下卡上 GB | 每 rank 主机 GB | 每步主机更新 |

@@ -7,7 +7,7 @@ import pytest
 from llama_npu.recipe.load import load_recipe
 from llama_npu.strategies.offload import OffloadSection, host_threads
 
-from conftest import SMOKE
+from conftest import REPO, SMOKE, run_cli
 
 SEQ = 32
 HOST = "strategies.offload.optimizer=host"
@@ -397,3 +397,26 @@ def test_the_ranks_ranges_cover_every_matrix_once_and_gather_back_whole_across_c
         assert sorted(rebuilt) == layout.matrices
         for index, whole in rebuilt.items():
             np.testing.assert_array_equal(whole, values[index])
+
+
+def test_a_dpo_run_with_the_optimizer_on_the_host_equals_one_without(tmp_path):
+    """plan --fit recommends the optimizer on the host for the 3B full DPO recipe on 8 x 910B
+    (tests/test_preference.py): the objective's loss cell, its step normaliser (pairs) and its
+    metrics go through the host step as through the in-graph one. Two steps of the CPU DPO
+    recipe from random weights: the same losses and rewards within 1e-5."""
+    from conftest import read_metrics
+
+    recipe = REPO / "recipes" / "cpu_dpo_smoke.yaml"
+    pairs = tmp_path / "pairs.jsonl"  # the two steps' pairs: the reference pass scores no more
+    pairs.write_text("".join((REPO / "data" / "zh_pref_train.jsonl").read_text(encoding="utf-8").splitlines(True)[:8]),
+                     encoding="utf-8")
+    runs = {}
+    for name, extra in (("device", []), ("host", ["--set", HOST])):
+        out = tmp_path / name
+        run_cli("train", recipe, "--output-dir", out, "--set", "train.max_steps=2", "--set",
+                f"data.train_files=[{pairs}]", *extra, check=True)
+        runs[name] = [m for m in read_metrics(out) if "loss" in m]
+    assert len(runs["host"]) == len(runs["device"]) == 2
+    for host, device in zip(runs["host"], runs["device"]):
+        for key in ("loss", "rewards/margins", "rewards/chosen", "logps/rejected"):
+            assert host[key] == pytest.approx(device[key], rel=1e-5, abs=1e-6), key

@@ -229,7 +229,7 @@ def test_a_bad_objective_is_one_line_exit_2_and_a_good_one_validates():
 
     result = run_cli("validate", SMOKE, "--set", "train.objective=rlhf")
     assert result.returncode == 2 and result.stderr.strip() == (
-        "llama-npu: error: train.objective: expected one of sft, dpo, got 'rlhf'"), result.stderr
+        "llama-npu: error: train.objective: expected one of sft, dpo, kto, got 'rlhf'"), result.stderr
     recipe = load_recipe(SMOKE, ["train.objective=dpo", "dpo.loss=simpo", "dpo.reference=none", "data.eval_files=[]"])
     assert (recipe.train.objective, recipe.dpo.loss, recipe.dpo.reference) == ("dpo", "simpo", "none")
 
@@ -508,6 +508,9 @@ def test_fit_offers_a_dpo_run_only_layouts_its_validation_takes():
     shape, params = PRESETS["llama3.2-3b"], 3_212_749_824
     dpo = strategy_from_recipe(recipe, "910b")
     best, _ = recommend(shape, params, DEVICES["910b"], dpo, 8, False, None)
+    s = best.strategy  # the optimizer on the host, data 8: a DPO run trains with it as without
+    assert (s.data, s.model, s.pipeline, s.optimizer_shard, s.offload) == (8, 1, 1, False, True)
+    best, _ = recommend(shape, params, DEVICES["910b"], dpo, 8, False, None, allow_offload=False)
     s = best.strategy
     assert (s.data, s.model, s.pipeline, s.optimizer_shard) == (8, 1, 1, True)
     on_910a = replace(dpo, dtype="float16")
