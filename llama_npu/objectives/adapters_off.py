@@ -32,7 +32,7 @@ def install_adapter_switch(net) -> Parameter:
     """Every LoRA layer of `net` reads its scaling from one shared scalar Parameter (returned)."""
     layers = adapter_layers(net)
     if not layers:
-        raise ValueError("dpo.reference=adapters_off: the network has no LoRA layer")
+        raise ValueError("reference adapters_off (dpo.reference, kto.reference): the network has no LoRA layer")
     values = {float(cell.scaling) for cell in layers}
     if len(values) != 1:  # one LoraConfig scales them all (strategies/lora.py apply_lora)
         raise ValueError(f"LoRA layers with different scalings {sorted(values)}: one switch cannot serve them")
