@@ -7,7 +7,21 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+from ..strategies.accumulation import step_rows
+
 CAP = 256
+
+
+def rehearsed_items(recipe) -> int:
+    """The items a rehearsal trains on (its first ones): what its steps read, so that a
+    reference pass before step 1 is as short as the rehearsal."""
+    return step_rows(recipe) * recipe.train.max_steps
+
+
+def first_items_note(rehearsal, what: str) -> list:
+    """The rehearsal summary's line saying it trains on its first `what` only."""
+    return [f"the first {rehearsed_items(rehearsal)} training {what} only, what {rehearsal.train.max_steps} steps "
+            f"read: the reference pass is over them"]
 
 
 def shrink_to_fit(r, shortest: int, needed: int, lengths: Optional[List[Tuple[int, int]]], whole: bool,

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from ...strategies.accumulation import step_rows
-from ..rehearsal_length import shrink_to_fit
+from ..rehearsal_length import first_items_note, rehearsed_items, shrink_to_fit
+
 
 def _lengths(recipe) -> Optional[List[Tuple[int, int]]]:
     """(prompt tokens, longer row's tokens) of each readable training pair, or None when the
@@ -44,19 +44,13 @@ def shrink_pair_length(r, shortest: int, pairs_needed: int) -> int:
                          "training pairs")
 
 
-def rehearsed_pairs(recipe) -> int:
-    """The pairs a rehearsal trains on (its first ones): what its steps read."""
-    return step_rows(recipe) * recipe.train.max_steps
-
-
 def first_pairs(source, recipe):
-    """The rehearsal's training pairs: the first `rehearsed_pairs`, whose reference pass is short."""
+    """The rehearsal's training pairs: the first rehearsed_items, whose reference pass is short."""
     from .source import PairSource  # imported here: it loads numpy, needless for validate
 
-    return PairSource(source.pairs[:rehearsed_pairs(recipe)])
+    return PairSource(source.pairs[:rehearsed_items(recipe)])
 
 
 def rehearsal_notes(rehearsal) -> list:
     """The rehearsal summary's line: it trains on the first pairs only (first_pairs)."""
-    return [f"the first {rehearsed_pairs(rehearsal)} training pairs only, what {rehearsal.train.max_steps} steps read: "
-            f"the reference pass is over them"]
+    return first_items_note(rehearsal, "pairs")

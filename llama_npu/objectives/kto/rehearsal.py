@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from ...strategies.accumulation import step_rows
-from ..rehearsal_length import shrink_to_fit
+from ..rehearsal_length import first_items_note, rehearsed_items, shrink_to_fit
 
 
 def _lengths(recipe) -> Optional[List[Tuple[int, int]]]:
@@ -37,16 +36,11 @@ def shrink_length(r, shortest: int, needed: int) -> int:
     return shrink_to_fit(r, shortest, needed, _lengths(r.recipe), False, "training records")
 
 
-def rehearsed_records(recipe) -> int:
-    return step_rows(recipe) * recipe.train.max_steps
-
-
 def first_records(source, recipe):
     from .replies import KtoSource  # imported here: it loads numpy, needless for validate
 
-    return KtoSource(source.samples[:rehearsed_records(recipe)])
+    return KtoSource(source.samples[:rehearsed_items(recipe)])
 
 
 def rehearsal_notes(rehearsal) -> list:
-    return [f"the first {rehearsed_records(rehearsal)} training records only, what {rehearsal.train.max_steps} steps "
-            f"read: the reference pass is over them"]
+    return first_items_note(rehearsal, "records")
