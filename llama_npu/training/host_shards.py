@@ -32,6 +32,10 @@ def is_matrix(param) -> bool:
 
 
 class _AllGather(nn.Cell):
+    """Every rank's equal-shaped range, concatenated along dimension 0 in rank order
+    (mindspore/ops/operations/comm_ops.py AllGather: the same shape on every rank, hence the
+    ranges padded to ceil(M / N)); on Ascend over HCCL's world group, on the CPU over msrun's."""
+
     def __init__(self):
         super().__init__()
         self.gather = ops.AllGather()
