@@ -200,6 +200,9 @@ on_signal() {
     local pid
     if [ -n "$stop" ]; then
         for pid in "${!rank_of[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+        # Out of the job table first: bash would otherwise report msrun's "Killed" after the
+        # line below, at exit, and a user would read that as the last word (a CI run saw it).
+        disown "$msrun_pid" 2>/dev/null
         kill -KILL -- "-$msrun_pid" 2>/dev/null
         echo "launch: second SIG$1: every worker killed; a checkpoint being written is left as a hidden partial directory" >&2
         exit $((128 + $(kill -l "$1")))
