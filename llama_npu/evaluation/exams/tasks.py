@@ -5,6 +5,7 @@ is downloaded: lm-eval's `custom_dataset` hook (lm_eval/api/task.py Configurable
 returns in-memory `datasets.Dataset`s."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -50,6 +51,25 @@ def _dataset(questions: List[Question]):
     return datasets.Dataset.from_list([q.doc for q in questions])
 
 
+def compile_templates_once() -> None:
+    """lm-eval renders every prompt field through utils.apply_template, which compiles its
+    Jinja template anew at each call (lm_eval/utils.py: env.from_string, then render): 80-90%
+    of building a prompt (0.12 of 0.14 s for 48 C-Eval questions at 0 shots, 0.36 of 0.38 at
+    5). A string's compiled template is the same at every call, so each is compiled once; the
+    rendering is lm-eval's own."""
+    from lm_eval import utils  # imported here: lm-eval and datasets, only after OFFLINE is set
+
+    if getattr(utils.apply_template, "compiles_once", False):
+        return
+    template = functools.lru_cache(maxsize=None)(utils.env.from_string)
+
+    def apply_template(text: str, doc: dict) -> str:
+        return template(text).render(**doc)
+
+    apply_template.compiles_once = True
+    utils.apply_template = apply_template
+
+
 def build_tasks(data: ExamData) -> dict:
     """subject -> lm-eval ConfigurableTask whose eval docs are the split's questions (in
     file order) and whose few-shot docs are the dev split's."""
@@ -57,6 +77,7 @@ def build_tasks(data: ExamData) -> dict:
     from lm_eval.api.task import ConfigurableTask  # imported here: after OFFLINE, which lm-eval reads at import
 
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its custom_dataset notice is for its CLI
+    compile_templates_once()
     tasks = {}
     for subject, questions in data.questions.items():
         config = task_config(data.layout.task, subject, data.layout.file(data.root, data.split, subject))
