@@ -12,9 +12,10 @@ repeated and numbered so that every prompt differs (--questions 48 192), at --sh
 Ours runs the real command in a child process, its compile cache in a fresh directory of
 each cell (LLAMA_NPU_COMPILE_CACHE); its time is the command's own `scoring_seconds`
 (prompts built, graphs compiled, questions scored; without start-up and model load).
-HFLM's is its `loglikelihood` on the requests our prompt builder makes for it (the same
-tasks and shots, its own tokenizer from the same tokenizer.json), in a child process of its
-own for each cell (without start-up and model load either). The log-likelihoods of all four
+HFLM's is our prompt builder's run for it (the same tasks and shots, its own tokenizer from
+the same tokenizer.json) and its `loglikelihood` on those requests, in a child process of
+its own for each cell (without start-up and model load either): both sides build the same
+prompts through the same lm-eval task code. The log-likelihoods of all four
 choices of every question are compared. The load average is printed before and after: on a
 shared host the figures move with it.
 
@@ -83,19 +84,21 @@ def ours(model: Path, data: Path, shots: int, batch: int, cache: Path, output: P
 
 
 def hflm_scores(lm, data_dir: Path, shots: int) -> tuple[float, list]:
-    """(seconds, the four log-likelihoods of each question) of HFLM on our prompts' requests."""
+    """(seconds, the four log-likelihoods of each question) of HFLM on our prompts' requests.
+    Its time counts from the prompts' building, as ours does (the same lm-eval task code
+    through its own tokenizer), to the last log-likelihood."""
     from llama_npu.evaluation.exams.layouts import read_exam
     from llama_npu.evaluation.exams.run import fit_context
     from llama_npu.evaluation.exams.tasks import build_tasks
 
-    data = read_exam("ceval", data_dir, None, None, shots)
+    tasks = build_tasks(read_exam("ceval", data_dir, None, None, shots))
+    begin = time.perf_counter()
     requests = []
-    for subject, task in build_tasks(data).items():
+    for subject, task in tasks.items():
         for index, doc in enumerate(task.eval_docs):
             context, _, _ = fit_context(lm, task, doc, shots, False)
             requests += task.construct_requests(doc=doc, ctx=context, metadata=(subject, index, 1),
                                                 apply_chat_template=False)
-    begin = time.perf_counter()
     results = lm.loglikelihood(requests, disable_tqdm=True)
     seconds = time.perf_counter() - begin
     values = [ll for ll, _ in results]
