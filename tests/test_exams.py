@@ -12,6 +12,7 @@ import torch  # the test extra's reference implementation: a missing torch is an
 import transformers
 import yaml
 import lm_eval.tasks
+from hypothesis import given, settings, strategies as st
 
 from conftest import REPO, run_cli
 
@@ -32,8 +33,8 @@ RUNS = {
     "hf-vs-lora-mmlu-0": ("hf", "mmlu", 0, ["--compare", "<lora>", "--subjects", "astronomy"]),
     "converted-vs-hf-chat-ceval-0": ("converted", "ceval", 0, ["--compare", "<hf>", "--compare-chat",
                                                                "--subjects", "high_school_physics"]),
-    # 12 batches of one: through compiled graphs (the runs above, 1-2 batches each, run op by op)
-    "hf-vs-lora-ceval-0-graphs": ("hf", "ceval", 0, ["--compare", "<lora>", "--batch-size", "1"]),
+    # through compiled graphs (the runs above, small enough on the tiny model, run op by op)
+    "hf-vs-lora-ceval-0-graphs": ("hf", "ceval", 0, ["--compare", "<lora>", "--execution", "static"]),
 }
 
 
@@ -84,7 +85,7 @@ def test_a_second_run_loads_its_graphs_from_the_compile_cache(hf_dir, tmp_path):
     again) and scores exactly as the first."""
     cache = tmp_path / "compile"
     args = ["eval", "--task", "ceval", "--checkpoint", hf_dir[0], "--data", SAMPLES["ceval"], "--shots", 0,
-            "--batch-size", 1, "--device", "cpu", "--json"]  # 12 batches: compiled (fewer run op by op)
+            "--batch-size", 1, "--device", "cpu", "--json", "--execution", "static"]
     run_cli(*args, "--output", tmp_path / "first.jsonl", env={"LLAMA_NPU_COMPILE_CACHE": str(cache)}, check=True)
     graphs = {p: p.stat().st_mtime_ns for p in cache.rglob("*.mindir")}
     assert len(graphs) == 2 and len({p.parent for p in graphs}) == 1  # backbone and head, one directory
@@ -239,8 +240,8 @@ def test_compare_scores_a_base_and_a_chat_fine_tune_in_one_format(exam_runs, lor
 def test_compare_scores_the_second_checkpoint_through_the_first_ones_graphs(exam_runs, lora_export):
     """--compare loads B's weights into A's network: the two graphs (the backbone and the
     head) compile once for A and none for B, and B's scores are still the fine-tune's own
-    (transformers on the same prompt ids). A small exam (the other runs: at most
-    EAGER_BATCHES batches) compiles nothing at all."""
+    (transformers on the same prompt ids). Left to choose (--execution auto), a small exam on
+    the CPU (the other runs) compiles nothing at all."""
     summary, records, base = exam_runs("hf-vs-lora-ceval-0-graphs")
     assert (summary["graphs_compiled"], summary["compare"]["graphs_compiled"]) == (2, 0)
     assert summary["compile_seconds"] > 0 and summary["compare"]["compile_seconds"] == 0
@@ -331,7 +332,7 @@ def test_bad_data_is_one_line_naming_the_file_and_line_and_writes_nothing(tmp_pa
 
 # ---------------------------------------------------------------- the adapter's other two requests
 
-def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir, conversions, monkeypatch):
+def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir, conversions):
     """loglikelihood_rolling (perplexity tasks) over disjoint --max-seq-len windows, and
     generate_until (generative tasks) greedy and cut at its `until` string, as transformers
     computes them on the same model. The windows score the same op by op, through the two
@@ -340,7 +341,6 @@ def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir,
     from lm_eval.api.instance import Instance
 
     from llama_npu.data.tokenizer import load_tokenizer
-    from llama_npu.evaluation.exams import lm_adapter
     from llama_npu.evaluation.exams.lm_adapter import MindSporeLM
     from llama_npu.evaluation.loaded_model import build_from_checkpoint
 
@@ -360,10 +360,9 @@ def test_rolling_loglikelihood_and_generate_until_match_transformers(ms, hf_dir,
             expected += torch.log_softmax(logits.double(), -1)[torch.arange(len(continuation)), continuation].sum().item()
     [ours] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
     assert ours == pytest.approx(expected, abs=1e-3) and lm.compiled == set()
-    monkeypatch.setattr(lm_adapter, "EAGER_BATCHES", 0)
-    for dynamic, graphs in ((True, {("backbone", None), ("head", None)}), (False, {("backbone", 16), ("head", 32)})):
-        compiled = MindSporeLM(net, tok, max_seq_len=16, batch_size=2, progress=False)
-        compiled.dynamic = dynamic
+    for execution, graphs in (("dynamic", {("backbone", None), ("head", None)}),
+                              ("static", {("backbone", 16), ("head", 32)})):
+        compiled = MindSporeLM(net, tok, max_seq_len=16, batch_size=2, progress=False, execution=execution)
         [ours] = compiled.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
         assert ours == pytest.approx(expected, abs=1e-3) and compiled.compiled == graphs
 
@@ -412,3 +411,117 @@ def test_the_compile_cache_removes_entries_of_other_versions_unused_for_an_hour(
     assert own is not None and json.loads((own / compile_cache.MADE_BY).read_text()) == versions
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [own.name, "other-version-in-use", "same-version-other-shape"])
+
+
+# ---------------------------------------------------------------- rows packed under a shared prefix
+
+@st.composite
+def rows_sharing_prefixes(draw):
+    """Distinct rows over a small vocabulary, built from a few prefixes (as a subject's shots)
+    and suffixes: some rows are prefixes of others, some share nothing."""
+    prefixes = draw(st.lists(st.lists(st.integers(0, 3), max_size=12), min_size=1, max_size=4))
+    rows = {tuple(draw(st.sampled_from(prefixes)) + draw(st.lists(st.integers(0, 3), max_size=10)))
+            for _ in range(draw(st.integers(1, 24)))}
+    return sorted(r for r in rows if r)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows_sharing_prefixes(), st.integers(1, 4))
+def test_a_pack_holds_every_row_at_its_own_positions_seeing_only_itself(rows, batch_size):
+    """Every row of every pack reads back whole from the pack: its tokens, at its own
+    positions, each seeing exactly the row's earlier tokens (shared_prefix.segment_mask);
+    no pack is wider than the chosen cap, and every row is in exactly one pack."""
+    from llama_npu.evaluation.exams.shared_prefix import choose_cap, segment_mask
+
+    cap, packs = choose_cap(rows, batch_size, 64, token_cost=10.0, pair_cost=1.0)
+    assert sorted(row for pack in packs for row in pack.starts) == rows
+    for pack in packs:
+        assert len(pack) <= cap and len(pack.ids) == len(pack.positions) == len(pack.segments)
+        allowed = segment_mask([pack.segments])[0]
+        for row in pack.starts:
+            where = [pack.index(row, p) for p in range(len(row))]
+            assert [pack.ids[i] for i in where] == list(row) and [pack.positions[i] for i in where] == list(range(len(row)))
+            for p, i in enumerate(where):
+                assert set(np.flatnonzero(allowed[i])) == set(where[:p + 1]), (row, p)
+
+
+def test_packs_share_the_shots_and_weigh_attention_against_tokens():
+    """Twelve five-shot questions of one subject (a 200-token prefix, 50 of their own): one
+    pack of 800 tokens where the rows alone are 3,000. Rows that share nothing stay apart: a
+    pack of them would compute no fewer tokens and more pairs of them."""
+    from llama_npu.evaluation.exams.shared_prefix import choose_cap
+
+    shots = tuple(range(1000, 1200))
+    rows = [shots + tuple(range(q * 100, q * 100 + 50)) for q in range(12)]
+    cap, packs = choose_cap(rows, 8, 2048, token_cost=3.8e6, pair_cost=2048)
+    assert (cap, [len(p) for p in packs]) == (1024, [800])
+    apart = [(q,) + row[1:] for q, row in enumerate(rows)]
+    cap, packs = choose_cap(apart, 8, 2048, token_cost=3.8e6, pair_cost=2048)
+    assert (cap, [len(p) for p in packs]) == (256, [250] * 12)
+
+
+@pytest.mark.parametrize("mode", ["op by op", "dynamic-shape graph"])
+def test_packed_rows_have_the_hidden_states_they_have_alone(ms, conversions, mode):
+    """The scorer's backbone over packs equals LlamaModel over each row alone, at every
+    position of every row (1e-5): the in-graph mask and the rotary positions are right."""
+    import mindspore
+    from llama_npu.evaluation.exams.lm_adapter import shared_prefix_backbone
+    from llama_npu.evaluation.exams.shared_prefix import PAD_SEGMENT, choose_cap
+    from llama_npu.evaluation.loaded_model import build_from_checkpoint
+
+    net, _, _ = build_from_checkpoint(conversions["float32"], 64)
+    net.model.set_train(False)
+    rng = np.random.default_rng(0)
+    shots = list(rng.integers(0, 5000, 20))
+    rows = [tuple([128000] + shots + list(rng.integers(0, 5000, n))) for n in (3, 7, 1, 12)]
+    rows += [tuple([128000] + list(rng.integers(0, 5000, 9))), rows[0][:10]]
+    cap, packs = choose_cap(rows, 2, 64, token_cost=1e6, pair_cost=1.0)
+    assert len(packs) < len(rows)
+    width = max(len(p) for p in packs) + 3  # padding after the longest pack too
+    arrays = [np.full((len(packs), width), fill, np.int32) for fill in (0, 0, PAD_SEGMENT)]
+    for b, pack in enumerate(packs):
+        for array, values in zip(arrays, (pack.ids, pack.positions, pack.segments)):
+            array[b, :len(pack)] = values
+    cell = shared_prefix_backbone(net.model, False)
+    inputs = [mindspore.Tensor(a) for a in arrays]
+    if mode == "op by op":
+        mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+    else:
+        cell.set_inputs(*[mindspore.Tensor(shape=[len(packs), None], dtype=mindspore.int32) for _ in range(3)])
+    try:
+        hidden = cell(*inputs).asnumpy()
+    finally:
+        mindspore.set_context(mode=mindspore.GRAPH_MODE)
+    for b, pack in enumerate(packs):
+        for row in pack.starts:
+            alone = net.model(mindspore.Tensor([list(row)], mindspore.int32)).asnumpy()[0]
+            mine = hidden[b, [pack.index(row, p) for p in range(len(row))]]
+            assert np.abs(mine - alone).max() < 1e-5, (row, np.abs(mine - alone).max())
+
+
+def test_graphs_of_several_widths_score_as_op_by_op(ms, conversions):
+    """Requests of many lengths through static graphs: a first call compiles a width for its
+    short requests, a second with longer ones adds a wider graph, and the first shape still
+    runs (every static shape of one cell, none pinned by set_inputs); both score as op by op
+    and as the dynamic-shape graph do."""
+    from llama_npu.data.tokenizer import load_tokenizer
+    from llama_npu.evaluation.exams.lm_adapter import MindSporeLM
+    from llama_npu.evaluation.loaded_model import build_from_checkpoint
+
+    net, _, _ = build_from_checkpoint(conversions["float32"], 256)
+    tok = load_tokenizer("llama3.2")
+    rng = np.random.default_rng(1)
+    shots = [128000] + list(rng.integers(0, 5000, 40))
+    requests = [(None, shots[:n] + list(rng.integers(0, 5000, k)), list(rng.integers(0, 5000, c)))
+                for n, k, c in zip(rng.integers(1, 41, 30), rng.integers(1, 200, 30), rng.integers(1, 4, 30))]
+    short = [r for r in requests if len(r[1]) < 100]
+    assert 3 <= len(short) < len(requests)
+    scores = {}
+    for execution in ("eager", "static", "dynamic"):
+        lm = MindSporeLM(net, tok, max_seq_len=256, batch_size=3, progress=False, execution=execution)
+        scores[execution] = lm._loglikelihood_tokens(short) + lm._loglikelihood_tokens(requests)
+        if execution == "static":
+            assert len(lm.widths) > 1, lm.compiled
+    for execution in ("static", "dynamic"):
+        assert np.abs(np.array(scores[execution])[:, 0] - np.array(scores["eager"])[:, 0]).max() < 1e-4
+        assert [g for _, g in scores[execution]] == [g for _, g in scores["eager"]]

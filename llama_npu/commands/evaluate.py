@@ -21,7 +21,7 @@ from ..recipe.stored import owning_recipe
 from .arguments import WEIGHTS_HELP, add_device_argument, add_weights_argument, check_ranges
 
 RECORDS_A_BATCH = 4
-EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat", "compare_chat")
+EXAM_OPTIONS = ("shots", "split", "subjects", "output", "compare", "chat", "compare_chat", "execution")
 
 
 def add_parser(subparsers) -> None:
@@ -64,6 +64,11 @@ def add_parser(subparsers) -> None:
     exam.add_argument("--compare-chat", action=argparse.BooleanOptionalAction, default=None,
                       help="score --compare's checkpoint in another format than the first (default: the same); the "
                            "deltas then mix two changes, and the summary says so")
+    exam.add_argument("--execution", choices=("auto", "eager", "static", "dynamic"),
+                      help="how the questions run (default auto: the fastest for this exam by the host's measured "
+                           "rates, compiles included): op by op, through a compiled graph a padded width (the only "
+                           "way on Ascend; MindSpore's compile cache keeps its graphs for the next run), or one graph "
+                           "of dynamic shape (CPU)")
     ev.set_defaults(func=run)
 
 

@@ -87,7 +87,7 @@ class CausalLMLoss(nn.Cell):
         return layers_with_additive_mask(self.backbone, tokens, mask, embeds)
 
 
-def layers_with_additive_mask(llama_model, tokens, mask, embeds=None):
+def layers_with_additive_mask(llama_model, tokens, mask, embeds=None, freqs=None):
     """LlamaModel's forward with an additive attention mask (0 = attend, -10000 = masked,
     (B, 1, T, T)) that it would not take: passed as `attention_mask`, LlamaModel casts any
     mask to uint8 (mindformers/models/llama/llama.py LlamaModel.construct), which flash
@@ -95,13 +95,32 @@ def layers_with_additive_mask(llama_model, tokens, mask, embeds=None):
     (llama_transformer.py LLamaAttention._attn), masking nothing. So without flash attention
     the layers run here with the additive mask of the form LowerTriangularMaskWithDynamic
     builds for them (mindformers/modules/transformer/transformer.py)."""
+    return run_layers(llama_model, tokens, llama_model.cast(mask, llama_model.dtype), embeds, freqs)
+
+
+def run_layers(llama_model, tokens, mask, embeds=None, freqs=None):
+    """LlamaModel's layers and final norm over `tokens` (B, T) with `mask` as its layers take
+    it (additive in the compute dtype without flash attention, uint8 1 = masked with it) and
+    the rotary `freqs` (rotary_at; positions 0..T-1 when None)."""
     bs, t = tokens.shape
     if embeds is None:
         embeds = llama_model.tok_embeddings(tokens)
     h = llama_model.cast(embeds, llama_model.dtype)
     h = llama_model.reshape(h, (bs, t, llama_model.hidden_size))  # (B, T, H)
-    mask = llama_model.cast(mask, llama_model.dtype)
-    freqs = llama_model.freqs_mgr(t)
+    if freqs is None:
+        freqs = llama_model.freqs_mgr(t)
     for i in range(llama_model.num_layers):
         h = llama_model.layers[i](h, freqs, mask)
     return llama_model.norm_out(h)
+
+
+def rotary_at(llama_model, positions):
+    """The rotary embedding's (cos, sin, swap mask) at `positions` (B, T) int32, in the layout
+    LlamaModel's FreqsMgr gives its layers ((1, 1, T, D) there, (B, 1, T, D) here; the rotary
+    embedding broadcasts either: mindformers/modules/layers.py FreqsMgr, RotaryEmbedding)."""
+    freqs = llama_model.freqs_mgr
+    bs, t = positions.shape
+    flat = positions.reshape(-1)
+    cos = ops.gather(freqs.freqs_cos, flat, 0).reshape(bs, 1, t, -1)
+    sin = ops.gather(freqs.freqs_sin, flat, 0).reshape(bs, 1, t, -1)
+    return cos, sin, freqs.swap_mask

@@ -5,16 +5,18 @@ Scoring (`_loglikelihood_tokens`), as `llama-npu eval` batches:
 - each request is one input row, (context + continuation)[:-1], cut from the left to
   --max-seq-len; requests with the same input share one row, so the four one-token choices
   A-D of a question cost one forward pass of the backbone;
-- rows are sorted by length, longest first (the first batch sizes the memory the others
-  reuse), and batched --batch-size at a time. Each batch is padded to one of a few widths
-  (plan_widths): the power-of-two buckets of their longest rows (loss_loop.bucket_length),
-  merged upward where the padding costs less than the compile it saves, a graph a width. On
-  the CPU, where that costs more (dynamic_cheaper), the backbone and the head are each one
-  graph of dynamic shape instead (Cell.set_inputs, mindspore/nn/cell.py: a None dimension),
-  each batch padded only to its own longest row; an exam of at most EAGER_BATCHES batches
-  compiles nothing and runs op by op. Ascend keeps the widths (its 910A default, the O2 graph
-  sink, is not checked here with dynamic shapes). compile_cache.py keeps the graphs for the
-  next run of the same shapes;
+- rows that share a prefix (a subject's description and shots) are packed under one copy
+  of it (shared_prefix.py: every row keeps its own positions and sees only the prefix and
+  itself), in packs of the width whose multiply-adds, attention included, are fewest
+  (choose_cap), so a few-shot exam computes its shots once a pack, not once a question;
+- packs are sorted by length, longest first (the first batch sizes the memory the others
+  reuse), and batched --batch-size at a time, run as scoring_plan.py chooses (eval's
+  --execution auto): op by op (nothing compiled), through a graph a padded width (the
+  power-of-two buckets of the longest packs, merged where padding costs less time than a
+  compile; Ascend's only way), or through one graph of dynamic shape (Cell.set_inputs,
+  mindspore/nn/cell.py: a None dimension): whichever the host's measured rates say is
+  fastest, compiles included. compile_cache.py keeps the graphs for the next run of the
+  same shapes;
 - the LM head runs only at the positions that predict a continuation token, EVAL_CHUNK
   positions per call, each position scoring up to TARGETS tokens: one chunk of logits exists
   at a time, and the fp32 log-softmax never leaves the device;
@@ -27,63 +29,29 @@ import json
 import re
 import time
 from contextlib import contextmanager
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from lm_eval import utils
 from lm_eval.api.model import TemplateLM
 
 from ...common.console import progress_bar
+from ...data.readers import RecordError
 from ...data.chat_template import render_text
 from ...model.tokens import BOS_ID, EOT_ID, PAD_ID
 from ...weights.hf_export import CHAT_TEMPLATE
+from .. import compile_cache
 from ..generate import decode
 from ..loaded_model import EVAL_CHUNK
-from ..loss_loop import bucket_length
+from .scoring_plan import Plan, Rates, backbone_costs, batches_of, choose
+from .shared_prefix import PAD_SEGMENT
 
 TARGETS = 4  # continuation tokens scored per head position: the four choices of a question
-# One more backbone graph costs about a forward over this many padded tokens: measured on
-# this 2-core CPU for the hidden-256, 4-layer model of benchmarks/exam_throughput.py at a load
-# under 1 (a compile 1.5-1.9 s, a padded token 0.1 ms at 129 wide to 0.2 ms at 513). On a card
-# compute is faster and compiles slower, which only makes merging widths the better choice there.
-COMPILE_TOKENS = 10240
-# The backbone's graph of dynamic shape compiles in about twice that (2.8 s against 1.5 s, the
-# same measurement; 4.1 against 2.3 at a load of 4-8).
-DYNAMIC_COMPILE_TOKENS = 2 * COMPILE_TOKENS
-# Exams of at most this many batches run op by op (PyNative), nothing compiled: measured on
-# this 2-core CPU (hidden-256, 4-layer model, batch 8, /tmp profile of 2026-12-03 at load 5-8):
-# a batch costs 0.45-0.65 s more eager than through a graph (0.6 vs 0.15 s at 70 tokens,
-# 1.2 vs 0.55 s at 300), and the two dynamic-shape graphs cost 2.2-3 s to compile: break-even
-# at 3.5-6 batches.
-EAGER_BATCHES = 4
 # The markers lm-eval's chat prompts contain, written by apply_chat_template below. The
 # tokenizer reads special-token text in data as plain text (data/tokenizer.py), so these are
 # mapped to their ids here and only here.
 MARKER_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 CHAT_MARKERS = re.compile("(" + "|".join(map(re.escape, MARKER_TOKENS)) + ")")
-
-
-def plan_widths(lengths: Sequence[int], batch_size: int, max_len: int) -> List[int]:
-    """The widths the backbone compiles for rows of `lengths`, batched `batch_size` at a
-    time, longest first: each batch's bucket_length, with neighbouring buckets merged
-    into the wider one wherever the padding added (batches x batch_size x extra width) costs
-    fewer tokens than the COMPILE_TOKENS a graph costs (an exact search over the buckets)."""
-    ordered = sorted(lengths, reverse=True)
-    needs = [bucket_length(ordered[i], max_len) for i in range(0, len(ordered), batch_size)]
-    buckets = sorted(set(needs))
-    count = [needs.count(b) for b in buckets]
-    # best[j]: the least cost of buckets[:j], its last group ending at bucket j - 1
-    best, cut = [0.0] + [float("inf")] * len(buckets), [0] * (len(buckets) + 1)
-    for j in range(1, len(buckets) + 1):
-        for i in range(j):
-            cost = best[i] + COMPILE_TOKENS + batch_size * buckets[j - 1] * sum(count[i:j])
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    widths, j = [], len(buckets)
-    while j:
-        widths.append(buckets[j - 1])
-        j = cut[j]
-    return sorted(widths)
 
 
 def dynamic_shapes() -> bool:
@@ -98,34 +66,25 @@ def dynamic_shapes() -> bool:
 
 @contextmanager
 def run_mode(eager: bool):
-    """PyNative (op by op) inside with `eager`, graph mode again after it."""
+    """PyNative (op by op) inside with `eager`, graph mode again after it. Its ops run
+    synchronously: on 2 cores, 15% faster than with a dispatch thread beside the kernels'
+    (8 x 128 tokens: 0.155 against 0.186 s a batch, scoring_plan.py's host)."""
     import mindspore as ms  # imported here: MindSpore loads after the command's quiet_frameworks (common/frameworks.py)
 
     if not eager:
         yield
         return
-    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_context(mode=ms.PYNATIVE_MODE, pynative_synchronize=True)
     try:
         yield
     finally:
-        ms.set_context(mode=ms.GRAPH_MODE)
-
-
-def dynamic_cheaper(lengths: Sequence[int], batch_size: int, max_len: int) -> bool:
-    """Whether one backbone graph of dynamic shape, each batch at its own longest row, costs
-    less than plan_widths' graph a width, each batch padded to its width: the compiles counted
-    in (DYNAMIC_)COMPILE_TOKENS, the batches in their padded tokens. A small 0-shot exam,
-    whose rows all fit one short bucket, compiles one static shape."""
-    widths = plan_widths(lengths, batch_size, max_len)
-    longest = sorted(lengths, reverse=True)[::batch_size]
-    static = COMPILE_TOKENS * len(widths) + batch_size * sum(next(w for w in widths if w >= n) for n in longest)
-    return DYNAMIC_COMPILE_TOKENS + batch_size * sum(longest) < static
+        ms.set_context(mode=ms.GRAPH_MODE, pynative_synchronize=False)
 
 
 def head_rows(needed: int) -> int:
-    """Rows of one head call: a power of two from 8 to EVAL_CHUNK, so a batch of four
-    one-token questions computes 8 rows of logits, not EVAL_CHUNK, and the head compiles
-    for at most six shapes."""
+    """Rows of the head's graph: a power of two from 8 to EVAL_CHUNK, enough for the most
+    positions a batch scores, so a batch of four one-token questions computes 8 rows of
+    logits, not EVAL_CHUNK."""
     rows = 8
     while rows < needed:
         rows *= 2
@@ -152,18 +111,58 @@ def target_head(lm_head):
     return cell
 
 
+def shared_prefix_backbone(backbone, flash_attention: bool):
+    """A cell: (ids, positions, segments), each (B, W) int32 (shared_prefix.py's packs) ->
+    hidden (B, W, H): LlamaModel's layers with each token at its own row's position and
+    attending only to the earlier tokens of the prefix and of its own segment (the mask
+    shared_prefix.segment_mask describes), additive or, for flash attention, uint8."""
+    import mindspore as ms  # imported here: MindSpore loads after the command's quiet_frameworks (common/frameworks.py)
+    from mindspore import nn, ops
+
+    from ...model.loss import rotary_at, run_layers
+
+    class SharedPrefixBackbone(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.backbone = backbone
+
+        def construct(self, ids, positions, segments):
+            bs, width = ids.shape
+            keys = segments.reshape(bs, 1, width)
+            visible = ops.logical_or(segments.reshape(bs, width, 1) == keys, keys == 0)
+            order = ops.arange(0, width, 1, dtype=ms.int32)
+            causal = order.reshape(1, width, 1) >= order.reshape(1, 1, width)
+            blocked = 1 - ops.logical_and(visible, causal).astype(ms.float32)  # (B, W, W), 1 = masked
+            if flash_attention:
+                mask = blocked.reshape(bs, 1, width, width).astype(ms.uint8)
+            else:
+                mask = (blocked * -10000.0).reshape(bs, 1, width, width).astype(self.backbone.dtype)
+            return run_layers(self.backbone, ids, mask, freqs=rotary_at(self.backbone, positions))
+
+    cell = SharedPrefixBackbone()
+    cell.set_train(False)
+    return cell
+
+
 class MindSporeLM(TemplateLM):
-    def __init__(self, net, tokenizer, max_seq_len: int, batch_size: int, progress: bool = True):
+    def __init__(self, net, tokenizer, max_seq_len: int, batch_size: int, progress: bool = True,
+                 execution: str = "auto"):
         super().__init__()
         self.net, self.tokenizer = net, tokenizer
         self.max_seq_len, self.batch_size, self.progress = max_seq_len, batch_size, progress
-        self.backbone = net.model
-        self.backbone.set_train(False)
+        self.backbone = shared_prefix_backbone(net.model, net.config.use_flash_attention)
+        token_macs, pair_macs = backbone_costs(net.config)
+        self.rates = Rates(token_macs, pair_macs, net.config.num_layers, on_ascend=not dynamic_shapes())
         self.head = target_head(net.lm_head)
         self.markers = {m: tokenizer.token_to_id(m) for m in MARKER_TOKENS}
         self.may_vary = dynamic_shapes()  # dynamic shapes and op-by-op runs are options (on the CPU)
-        self.dynamic: Optional[bool] = None if self.may_vary else False  # chosen at the first call where None
-        self.widths: List[int] = []  # the backbone's padded widths (plan_widths), without dynamic shapes
+        if execution in ("eager", "dynamic") and not self.may_vary:
+            raise RecordError(f"--execution {execution}: the CPU's only; on Ascend the exam runs through a graph a "
+                              f"padded width (--execution static, or auto)")
+        self.execution = None if execution == "auto" else execution
+        self.mode: Optional[str] = None  # "static" or "dynamic": the graphs compiled; None: none yet
+        self.widths: List[int] = []  # the static graphs' widths
+        self.head_size = 0  # the static head graph's rows (head_rows)
         self.compiled: set = set()  # ("backbone", width) / ("head", rows) already compiled; None: any
         self.compile_seconds = 0.0  # spent compiling them (or loading them from the compile cache)
         # (context, continuation) -> (the context ids scored, after any cut; continuation ids)
@@ -232,52 +231,32 @@ class MindSporeLM(TemplateLM):
             rows.setdefault(inputs, []).append((index, first, list(continuation)))
             if key is not None:
                 self.encoded[key] = (list(inputs[:first + 1]), list(continuation))
-        order = sorted(rows, key=len, reverse=True)
-        if self.dynamic is None:
-            self.dynamic = dynamic_cheaper([len(r) for r in order], self.batch_size, self.max_seq_len)
-        if not self.dynamic:
-            self._plan_widths([len(r) for r in order])
-        batches = []  # (rows, width, [(positions, targets (C, TARGETS), owners)] a head call)
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
-            width = len(batch[0]) if self.dynamic else next(w for w in self.widths if w >= len(batch[0]))
-            # One slot per (row position, up to TARGETS tokens it must score).
-            slots: Dict[int, List[Tuple[int, int]]] = {}
-            for b, row in enumerate(batch):
-                for index, first, targets in rows[row]:
-                    for offset, token in enumerate(targets):
-                        slots.setdefault(b * width + first + offset, []).append((index, token))
-            flat, slot_targets, owners = [], [], []
-            for position, wanted in slots.items():
-                for i in range(0, len(wanted), TARGETS):
-                    group = wanted[i:i + TARGETS]
-                    flat.append(position)
-                    slot_targets.append([t for _, t in group] + [0] * (TARGETS - len(group)))
-                    owners.append(group)
-            calls = []
-            for c in range(0, len(flat), EVAL_CHUNK):
-                rows_here = len(flat[c:c + EVAL_CHUNK])
-                pad = 0 if self.dynamic else head_rows(rows_here) - rows_here
-                calls.append((flat[c:c + EVAL_CHUNK] + [0] * pad, slot_targets[c:c + EVAL_CHUNK] + [[0] * TARGETS] * pad,
-                              owners[c:c + EVAL_CHUNK]))
-            batches.append((batch, width, calls))
-        graphs = [("backbone", None), ("head", None)] if self.dynamic else \
-            [("backbone", w) for w in sorted({w for _, w, _ in batches})] + \
-            [("head", n) for n in sorted({len(p) for *_, calls in batches for p, _, _ in calls})]
-        eager = self._eager_is_cheaper(len(batches), graphs)
+        plan = choose(list(rows), self.batch_size, self.max_seq_len, self.rates, self.may_vary, self.mode,
+                      self.widths, cached=lambda option: bool(compile_cache.holds(self._cache_key(
+                          self._graphs(option, self._layout(option, rows))))), forced=self.execution)
+        batches = self._layout(plan, rows)
+        eager = plan.mode == "eager"
         if not eager:
-            self._compile(graphs)
+            self._compile(plan, self._graphs(plan, batches))
         logprob = [0.0] * len(requests)
         greedy = [True] * len(requests)
-        with progress_bar(len(order), "scoring", "prompt", enabled=self.progress and not disable_tqdm) as bar, \
+        with progress_bar(len(rows), "scoring", "prompt", enabled=self.progress and not disable_tqdm) as bar, \
                 run_mode(eager):
             for batch, width, calls in batches:
-                ids = np.full((self.batch_size, width), PAD_ID, dtype=np.int32)
-                for b, row in enumerate(batch + [batch[-1]] * (self.batch_size - len(batch))):  # one shape a width
-                    ids[b, :len(row)] = row
-                hidden = self.backbone(ms.Tensor(ids))  # (B, W, H)
+                # Graphs take one shape a width: the batch filled with copies of its last pack.
+                filled = batch if eager else batch + [batch[-1]] * (self.batch_size - len(batch))
+                ids = np.full((len(filled), width), PAD_ID, dtype=np.int32)
+                positions = np.zeros((len(filled), width), dtype=np.int32)
+                segments = np.full((len(filled), width), PAD_SEGMENT, dtype=np.int32)
+                for b, pack in enumerate(filled):
+                    ids[b, :len(pack)], positions[b, :len(pack)], segments[b, :len(pack)] = \
+                        pack.ids, pack.positions, pack.segments
+                hidden = self.backbone(ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(segments))  # (B, W, H)
                 hidden = hidden.reshape(-1, hidden.shape[-1])  # (B*W, H)
                 for positions, targets, owners in calls:
+                    if plan.mode == "static":  # the head's one shape
+                        pad = self.head_size - len(positions)
+                        positions, targets = positions + [0] * pad, targets + [[0] * TARGETS] * pad
                     chunk = ops.gather(hidden, ms.Tensor(positions, ms.int32), 0)  # (C, H)
                     picked, best = self.head(chunk, ms.Tensor(np.array(targets, dtype=np.int32)))
                     picked, best = picked.asnumpy(), best.asnumpy()
@@ -285,27 +264,42 @@ class MindSporeLM(TemplateLM):
                         for k, (index, token) in enumerate(group):
                             logprob[index] += float(picked[s, k])
                             greedy[index] = greedy[index] and int(best[s]) == token
-                bar.update(len(batch))
+                bar.update(sum(len(pack.starts) for pack in batch))
         return list(zip(logprob, greedy))
 
-    def _eager_is_cheaper(self, batches: int, graphs: List[tuple]) -> bool:
-        """Whether to run `batches` op by op (PyNative: nothing compiled) rather than compile
-        `graphs`: on the CPU, for at most EAGER_BATCHES, when no graph is compiled yet and the
-        compile cache does not hold them (it hands them back in less time than an eager run)."""
-        from .. import compile_cache
+    def _layout(self, plan: Plan, rows: dict) -> list:
+        """[(packs, width, [(positions, targets (C, TARGETS), owners)] a head call)] a batch of
+        `plan`, each position a slot of the flattened (B x width) hidden states scoring up to
+        TARGETS tokens; `rows`: input ids -> [(request, first position, targets)]."""
+        batches = []
+        for batch in batches_of(plan.packs, self.batch_size):
+            width = plan.width(len(batch[0]))
+            slots: Dict[int, List[Tuple[int, int]]] = {}
+            for b, pack in enumerate(batch):
+                for row in pack.starts:
+                    for index, first, targets in rows[row]:
+                        for offset, token in enumerate(targets):
+                            slots.setdefault(b * width + pack.index(row, first + offset), []).append((index, token))
+            flat, slot_targets, owners = [], [], []
+            for position, wanted in slots.items():
+                for i in range(0, len(wanted), TARGETS):
+                    group = wanted[i:i + TARGETS]
+                    flat.append(position)
+                    slot_targets.append([t for _, t in group] + [0] * (TARGETS - len(group)))
+                    owners.append(group)
+            batches.append((batch, width, [(flat[c:c + EVAL_CHUNK], slot_targets[c:c + EVAL_CHUNK],
+                                            owners[c:c + EVAL_CHUNK]) for c in range(0, len(flat), EVAL_CHUNK)]))
+        return batches
 
-        if not self.may_vary or self.compiled or batches > EAGER_BATCHES:
-            return False
-        return not compile_cache.holds(self._cache_key(graphs))
-
-    def _plan_widths(self, lengths: List[int]) -> None:
-        """The widths this scorer pads to: planned on the first call, widened only when a later
-        call (--compare's second model, a rolling window) has longer rows."""
-        wanted = plan_widths(lengths, self.batch_size, self.max_seq_len)
-        if not self.widths:
-            self.widths = wanted
-        elif lengths and max(lengths) > self.widths[-1]:
-            self.widths = sorted(set(self.widths) | {w for w in wanted if w > self.widths[-1]})
+    def _graphs(self, plan: Plan, batches: list) -> List[tuple]:
+        """The graphs `plan` runs through, in their order of compile: ("backbone", width) and
+        ("head", rows), the size None for the one graph of dynamic shape; none op by op."""
+        if plan.mode == "eager":
+            return []
+        if plan.mode == "dynamic":
+            return [("backbone", None), ("head", None)]
+        rows = max((len(positions) for *_, calls in batches for positions, _, _ in calls), default=1)
+        return [("backbone", w) for w in plan.widths] + [("head", max(head_rows(rows), self.head_size))]
 
     def _cache_key(self, graphs: List[tuple]) -> dict:
         """What decides the graphs' shapes: the model's config and parameters (not their
@@ -314,15 +308,15 @@ class MindSporeLM(TemplateLM):
                 "parameters": [[p.name, list(p.shape), str(p.dtype)] for p in self.net.get_parameters()],
                 "batch": self.batch_size, "graphs": graphs}
 
-    def _compile(self, graphs: List[tuple]) -> None:
-        """Compile the graphs ((kind, size): size None is the one graph of dynamic shape) not
-        compiled yet, in the given order (the same shapes in the same order in every run), so
-        that MindSpore's compile cache (compile_cache.py) can hand them back; graphs a later
-        call adds compile outside the cache."""
+    def _compile(self, plan: Plan, graphs: List[tuple]) -> None:
+        """Compile the graphs of `plan` ((kind, size): size None is the one graph of dynamic
+        shape) not compiled yet, in the given order (the same shapes in the same order in every
+        run), so that MindSpore's compile cache (compile_cache.py) can hand them back; graphs a
+        later call adds compile outside the cache."""
         import mindspore as ms  # imported here: MindSpore loads after the command's quiet_frameworks
 
-        from .. import compile_cache
-
+        self.mode, self.widths = plan.mode, plan.widths
+        self.head_size = max([size for kind, size in graphs if kind == "head" and size] + [self.head_size])
         todo = [graph for graph in graphs if graph not in self.compiled]
         if not todo:
             return
@@ -334,16 +328,18 @@ class MindSporeLM(TemplateLM):
         started = time.perf_counter()
         for kind, size in todo:
             if kind == "backbone":
-                ids = ms.Tensor(shape=[self.batch_size, None], dtype=ms.int32) if size is None else \
-                    ms.Tensor(np.zeros((self.batch_size, size), np.int32))
-                self.backbone.set_inputs(ids)
-                self.backbone.compile(ids)
+                inputs = [ms.Tensor(shape=[self.batch_size, None], dtype=ms.int32) if size is None else
+                          ms.Tensor(np.zeros((self.batch_size, size), np.int32)) for _ in range(3)]  # ids, positions, segments
             else:
                 inputs = (ms.Tensor(shape=[None, hidden_size], dtype=ms.float32),
                           ms.Tensor(shape=[None, TARGETS], dtype=ms.int32)) if size is None else \
                     (ms.Tensor(np.zeros((size, hidden_size), np.float32)), ms.Tensor(np.zeros((size, TARGETS), np.int32)))
-                self.head.set_inputs(*inputs)
-                self.head.compile(*inputs)
+            cell = self.backbone if kind == "backbone" else self.head
+            if size is None:
+                # Only the dynamic graph: set_inputs makes every later call check its shapes against
+                # these, which a graph a width (several static shapes of one cell) must not.
+                cell.set_inputs(*inputs)
+            cell.compile(*inputs)
             self.compiled.add((kind, size))
         self.compile_seconds += time.perf_counter() - started
 

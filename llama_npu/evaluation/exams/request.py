@@ -16,4 +16,5 @@ def exam_request(args) -> dict:
     return run_exam(args.task, Path(args.checkpoint), Path(args.data[0]), 5 if args.shots is None else args.shots,
                     args.split, args.subjects, Path(args.output) if args.output else None,
                     Path(args.compare) if args.compare else None, args.chat,
-                    args.max_seq_len or DEFAULT_MAX_SEQ_LEN, args.batch_size, args.device, args.compare_chat, args.weights)
+                    args.max_seq_len or DEFAULT_MAX_SEQ_LEN, args.batch_size, args.device, args.compare_chat, args.weights,
+                    args.execution or "auto")

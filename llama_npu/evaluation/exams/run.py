@@ -105,7 +105,8 @@ def summarize(task: str, records: List[Scored], configs: dict) -> dict:
 
 
 def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, prompt_format: tuple,
-                     max_seq_len: int, batch_size: int, device: str, weights: str = "stored", lm=None) -> dict:
+                     max_seq_len: int, batch_size: int, device: str, weights: str = "stored", lm=None,
+                     execution: str = "auto") -> dict:
     """The summary and records of `checkpoint`; with `lm` (the first checkpoint's scorer, under
     --compare) its weights are loaded into that scorer's network, and its questions run through
     the graphs already compiled, where the shapes allow (loaded_model.reload_weights).
@@ -117,7 +118,7 @@ def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, 
     tokenizer = reload_weights(lm.net, Path(checkpoint), weights) if lm is not None else None
     if tokenizer is None:
         net, _, tokenizer = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device, weights)
-        lm = MindSporeLM(net, load_tokenizer(tokenizer), max_seq_len, batch_size)
+        lm = MindSporeLM(net, load_tokenizer(tokenizer), max_seq_len, batch_size, execution=execution)
     else:
         lm.use_checkpoint(load_tokenizer(tokenizer))
     graphs, compiling = len(lm.compiled), lm.compile_seconds
@@ -135,7 +136,7 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
              subjects: Optional[List[str]] = None, output: Optional[Path] = None, compare: Optional[Path] = None,
              chat: Optional[bool] = None, max_seq_len: int = 2048, batch_size: int = 4,
              device: str = "auto", compare_chat: Optional[bool] = None,
-             weights: str = "stored") -> dict:
+             weights: str = "stored", execution: str = "auto") -> dict:
     """The summary of `checkpoint` (and of `compare`, with deltas); every input is checked
     before a model is built, and --output is written only once everything is scored."""
 
@@ -151,11 +152,12 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
         checkpoint_tokenizer(Path(path))  # a checkpoint eval cannot read: one line, before any model is built
     tasks = build_tasks(data)
     result = {"task": task, "split": data.split, "shots": shots, "data": str(data_dir), "max_seq_len": max_seq_len,
-              **score_checkpoint(checkpoint, data, tasks, shots, formats[0], max_seq_len, batch_size, device, weights)}
+              **score_checkpoint(checkpoint, data, tasks, shots, formats[0], max_seq_len, batch_size, device, weights,
+                                 execution=execution)}
     records, scorer = result.pop("records"), result.pop("scorer")
     if compare is not None:
         other = score_checkpoint(compare, data, tasks, shots, formats[1], max_seq_len, batch_size, device, weights,
-                                 lm=scorer)
+                                 lm=scorer, execution=execution)
         other_records = other.pop("records")
         other.pop("scorer")
         result["compare"] = other
