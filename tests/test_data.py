@@ -187,13 +187,19 @@ def test_best_fit_packing_of_the_shipped_sample(tok):
             assert padding < 0.05
 
 
+@pytest.mark.parametrize("rows_a_file", [None, 500])
 @pytest.mark.parametrize("packed", [False, True])
-def test_prepared_rows_are_the_in_memory_samples(tmp_path, tok, packed):
+def test_prepared_rows_are_the_in_memory_samples(tmp_path, tok, packed, rows_a_file, monkeypatch):
     """prepare-data streams records through flat chunks, a spill file and its own MindRecord
     writer; what it stores is exactly what train's in-memory path builds from the same
-    records (TOKENIZE_BATCH 1024 < 2,300 records: several chunks, and a sample cut to 97)."""
+    records (TOKENIZE_BATCH 1024 < 2,300 records: several chunks, and a sample cut to 97),
+    in any order asked. Written as files of `rows_a_file` rows (a writer's index grows with
+    its rows until commit), the files are read back as one dataset, in order."""
+    from llama_npu.data import mindrecord
     from llama_npu.data.prepare import prepare_dataset
 
+    if rows_a_file:
+        monkeypatch.setattr(mindrecord, "ROWS_A_FILE", rows_a_file)
     src = tmp_path / "ten.jsonl"
     src.write_text((REPO / "data" / "zh_instruct_train.jsonl").read_text(encoding="utf-8") * 10, encoding="utf-8")
     meta = prepare_dataset("alpaca", [str(src)], tmp_path / "prepared", max_seq_len=96, packed=packed)
@@ -201,11 +207,14 @@ def test_prepared_rows_are_the_in_memory_samples(tmp_path, tok, packed):
     expected = pack(samples, 97) if packed else samples
     stored = MindRecordSamples(tmp_path / "prepared")
     assert meta["counts"]["rows"] == len(stored) == len(expected) and report.truncated == meta["counts"]["truncated"] > 0
-    for got, want in zip(stored.iterate(range(len(stored))), expected):
+    order = np.random.default_rng(0).permutation(len(stored))
+    for got, want in zip(stored.iterate(order), (expected[i] for i in order)):
         assert (got.input_ids, got.labels) == (want.input_ids, want.labels)
         assert got.segment_ids == want.segment_ids  # None unpacked: one segment
-    assert sorted(p.name for p in (tmp_path / "prepared").iterdir()) == ["data.mindrecord", "data.mindrecord.db",
-                                                                          "meta.json"]
+    assert meta["files"] == ["data.mindrecord"] + [f"data.mindrecord.{k}" for k in range(1, len(meta["files"]))]
+    assert (len(meta["files"]) == 1) == (rows_a_file is None)
+    assert sorted(p.name for p in (tmp_path / "prepared").iterdir()) == sorted(
+        [name for f in meta["files"] for name in (f, f + ".db")] + ["meta.json"])
 
 
 def test_mindrecord_stream_resumes_at_the_same_sample(tmp_path):

@@ -346,6 +346,24 @@ def test_prepared_data_made_for_another_length_is_refused_before_tokenizing(tmp_
     assert "tokenizing" not in proc.stdout and not (tmp_path / "run").exists()
 
 
+def test_prepared_data_missing_one_of_its_files_is_refused_before_anything_is_written(tmp_path):
+    """A prepared dataset written as several files (data/mindrecord.py ROWS_A_FILE) with one
+    of them gone: train names it and writes no run."""
+    from llama_npu.data.tokenizer import tokenizer_identity
+
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / "data.mindrecord").write_bytes(b"")
+    (prepared / "meta.json").write_text(json.dumps({"max_seq_len": 32, "tokenizer": tokenizer_identity("llama3.2"),
+                                                    "files": ["data.mindrecord", "data.mindrecord.1"]}))
+    proc = run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", "data.train_files=[]",
+                   "--set", f"data.prepared={prepared}")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"llama-npu: error: data.prepared={prepared}: data.mindrecord.1 is missing; prepare it again")
+    assert not (tmp_path / "run").exists()
+
+
 def bad_after_three_good(tmp_path):
     data = tmp_path / "late_error.jsonl"
     good = (REPO / "data" / "zh_instruct_train.jsonl").read_text(encoding="utf-8").splitlines()[:3]

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..common.atomic import check_writable, staged_directory
 from ..common.console import progress_bar
-from .mindrecord import DATA_FILE, META_FILE, RowWriter
+from .mindrecord import META_FILE, RowWriter
 from .packing import assign_rows, gather_rows, padding_share
 from .readers import RecordError, SkipReport, good_records
 from .record_kind import RecordKind
@@ -67,7 +67,7 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     fit = FitReport()
     output.parent.mkdir(parents=True, exist_ok=True)
     with staged_directory(output, replace=overwrite) as staging:
-        writer = RowWriter(staging / DATA_FILE)
+        writer = RowWriter(staging)
         with progress_bar(count, "tokenize", "record") as bar:
             records = good_records(inputs, fmt, "skip", SkipReport(), options, kind, name_unread=False)
             chunks = tokenized_chunks(tok, records, length, train_on_prompt, fit, bar)
@@ -84,6 +84,7 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
         writer.commit()
         meta = _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, writer.rows,
                      packed_rows)
+        meta["files"] = writer.files
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
     return meta
 

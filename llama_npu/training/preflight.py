@@ -161,12 +161,13 @@ def check_records(recipe: Recipe, tokenizer=None) -> list:
 def check_prepared(recipe: Recipe, rehearsal: bool = False) -> None:
     """data.prepared was made for this recipe: its length (a rehearsal reads longer rows cut
     to its own, data/mindrecord.window) and its tokenizer."""
-    from ..data.mindrecord import DATA_FILE, read_meta  # imported here: it loads numpy, which validate does not need
+    from ..data.mindrecord import data_files, read_meta  # imported here: it loads numpy, which validate does not need
 
     d = recipe.data
     meta = read_meta(Path(d.prepared))
-    if not (Path(d.prepared) / DATA_FILE).is_file():
-        raise RunDirError(f"data.prepared={d.prepared}: {DATA_FILE} is missing; prepare it again")
+    for name in data_files(meta):
+        if not (Path(d.prepared) / name).is_file():
+            raise RunDirError(f"data.prepared={d.prepared}: {name} is missing; prepare it again")
     if meta["max_seq_len"] != d.max_seq_len and not (rehearsal and meta["max_seq_len"] > d.max_seq_len):
         raise RecipeError(f"data.prepared={d.prepared} was prepared with --max-seq-len {meta['max_seq_len']}, "
                           f"but data.max_seq_len={d.max_seq_len}")
