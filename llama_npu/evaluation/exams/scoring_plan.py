@@ -167,8 +167,11 @@ def _eager(packs: List[Pack], batch_size: int, rates: Rates) -> Plan:
 
 def packed(rows: Sequence[tuple], batch_size: int, max_len: int, rates: Rates, token_factor: float = 1.0,
            pair_factor: float = 1.0) -> List[Pack]:
-    """The rows packed at the width that costs least at these relative rates, longest first."""
-    _, packs = choose_cap(rows, batch_size, max_len, rates.token_macs * token_factor,
+    """The rows packed at the width that costs least at these relative rates, longest first;
+    no pack wider than the bucket the longest row is padded to alone, so that a batch takes
+    no more memory than it would without packing (--batch-size sized for the prompts)."""
+    widest = bucket_length(max((len(r) for r in rows), default=1), max_len)
+    _, packs = choose_cap(rows, batch_size, widest, rates.token_macs * token_factor,
                           rates.pair_macs * PAIR_WEIGHT * pair_factor)
     return sorted(packs, key=len, reverse=True)
 
