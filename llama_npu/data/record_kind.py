@@ -11,6 +11,11 @@ from typing import Callable, Dict, Optional, Set, Tuple
 from .errors import RecordError
 
 
+def no_record(raw: object) -> bool:
+    """is_record of a kind whose records are told by no key of their own (SFT's)."""
+    return False
+
+
 @dataclass(frozen=True)
 class RecordKind:
     # As messages name them ("SFT records", "preference pairs").
@@ -23,7 +28,9 @@ class RecordKind:
     read_keys: Dict[str, Set[str]]
     # Whether a raw record (a dict, data.columns applied) is of this kind: a record of
     # another objective's kind is refused by name (`misread`), not by a missing key.
-    is_record: Callable[[object], bool] = lambda raw: False
+    # Every field is a module-level function (or a partial of one): prepare-data's worker
+    # processes receive the kind pickled.
+    is_record: Callable[[object], bool] = no_record
     # "file:line" -> the error when a record of this kind is read for another objective.
     misread: Optional[Callable[[str], RecordError]] = None
     # The parser's RecordError.reason for a record that is not of this kind, and the line

@@ -15,6 +15,7 @@ refused in one line naming the file, row and column. Pure Python: validate reads
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import List
 
 from ...data.chat_template import Message
@@ -52,11 +53,10 @@ def parse_label(record: dict, where: str) -> bool:
                       f"false/0/no, any case); {SKIP_HINT}", f"'{LABEL}' not a boolean")
 
 
-def _parser(parse):
-    def parse_kto(raw: object, where: str) -> KtoRecord:
-        messages = parse(raw, where).messages  # ends with the assistant's reply (the reader checks it)
-        return KtoRecord(where, messages[:-1], messages[-1][1], parse_label(raw, where))
-    return parse_kto
+def parse_kto(parse, raw: object, where: str) -> KtoRecord:
+    """A labelled reply read by `parse`, the format's SFT parser (a partial: it pickles)."""
+    messages = parse(raw, where).messages  # ends with the assistant's reply (the reader checks it)
+    return KtoRecord(where, messages[:-1], messages[-1][1], parse_label(raw, where))
 
 
 def is_kto_record(raw: object) -> bool:
@@ -74,6 +74,6 @@ def none_in_file(path) -> str:
             f"{{{LABEL}: kto_tag}} reads LLaMA-Factory's column)")
 
 
-PARSERS = {"alpaca": _parser(parse_alpaca), "sharegpt": _parser(parse_sharegpt)}
+PARSERS = {"alpaca": partial(parse_kto, parse_alpaca), "sharegpt": partial(parse_kto, parse_sharegpt)}
 RECORDS = RecordKind("labelled replies", PARSERS, {fmt: READ_KEYS[fmt] | {LABEL} for fmt in PARSERS},
                      is_kto_record, misread, f"missing '{LABEL}'", none_in_file)
