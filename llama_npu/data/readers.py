@@ -92,30 +92,37 @@ def _array_records(path: Path, text: str) -> Iterator[Tuple[int, object]]:
         pos = skip_space(pos + 1)
 
 
-def _raw_records(path: Path, options: ReadOptions) -> Iterator[Tuple[int, object]]:
-    """(line or row, parsed record or a RecordError) for each record of a file, its keys
-    mapped by data.columns."""
+def _raw_records(path: Path, options: ReadOptions, first_line: int = 1) -> Iterator[Tuple[int, object]]:
+    """(line or row, parsed record or a RecordError) for each record of a file from line (or
+    row) `first_line` on, its keys mapped by data.columns."""
     if is_table(path):
-        return table_records(path, options)
-    return ((line, map_columns(raw, options.columns)) for line, raw in _json_records(path, options.encoding))
+        return ((row, record) for row, record in table_records(path, options) if row >= first_line)
+    return ((line, map_columns(raw, options.columns)) for line, raw in _json_records(path, options.encoding,
+                                                                                      first_line))
 
 
-def _json_records(path: Path, encoding: str) -> Iterator[Tuple[int, object]]:
+def _json_records(path: Path, encoding: str, first_line: int = 1) -> Iterator[Tuple[int, object]]:
     """(line number, parsed JSON or a RecordError) for each record of a JSON array or JSONL
-    file; a malformed JSONL line is yielded as an error so skip mode can go on."""
+    file from line `first_line` on; a malformed JSONL line is yielded as an error so skip
+    mode can go on."""
     # JSONL streams a line at a time, so memory does not grow with the file (#43); a JSON
     # array is one value, read whole. Lines end at \n, \r\n or \r, never inside a JSON string,
-    # which escapes them (data/encodings.py text_lines).
+    # which escapes them (data/encodings.py text_lines). A JSONL line before `first_line` is
+    # not parsed: prepare-data's worker processes start at their range's first record.
     lines, first = text_lines(path, encoding), True
     for lineno, line in enumerate(lines, start=1):
+        if lineno < first_line and not first:
+            continue
         line = line[:-1] if line.endswith("\n") else line  # a newline in an open string is no control character
         if not line.strip():
             continue
         if first and line.lstrip().startswith("["):
             lines.close()
-            yield from _array_records(path, decode_file(path, encoding))
+            yield from ((n, raw) for n, raw in _array_records(path, decode_file(path, encoding)) if n >= first_line)
             return
         first = False
+        if lineno < first_line:
+            continue
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
@@ -308,19 +315,21 @@ def detect_format(path: Path, options: ReadOptions = ReadOptions()) -> str:
 
 
 def iter_records(paths, fmt: str, options: ReadOptions = ReadOptions(), kind: Optional[RecordKind] = None,
-                 on_unread: Optional[Callable[[Path, List[str]], None]] = None) -> Iterator[Record | RecordError]:
-    """Every record of every file, in order; a bad record is yielded as its RecordError.
-    A missing, empty or undecodable file raises at once. `kind`: the records an objective
-    reads (SFT_RECORDS; objectives/ records_of). `on_unread(path, keys)`: told, after each
-    file, the keys of its records that the format does not read."""
+                 on_unread: Optional[Callable[[Path, List[str]], None]] = None,
+                 first_line: int = 1) -> Iterator[Record | RecordError]:
+    """Every record of every file, in order, the first file's from line (or row)
+    `first_line` on; a bad record is yielded as its RecordError. A missing, empty or
+    undecodable file raises at once. `kind`: the records an objective reads (SFT_RECORDS;
+    objectives/ records_of). `on_unread(path, keys)`: told, after each file, the keys of its
+    records that the format does not read."""
     kind = kind or SFT_RECORDS
     parse = kind.parsers[fmt]
     reads = kind.read_keys.get(fmt, set())
-    for path in map(Path, paths):
+    for index, path in enumerate(map(Path, paths)):
         if not path.is_file():
             raise RecordError(f"{path}: file not found")
         count, unread = 0, {}
-        for lineno, raw in _raw_records(path, options):
+        for lineno, raw in _raw_records(path, options, first_line if index == 0 else 1):
             count += 1
             if isinstance(raw, RecordError):
                 yield raw
@@ -381,12 +390,13 @@ def read_dataset(paths, fmt: str, on_bad_record: str = "error",
 
 
 def good_records(paths, fmt: str, on_bad_record: str, skipped: SkipReport, options: ReadOptions = ReadOptions(),
-                 kind: Optional[RecordKind] = None, name_unread: bool = True) -> Iterator[Record]:
-    """The good records, streamed; a bad one stops the read (error) or is counted in
-    `skipped` and left out (skip). With `name_unread`, a file's columns that nothing reads are
-    named in a note (prepare-data reads its files twice and names them on one pass)."""
+                 kind: Optional[RecordKind] = None, name_unread: bool = True, first_line: int = 1) -> Iterator[Record]:
+    """The good records, streamed (the first file's from line `first_line` on); a bad one
+    stops the read (error) or is counted in `skipped` and left out (skip). With
+    `name_unread`, a file's columns that nothing reads are named in a note (prepare-data
+    reads its files twice and names them on one pass)."""
     on_unread = unread_note(fmt, kind or SFT_RECORDS) if name_unread else None
-    for item in iter_records(paths, fmt, options, kind, on_unread):
+    for item in iter_records(paths, fmt, options, kind, on_unread, first_line):
         if isinstance(item, RecordError):
             if on_bad_record == "error":
                 raise with_skip_hint(item)
