@@ -61,6 +61,12 @@ def test_a_destination_that_cannot_be_written_is_one_line_before_any_work(comman
     (["prepare-data", "--format", "alpaca", "--input", "data/zh_instruct_eval.jsonl", "--output", "out",
       "--max-seq-len", "0"],
      "--max-seq-len: expected 1 to 131072 (Llama 3.2's context), as data.max_seq_len, got 0"),
+    (["prepare-data", "--format", "alpaca", "--input", "data/zh_instruct_eval.jsonl", "--output", "out",
+      "--workers", "0"],
+     "--workers: expected auto or 1 or more worker processes, got 0"),
+    (["prepare-data", "--format", "alpaca", "--input", "data/zh_instruct_eval.jsonl", "--output", "out",
+      "--workers", "all"],
+     "--workers: expected auto or 1 or more worker processes, got all"),
 ])
 def test_a_number_out_of_its_range_is_one_line_naming_the_flag(command, expected, tmp_path):
     """argparse's type=int takes 0 and -3: they were a silent default (eval --batch-size 0), an

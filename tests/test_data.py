@@ -217,6 +217,63 @@ def test_prepared_rows_are_the_in_memory_samples(tmp_path, tok, packed, rows_a_f
         [name for f in meta["files"] for name in (f, f + ".db")] + ["meta.json"])
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_worker_processes_write_the_same_rows_in_the_same_order(tmp_path, packed, monkeypatch):
+    """--workers: each worker process starts reading at its range's mark (a JSONL line, a row
+    of a table, a record part-way along a JSON array's one line), so the dataset, the counts
+    and the skip report are those of one process, across files, bad records and blank lines.
+    Ranges of 12 records, a part at least 25: 4 parts here."""
+    from llama_npu.data import prepare_parts
+    from llama_npu.data.prepare import prepare_dataset
+
+    monkeypatch.setattr(prepare_parts, "MARK_EVERY", 12)
+    monkeypatch.setattr(prepare_parts, "RECORDS_A_PART", 25)
+    base = [json.loads(line) for line in (REPO / "data" / "zh_instruct_train.jsonl").read_text("utf-8").splitlines()]
+    lines = [json.dumps(r, ensure_ascii=False) for r in base[:60]]
+    lines[7], lines[30] = "{not json", json.dumps({"instruction": "没有回答"}, ensure_ascii=False)
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text("\n".join(lines[:20] + ["", "  "] + lines[20:]) + "\n", encoding="utf-8")
+    array = tmp_path / "b.json"  # 40 records on one line
+    array.write_text(json.dumps(base[60:100], ensure_ascii=False), encoding="utf-8")
+    table = tmp_path / "c.csv"
+    table.write_text("instruction,input,output\n" + "".join(
+        f'"{r["instruction"]}","{r.get("input", "")}","{r["output"]}"\n'.replace("\n\"", "\"") for r in base[100:130]
+        if '"' not in r["instruction"] + r.get("input", "") + r["output"]), encoding="utf-8")
+    inputs = [str(jsonl), str(array), str(table)]
+    metas, rows = {}, {}
+    for workers in (1, 4):
+        out = tmp_path / f"w{workers}"
+        metas[workers] = prepare_dataset("alpaca", inputs, out, max_seq_len=200, packed=packed,
+                                         on_bad_record="skip", workers=workers)
+        stored = MindRecordSamples(out)
+        rows[workers] = [(s.input_ids, s.labels, s.segment_ids) for s in stored.iterate(range(len(stored)))]
+    one, four = metas[1], metas[4]
+    assert one["files"] == ["data.mindrecord"]
+    assert four["files"] == ["data.mindrecord", "data-1.mindrecord", "data-2.mindrecord", "data-3.mindrecord"]
+    assert {k: v for k, v in one.items() if k != "files"} == {k: v for k, v in four.items() if k != "files"}
+    assert one["counts"]["skipped"] == 2 and one["counts"]["written"] > 100
+    assert rows[1] == rows[4] and len(rows[1]) == one["counts"]["rows"]
+    assert not [p.name for p in (tmp_path / "w4").iterdir() if p.name.startswith(".spill")]
+
+
+def test_prepare_data_workers_from_the_command_line(tmp_path, tok):
+    """Two worker processes spawned from `python -m llama_npu` (100,000 records, 50,000 a
+    worker at least; the second starts at a mark, every 1,024th record): the rows on both
+    sides of the parts' boundary and at the end are the records' own samples, in order."""
+    base = (REPO / "data" / "zh_instruct_train.jsonl").read_text("utf-8").splitlines()
+    src = tmp_path / "many.jsonl"
+    src.write_text("".join(base[i % len(base)] + "\n" for i in range(100_000)), encoding="utf-8")
+    out = tmp_path / "prepared"
+    proc = run_cli("prepare-data", "--format", "alpaca", "--input", src, "--output", out, "--max-seq-len", "1024",
+                   "--workers", "2", check=True)
+    assert "in 2 worker processes" in proc.stdout
+    stored = MindRecordSamples(out)
+    assert len(stored) == 100_000 and stored.meta["files"] == ["data.mindrecord", "data-1.mindrecord"]
+    own, _ = tokenize_records(tok, read_records([REPO / "data" / "zh_instruct_train.jsonl"], "alpaca"), 1025)
+    rows = [*range(49 * 1024 - 10, 49 * 1024 + 10), 99_999]  # the second part starts at the 49th mark
+    assert [s.input_ids for s in stored.iterate(rows)] == [own[i % len(base)].input_ids for i in rows]
+
+
 def test_mindrecord_stream_resumes_at_the_same_sample(tmp_path):
     src = write_jsonl(tmp_path / "a.jsonl", [dict(GOOD, output=f"第{i}个回答。") for i in range(7)])
     out = tmp_path / "prepared"

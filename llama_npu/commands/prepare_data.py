@@ -31,21 +31,27 @@ def add_parser(subparsers) -> None:
                       help="stop at the first bad record, or skip it and count it by reason")
     prep.add_argument("--train-on-prompt", action="store_true", help="take the loss on every turn")
     prep.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    prep.add_argument("--workers", default="auto", metavar="N",
+                      help="worker processes that tokenize and write, each a contiguous range of at least 50,000 "
+                           "records (default auto: one for every 4 cores, at most 8)")
     prep.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..data.prepare import format_report, prepare_dataset  # imported here: it loads numpy, --help does not
+    from ..data.prepare_parts import workers_for
     from ..model.llama import MAX_POSITIONS
 
     check_ranges(args, {"max_seq_len": (lambda n: 1 <= n <= MAX_POSITIONS,
-                                        f"1 to {MAX_POSITIONS} (Llama 3.2's context), as data.max_seq_len")})
+                                        f"1 to {MAX_POSITIONS} (Llama 3.2's context), as data.max_seq_len"),
+                        "workers": (lambda n: n == "auto" or n.isdigit() and int(n) >= 1,
+                                    "auto or 1 or more worker processes")})
 
     meta = prepare_dataset(args.format, args.input, Path(args.output), tokenizer=args.tokenizer,
                            max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
                            overwrite=args.overwrite, train_on_prompt=args.train_on_prompt,
                            progress=note, options=ReadOptions.of(parse_columns(args.column), args.encoding),
-                           kind=records_of(sft))
+                           kind=records_of(sft), workers=workers_for(args.workers))
     print(format_report(meta))
     print(f"wrote {args.output}")
     return 0

@@ -27,7 +27,8 @@ def data_files(meta: dict) -> List[str]:
 
 class RowWriter:
     """New MindRecord files of int32 rows at their own length (`shape: [-1]`) in `directory`,
-    written a chunk of flat arrays at a time, a new file once ROWS_A_FILE rows are in one.
+    written a chunk of flat arrays at a time, a new file once ROWS_A_FILE rows are in one
+    (`stem`, `stem`.1, ...; a worker process of prepare-data writes its own stem).
 
     FileWriter.write_raw_data checks and merges every row in Python (ShardWriter._merge_blob,
     mindspore/mindrecord/core/shardwriter.py), which took longer than tokenizing. Here each
@@ -36,8 +37,9 @@ class RowWriter:
     FileWriter.write_raw_data ends in, with the same arguments (no raw fields; the schema is
     ours, so nothing to validate). MindDataset reads the files as it reads FileWriter's."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, stem: str = DATA_FILE):
         self.directory = Path(directory)
+        self.stem = stem  # the first file's name; the next ones add .1, .2, ...
         self.files: List[str] = []  # written, in row order
         self.file = None
         self.rows = 0
@@ -48,7 +50,7 @@ class RowWriter:
 
         if self.file is not None:
             self.file.commit()
-        name = DATA_FILE if not self.files else f"{DATA_FILE}.{len(self.files)}"
+        name = self.stem if not self.files else f"{self.stem}.{len(self.files)}"
         path = str(self.directory / name)
         self.file = FileWriter(path, shard_num=1, overwrite=False)
         self.file.add_schema({name: {"type": "int32", "shape": [-1]} for name in COLUMNS}, "llama_npu_samples")

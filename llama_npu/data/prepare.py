@@ -16,16 +16,13 @@ import numpy as np
 
 from ..common.atomic import check_writable, staged_directory
 from ..common.console import progress_bar
-from .mindrecord import META_FILE, RowWriter
-from .packing import assign_rows, gather_rows, padding_share
-from .readers import RecordError, SkipReport, good_records
+from .mindrecord import META_FILE
+from .packing import assign_rows, padding_share
+from .prepare_parts import Job, Parts, count_records, merged_fit, spans, tokenize_part, write_packed
+from .readers import RecordError, SkipReport
 from .record_kind import RecordKind
-from .samples import FitReport, tokenized_chunks
 from .tables import ReadOptions
 from .tokenizer import load_tokenizer, tokenizer_identity
-
-
-PACK_CHUNK = 2048  # packed rows gathered and written at a time
 
 
 def _sha256(path: Path) -> str:
@@ -39,7 +36,8 @@ def _sha256(path: Path) -> str:
 def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = "llama3.2",
                     max_seq_len: int = 2048, packed: bool = False, on_bad_record: str = "error",
                     overwrite: bool = False, train_on_prompt: bool = False, progress=None,
-                    options: ReadOptions = ReadOptions(), kind: Optional[RecordKind] = None) -> dict:
+                    options: ReadOptions = ReadOptions(), kind: Optional[RecordKind] = None,
+                    workers: int = 1) -> dict:
     """Write the prepared dataset and return its meta.json content. `kind`: the SFT records
     refusing other objectives' by name (objectives/ records_of; the readers' default else).
 
@@ -48,8 +46,9 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
 
     The records stream through in chunks (data/samples.py tokenized_chunks), so memory does
     not grow with them: a first pass counts them and finds a bad one before anything is
-    tokenized, the second tokenizes and writes. Packing keeps one length a sample for its
-    best-fit placement and the tokens in a spill file beside the output.
+    tokenized, the second tokenizes and writes, in up to `workers` processes
+    (data/prepare_parts.py). Packing keeps one length a sample for its best-fit placement and
+    the tokens in a spill file beside the output.
     """
     output = Path(output)
     if output.exists() and not overwrite:
@@ -57,23 +56,29 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     check_writable(output, "--output")
     if not inputs:
         raise RecordError("no input files given")
-    tok = load_tokenizer(tokenizer)
+    load_tokenizer(tokenizer)  # a bad --tokenizer is refused before the records are read
     length = max_seq_len + 1
 
     skipped = SkipReport()
-    count = sum(1 for _ in good_records(inputs, fmt, on_bad_record, skipped, options, kind))
+    count, marks = count_records(inputs, fmt, on_bad_record, skipped, options, kind)
+    parts = spans(count, marks, workers)
     if progress:
-        progress(f"tokenizing {count} records, written as {'packed rows' if packed else 'samples'} as they come")
-    fit = FitReport()
+        progress(f"tokenizing {count} records, written as {'packed rows' if packed else 'samples'} as they come"
+                 + (f", in {len(parts)} worker processes" if len(parts) > 1 else ""))
     output.parent.mkdir(parents=True, exist_ok=True)
     with staged_directory(output, replace=overwrite) as staging:
-        writer = RowWriter(staging)
-        with progress_bar(count, "tokenize", "record") as bar:
-            records = good_records(inputs, fmt, "skip", SkipReport(), options, kind, name_unread=False)
-            chunks = tokenized_chunks(tok, records, length, train_on_prompt, fit, bar)
-            kept, packed_rows = _write_packed(writer, chunks, length, staging) if packed else \
-                _write_samples(writer, chunks, length)
-        if not writer.rows:
+        job = Job(fmt, tuple(map(str, inputs)), options, kind, tokenizer, length, train_on_prompt, staging)
+        with Parts(len(parts)) as runner:
+            with progress_bar(count, "tokenize", "record") as bar:
+                written = runner.run(tokenize_part, [(job, k, span, packed) for k, span in enumerate(parts)], bar)
+            fit = merged_fit(written)
+            kept = np.concatenate([part.kept for part in written])
+            placement = assign_rows(kept.tolist(), length)
+            if packed:
+                written = write_packed(runner, job, kept, placement)
+        files = [name for part in written for name in part.files]
+        rows = sum(part.rows for part in written)
+        if not rows:
             why = ""
             if skipped.by_reason:  # the commonest reason, e.g. a ShareGPT file read as alpaca
                 reason, entry = max(skipped.by_reason.items(), key=lambda item: item[1]["count"])
@@ -81,47 +86,11 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
             raise RecordError(f"no sample left to write from {', '.join(map(str, inputs))} "
                               f"(read {fit.read + skipped.total}, skipped {skipped.total}, "
                               f"dropped {fit.dropped_no_answer}){why}")
-        writer.commit()
-        meta = _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, writer.rows,
-                     packed_rows)
-        meta["files"] = writer.files
+        meta = _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, rows,
+                     len(placement))
+        meta["files"] = files
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
     return meta
-
-
-def _write_samples(writer: RowWriter, chunks, length: int):
-    """Each sample a row, one segment each; (kept samples' lengths, rows --pack would fill)."""
-    lengths = []
-    for rows in chunks:
-        writer.write({"input_ids": rows.ids, "labels": rows.labels, "segment_ids": np.ones_like(rows.ids)},
-                     rows.starts)
-        lengths.append(rows.lengths)
-    kept = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-    return kept, len(assign_rows(kept.tolist(), length))
-
-
-def _write_packed(writer: RowWriter, chunks, length: int, spill: Path):
-    """The samples spilled to disk as they come, placed best-fit decreasing once all their
-    lengths are known, then written PACK_CHUNK rows at a time; (kept samples' lengths, rows)."""
-    files = {name: spill / f".spill-{name}" for name in ("input_ids", "labels")}
-    lengths = []
-    with open(files["input_ids"], "wb") as ids, open(files["labels"], "wb") as labels:
-        for rows in chunks:
-            ids.write(rows.ids.tobytes())
-            labels.write(rows.labels.tobytes())
-            lengths.append(rows.lengths)
-    kept = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-    placement = assign_rows(kept.tolist(), length)
-    if placement:
-        starts = np.concatenate([[0], np.cumsum(kept)])
-        ids, labels = (np.memmap(files[name], np.int32, "r") for name in ("input_ids", "labels"))
-        for first in range(0, len(placement), PACK_CHUNK):
-            columns, bounds = gather_rows(ids, labels, starts, placement[first:first + PACK_CHUNK])
-            writer.write(columns, bounds)
-        del ids, labels  # the maps close before their files go
-    for path in files.values():
-        path.unlink()
-    return kept, len(placement)
 
 
 def _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, rows, packed_rows):
