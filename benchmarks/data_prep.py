@@ -11,11 +11,16 @@ batches of data/samples.py's TOKENIZE_BATCH. `prepare-data`'s covers reading (tw
 tokenizing, assembling, truncation, packing and the MindRecord write. The start-up that a
 run pays once (importing MindSpore, loading the tokenizer) is printed, not in the rates.
 
-The rounds alternate between the three, each figure the best of --rounds, so that load from
+The rounds alternate between them, each figure the best of --rounds, so that load from
 other work on the machine hits them alike. Each line also gives the process's CPU seconds
-(all threads): the tokenizer spreads over every core, our Python runs on one.
+(all threads): the tokenizer spreads over every core, our Python runs on one. With
+--workers N, `prepare-data --workers N` runs too (exactly N parts here, however few the
+records). Last, what one process spends a record: the counting pass (one process whatever
+--workers says), its Python thread's other work, its tokenizer threads; and from those, the
+ratio to expect on a host of more cores with --workers auto, if encode_batch itself scaled
+with the cores (an estimate, not a measurement).
 
-    .venv/bin/python benchmarks/data_prep.py [--samples 20000] [--max-seq-len 1024] [--rounds 2] [--peak]
+    .venv/bin/python benchmarks/data_prep.py [--samples 20000] [--max-seq-len 1024] [--rounds 2] [--workers 2] [--peak]
 """
 from __future__ import annotations
 
@@ -42,11 +47,11 @@ def write_records(path: Path, count: int) -> None:
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def timed(run) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process, every thread) of run()."""
-    wall, cpu = time.perf_counter(), time.process_time()
+def timed(run) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds of this process (every thread), of this thread) of run()."""
+    wall, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
     run()
-    return time.perf_counter() - wall, time.process_time() - cpu
+    return time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - thread
 
 
 def tokenizer_alone(src: Path):
@@ -71,8 +76,35 @@ def tokenizer_alone(src: Path):
     return len(texts), lambda: tokens, run
 
 
+def count_pass(src: Path) -> None:
+    from llama_npu.data.prepare_parts import count_records
+    from llama_npu.data.readers import SkipReport
+    from llama_npu.data.tables import ReadOptions
+
+    count_records([str(src)], "alpaca", "error", SkipReport(), ReadOptions(), None)
+
+
+def estimate(records: int, best: dict) -> None:
+    """A record's costs in one process, and the ratio they predict on more cores."""
+    from llama_npu.data.prepare_parts import AUTO_PARTS, CORES_A_PART
+
+    us = 1e6 / records
+    counting = best["counting pass"][2] * us
+    alone = best["tokenizer encode_batch"][1] * us
+    _, cpu, thread = best["prepare-data unpacked"]
+    python, tokenizer = thread * us - counting, (cpu - thread) * us
+    print(f"a record, unpacked, one process: counting pass {counting:.1f} us, its Python thread's other work "
+          f"{python:.1f} us, its tokenizer threads {tokenizer:.1f} us of CPU (encode_batch alone {alone:.1f} us)")
+    cells = []
+    for cores in (4, 8, 16, 32, 64):
+        parts = max(1, min(AUTO_PARTS, cores // CORES_A_PART))
+        ours, one = (counting + max(python / n, (python + tokenizer) / cores) for n in (parts, 1))
+        cells.append(f"{cores} cores {alone / cores / ours:.2f} ({parts} workers; one process {alone / cores / one:.2f})")
+    print("estimated ratio with --workers auto, if encode_batch scaled with the cores: " + ", ".join(cells))
+
+
 def disk_bytes(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.iterdir() if p.name.startswith("data.mindrecord"))
+    return sum(p.stat().st_size for p in directory.iterdir() if ".mindrecord" in p.name)
 
 
 def peaks(src: Path, work: Path, max_seq_len: int) -> None:
@@ -102,14 +134,18 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20000)
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2, help="each figure is the best of this many runs")
+    parser.add_argument("--workers", type=int, default=2, help="also prepare-data --workers N (1: not)")
     parser.add_argument("--peak", action="store_true", help=f"also the peak RSS on {PEAK_RECORDS:,} records")
     args = parser.parse_args()
 
     begin = time.perf_counter()
     import mindspore  # noqa: F401  (the writer's; once a run)
     imported = time.perf_counter() - begin
+    from llama_npu.data import prepare_parts
     from llama_npu.data.prepare import prepare_dataset
     from llama_npu.data.tokenizer import load_tokenizer
+
+    prepare_parts.RECORDS_A_PART = 1  # exactly --workers parts, however few the records
 
     begin = time.perf_counter()
     load_tokenizer()
@@ -127,33 +163,40 @@ def main() -> None:
         meta = {}
         for _ in range(args.rounds):
             runs = {"tokenizer encode_batch": encode}
-            for packed in (False, True):
-                name = "prepare-data " + ("packed" if packed else "unpacked")
-                out = work / name.replace(" ", "-")
+            for workers in sorted({1, args.workers}):
+                for packed in (False, True):
+                    name = "prepare-data " + ("packed" if packed else "unpacked") + \
+                        (f", {workers} workers" if workers > 1 else "")
+                    out = work / name.replace(" ", "-").replace(",", "")
 
-                def run(packed=packed, out=out, name=name):
-                    shutil.rmtree(out, ignore_errors=True)
-                    meta[name] = prepare_dataset("alpaca", [str(src)], out, max_seq_len=args.max_seq_len,
-                                                 packed=packed)
-                runs[name] = run
+                    def run(packed=packed, out=out, name=name, workers=workers):
+                        shutil.rmtree(out, ignore_errors=True)
+                        meta[name] = prepare_dataset("alpaca", [str(src)], out, max_seq_len=args.max_seq_len,
+                                                     packed=packed, workers=workers)
+                    runs[name] = run
+            runs["counting pass"] = lambda: count_pass(src)
             for name, run in runs.items():
-                wall, cpu = timed(run)
-                if name not in best or wall < best[name][0]:
-                    best[name] = (wall, cpu)
+                figures = timed(run)
+                if name not in best or figures[0] < best[name][0]:
+                    best[name] = figures
         count = tokens()
-        for name, (wall, cpu) in best.items():
+        for name, (wall, cpu, _) in best.items():
             extra = ""
             if name in meta:
-                out = work / name.replace(" ", "-")
+                out = work / name.replace(" ", "-").replace(",", "")
                 stored = meta[name]["counts"]["tokens"]
+                parts = len({f.split(".mindrecord")[0] for f in meta[name]["files"]})
                 extra = (f"  {meta[name]['counts']['rows']:,} rows at their own length, "
-                         f"{disk_bytes(out) / stored:.1f} bytes a token on disk")
-            print(f"{name:<24} {records / wall:>8,.0f} records/s {count / wall / 1e6:>6.2f} M tokens/s  "
-                  f"({wall:.2f} s, {cpu:.2f} CPU s){extra}")
+                         f"{disk_bytes(out) / stored:.1f} bytes a token on disk, {parts} part(s)")
+            rate = "" if name == "counting pass" else f"{count / wall / 1e6:>6.2f} M tokens/s"
+            print(f"{name:<36} {records / wall:>8,.0f} records/s {rate:>16}  ({wall:.2f} s, {cpu:.2f} CPU s){extra}")
         ref = best["tokenizer encode_batch"][0]
-        unpacked, packed = best["prepare-data unpacked"][0], best["prepare-data packed"][0]
-        print(f"ratio prepare-data / tokenizer throughput: unpacked {ref / unpacked:.2f}, packed {ref / packed:.2f} "
-              f"(goal 0.7)")
+        for workers in sorted({1, args.workers}):
+            suffix = f", {workers} workers" if workers > 1 else ""
+            unpacked, packed = best["prepare-data unpacked" + suffix][0], best["prepare-data packed" + suffix][0]
+            print(f"ratio prepare-data{suffix.replace(',', '')} / tokenizer throughput: unpacked {ref / unpacked:.2f}, "
+                  f"packed {ref / packed:.2f} (goal 0.7)")
+        estimate(records, best)
         if args.peak:
             peaks(src, work, args.max_seq_len)
 
