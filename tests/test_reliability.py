@@ -2,6 +2,7 @@
 and damaged files, on the tiny model through the real command line."""
 import glob
 import json
+import os
 import re
 import resource
 import shlex
@@ -379,6 +380,33 @@ def test_a_bad_record_deep_in_the_data_stops_the_run_before_anything_is_written(
         f"llama-npu: error: {data}:4: field 'output' must be a string, got int; data.on_bad_record=skip "
         f"(prepare-data --on-bad-record skip) drops such records")
     assert not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_while_prepare_data_workers_write_leaves_nothing_and_no_process(tmp_path):
+    """Ctrl-C reaches the whole process group: the parent stops its worker processes, which
+    print nothing, removes what they wrote and exits 130 with one line."""
+    base = (REPO / "data" / "zh_instruct_train.jsonl").read_text("utf-8").splitlines()
+    src = tmp_path / "many.jsonl"
+    src.write_text("".join(base[i % len(base)] + "\n" for i in range(100_000)), encoding="utf-8")
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "llama_npu", "prepare-data", "--format", "alpaca", "--input",
+                                 str(src), "--output", str(tmp_path / "prepared"), "--max-seq-len", "1024",
+                                 "--workers", "2"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
+                                env={**os.environ, "PYTHONPATH": path}, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        # the second worker has begun writing its own file
+        wait_until(lambda: glob.glob(str(tmp_path / ".prepared.partial-*" / "data-1.mindrecord")), proc,
+                   "the second worker's file")
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 128 + signal.SIGINT
+    stderr = (tmp_path / "stderr").read_text()
+    assert stderr.strip().splitlines()[-1] == "llama-npu: error: interrupted (SIGINT)" and "Traceback" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.jsonl", "stderr"]
+    # No process of the group runs on (one that ended after the parent may stay a zombie
+    # where nothing reaps orphans, as in a container without an init).
+    table = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True, check=True).stdout
+    assert [row for row in table.splitlines() if row.split()[0] == str(proc.pid) and row.split()[1][0] != "Z"] == []
 
 
 def test_a_signal_during_start_up_is_one_line_and_leaves_nothing_behind(tmp_path):

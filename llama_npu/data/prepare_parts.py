@@ -21,6 +21,7 @@ import itertools
 import multiprocessing
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,6 +274,9 @@ _PROGRESS: Optional[_SharedCount] = None
 def _start_worker(counter, threads: int) -> None:
     global _PROGRESS  # pylint: disable=global-statement
     _PROGRESS = _SharedCount(counter)
+    # Ctrl-C reaches the whole process group: the parent stops the workers (Parts.__exit__),
+    # which would otherwise each print a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The tokenizer's threads share the cores among the parts (a user's setting wins); read
     # by the Rust thread pool when it first starts, after this.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
