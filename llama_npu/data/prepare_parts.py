@@ -2,10 +2,11 @@
 
 One process tokenizes as fast as the Rust tokenizer's threads allow only while its own
 Python thread (reading, assembling, writing) keeps up with them; on a host with many cores
-it does not. So the records are split into contiguous ranges, one a part: each part reads
-the records up to its range's end (reading is the cheap share; a part skips the records
-before its range by parsing them, which keeps the record numbering of every format, skipped
-bad records included, exactly the counting pass's), tokenizes its range and writes its own
+it does not. So the records are split into contiguous ranges, one a part. The counting
+pass, which runs first in this process and stops at a bad record before anything is
+tokenized, notes where every MARK_EVERY-th good record is (file, line, and how many good
+records precede it on that line); a part starts reading at its range's mark (JSONL lines
+before it are not parsed, a table's rows are), tokenizes its range and writes its own
 MindRecord files. Packed, each part spills its samples; the parent joins the spills, places
 every sample (the best fit needs all their lengths) and the parts write contiguous ranges of
 the packed rows. Files are listed in range order, so the dataset is the same rows in the
