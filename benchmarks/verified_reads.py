@@ -25,8 +25,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from llama_npu.checkpoints import checksums  # noqa: E402
-from llama_npu.checkpoints.checksums import check, write_manifest  # noqa: E402
+from llama_npu.common import checksums  # noqa: E402
+from llama_npu.common.checksums import check, write_manifest  # noqa: E402
 from llama_npu.weights.tensor_files import CkptWriter  # noqa: E402
 
 PARAMS_3B = 3_212_749_824

@@ -690,7 +690,7 @@ def tiny_run_files() -> dict:
 
         import numpy as np
 
-        from llama_npu.checkpoints.checksums import file_crc32, write_manifest
+        from llama_npu.common.checksums import file_crc32, write_manifest
         from llama_npu.weights.convert import hf_to_ms
         from llama_npu.weights.tensor_files import CkptWriter
 
@@ -773,7 +773,7 @@ def checkpoint_cases(draw) -> dict:
 def _resealed(files: dict, step: str) -> bytes:
     import tempfile
 
-    from llama_npu.checkpoints.checksums import write_manifest
+    from llama_npu.common.checksums import write_manifest
 
     with tempfile.TemporaryDirectory() as tmp:
         for name, body in files.items():

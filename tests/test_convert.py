@@ -239,7 +239,7 @@ def test_a_mismatched_checkpoint_is_one_line_naming_the_tensor(ms, conversions, 
     tokenized."""
     import shutil
 
-    from llama_npu.checkpoints.checksums import write_manifest
+    from llama_npu.common.checksums import write_manifest
     from llama_npu.checkpoints.files import CheckpointError
     from llama_npu.weights.pretrained import check_pretrained, tensor_index
 

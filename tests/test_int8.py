@@ -51,7 +51,7 @@ def test_quantized_directory_cannot_start_a_full_fine_tune(quantized, tmp_path):
     kept = [{"name": k, "data": v} for k, v in ms.load_checkpoint(str(quantized / "model.ckpt")).items()
             if k != "model.layers.1.feed_forward.w3.weight.int8_scale"]
     ms.save_checkpoint(kept, str(damaged / "model.ckpt"))
-    from llama_npu.checkpoints.checksums import write_manifest
+    from llama_npu.common.checksums import write_manifest
 
     write_manifest(damaged, "a scale left out, sealed as sound")  # the scale check is tested, not the checksum's
     lora = run_cli("validate", SMOKE, "--set", f"model.checkpoint={damaged}", "--set", "model.preset=tiny",

@@ -54,7 +54,7 @@ def files_of(directory):
 
 
 def test_every_directory_written_has_a_manifest_of_every_file(conversions, quantized, six_step_run):
-    from llama_npu.checkpoints.checksums import read_manifest
+    from llama_npu.common.checksums import read_manifest
 
     step = six_step_run[0] / "checkpoints" / "step_6"
     for directory, expected in ((conversions["float32"], ["config.json", "model.ckpt"]),

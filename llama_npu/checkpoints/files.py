@@ -10,7 +10,7 @@ parameters are sharded):
                    byte size and CRC-32 of each file above; its presence (with sizes that
                    match) is what makes a checkpoint complete.
   checksums.json   size and CRC-32 of every file above, state.json and config.json included
-                   (checkpoints/checksums.py); every command checks the files it reads by it.
+                   (common/checksums.py); every command checks the files it reads by it.
 A checkpoint is written under a temporary name and renamed into place, so a crash while
 saving leaves the previous checkpoints untouched. Both .ckpt files also carry MindSpore's own
 CRC (crc_check), checked again when they are loaded.
@@ -26,7 +26,7 @@ from typing import Optional
 
 from ..common.atomic import staged_directory
 from ..common.console import warn
-from .checksums import MANIFEST, Verdict, check, file_crc32, read_manifest, write_manifest
+from ..common.checksums import MANIFEST, Verdict, check, file_crc32, read_manifest, write_manifest
 
 WEIGHTS = "model.ckpt"
 OPTIMIZER = "optimizer.ckpt"

@@ -24,7 +24,7 @@ from typing import Optional
 from ..common.atomic import check_writable, staged_directory
 from ..model.architecture import resolve_shape
 from ..recipe.stored import STORED_RECIPE, stored_recipe
-from .checksums import write_manifest
+from ..common.checksums import write_manifest
 from .files import WEIGHTS, rank_roots, read_state, verify_read
 
 

@@ -20,7 +20,7 @@ from typing import Dict
 
 import numpy as np
 
-from ..checkpoints.checksums import MANIFEST, write_manifest
+from ..common.checksums import MANIFEST, write_manifest
 from ..checkpoints.files import verify_read
 from ..common.atomic import check_writable, staged_directory
 from ..common.console import note, tracked_items

@@ -323,7 +323,7 @@ def fold_adapters(weights: dict, adapters_path: Path, alpha: float) -> dict:
 def model_weights(resolved: ResolvedWeights, keep_int8: bool = False) -> tuple[LlamaShape, dict, dict]:
     """(shape, config.json contents, name -> Tensor of the whole model, adapters folded; a
     quantized model's int8 weights and scales as stored with `keep_int8` and no adapters).
-    Every file is verified (checkpoints/checksums.py) before a byte of it is used."""
+    Every file is verified (common/checksums.py) before a byte of it is used."""
     verify_read(resolved.files())
     shape, meta = read_checkpoint_dir(resolved.base)
     weights = read_weights(resolved.weights, meta, keep_int8 and resolved.adapters is None)

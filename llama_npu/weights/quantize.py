@@ -16,7 +16,7 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 
-from ..checkpoints.checksums import write_manifest
+from ..common.checksums import write_manifest
 from ..common.atomic import check_writable, staged_directory
 from .pretrained import model_weights, resolve_weights
 from .tensor_files import CONFIG, INT8_SCALE, LINEAR, WEIGHTS, ConvertError, quantize_rows
