@@ -214,7 +214,7 @@ def test_prepared_rows_are_the_in_memory_samples(tmp_path, tok, packed, rows_a_f
     assert meta["files"] == ["data.mindrecord"] + [f"data.mindrecord.{k}" for k in range(1, len(meta["files"]))]
     assert (len(meta["files"]) == 1) == (rows_a_file is None)
     assert sorted(p.name for p in (tmp_path / "prepared").iterdir()) == sorted(
-        [name for f in meta["files"] for name in (f, f + ".db")] + ["meta.json"])
+        [name for f in meta["files"] for name in (f, f + ".db")] + ["meta.json", "checksums.json"])
 
 
 @pytest.mark.parametrize("packed", [False, True])

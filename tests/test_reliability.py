@@ -362,6 +362,32 @@ def test_prepared_data_missing_one_of_its_files_is_refused_before_anything_is_wr
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"llama-npu: error: data.prepared={prepared}: data.mindrecord.1 is missing; prepare it again")
+    assert f"data.prepared={prepared} has no checksums.json (prepared by a llama-npu older than it)" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("damaged", ["data.mindrecord", "meta.json", "checksums.json"])
+def test_a_damaged_prepared_dataset_is_refused_by_name_before_a_row_is_read(tmp_path, damaged):
+    """prepare-data seals its directory with checksums.json; a flipped byte in a row, in
+    meta.json or in the manifest itself stops validate and train in one line naming the file,
+    and train writes no run."""
+    from llama_npu.data.prepare import prepare_dataset
+
+    prepared = tmp_path / "prepared"
+    prepare_dataset("alpaca", [str(REPO / "data" / "zh_instruct_train.jsonl")], prepared, max_seq_len=32)
+    path = prepared / damaged
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    args = ["--set", "data.train_files=[]", "--set", f"data.prepared={prepared}"]
+    why = (f"{path} is damaged or unreadable (its CRC-32 differs from the one checksums.json recorded)"
+           if damaged != "checksums.json" else f"{path} is damaged (it no longer matches the CRC-32 it was sealed with)")
+    validate = run_cli("validate", SMOKE, *args)
+    assert validate.returncode == 2 and f"data.prepared={prepared}: {why}; prepare it again" in validate.stdout + \
+        validate.stderr
+    proc = run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *TINY_RUN, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"llama-npu: error: data.prepared={prepared}: {why}; prepare it again"
     assert not (tmp_path / "run").exists()
 
 

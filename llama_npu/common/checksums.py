@@ -1,10 +1,10 @@
 """Checksums of the directories llama-npu writes, checked before a command uses a byte of them.
 
 Every directory a later command reads -- a checkpoint step (checkpoints/files.py), a
-converted one (convert hf-to-ms, and ms-to-hf's export), a quantized one and a merged one --
-gets `checksums.json`, written last into its staging directory: each file's byte size and
-CRC-32, the command that made it, and a CRC-32 of that record itself, so that a flipped byte
-in any file, the manifest included, is found and named.
+converted one (convert hf-to-ms, and ms-to-hf's export), a quantized one, a merged one and
+a prepared dataset (prepare-data) -- gets `checksums.json`, written last into its staging
+directory: each file's byte size and CRC-32, the command that made it, and a CRC-32 of that
+record itself, so that a flipped byte in any file, the manifest included, is found and named.
 
 Directories written before the manifest existed are still read: a step's files by the sizes
 and CRC-32 its state.json recorded, a .ckpt by the CRC-32 MindSpore appends to it
@@ -91,6 +91,13 @@ def read_manifest(directory: Path) -> Tuple[Optional[dict], Optional[str]]:
     if not ok:
         return None, f"{path} is damaged (it no longer matches the CRC-32 it was sealed with)"
     return record, None
+
+
+def listed(directory: Path) -> List[str]:
+    """The files an intact manifest of `directory` covers; none when it has none (or a
+    damaged one, which check() reports)."""
+    manifest, _ = read_manifest(directory)
+    return sorted(manifest["files"]) if manifest else []
 
 
 def _file_problem(path: Path, size: int, crc: int, whose: str, length: Optional[int] = None) -> Optional[str]:

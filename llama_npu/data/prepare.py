@@ -15,6 +15,7 @@ from typing import List, Optional
 import numpy as np
 
 from ..common.atomic import check_writable, staged_directory
+from ..common.checksums import write_manifest
 from ..common.console import progress_bar
 from .mindrecord import META_FILE
 from .packing import assign_rows, padding_share
@@ -90,6 +91,7 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
                      len(placement))
         meta["files"] = files
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
+        write_manifest(staging, "prepare-data")  # train checks every file by it before reading a row
     return meta
 
 

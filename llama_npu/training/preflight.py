@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..checkpoints.files import (CheckpointError, checkpoint_root, inspect, problem, rank_roots, read_state,
-                                 step_dirs_newest_first, unmovable)
+                                 step_dirs_newest_first, unmovable, warn_once)
 from ..common.atomic import unwritable_reason
+from ..common.checksums import MANIFEST, check, listed
 from ..common.console import note
 from ..common.launcher import local_workers
 from ..data.readers import RecordError, iter_records, with_skip_hint
@@ -159,11 +160,18 @@ def check_records(recipe: Recipe, tokenizer=None) -> list:
 
 
 def check_prepared(recipe: Recipe, rehearsal: bool = False) -> None:
-    """data.prepared was made for this recipe: its length (a rehearsal reads longer rows cut
-    to its own, data/mindrecord.window) and its tokenizer."""
+    """data.prepared is whole (every file by its checksums.json) and was made for this
+    recipe: its length (a rehearsal reads longer rows cut to its own, data/mindrecord.window)
+    and its tokenizer."""
     from ..data.mindrecord import data_files, read_meta  # imported here: it loads numpy, which validate does not need
 
     d = recipe.data
+    verdict = check(Path(d.prepared), listed(Path(d.prepared)))
+    if verdict.problem:
+        raise RunDirError(f"data.prepared={d.prepared}: {verdict.problem}; prepare it again")
+    if not verdict.has_manifest and (Path(d.prepared) / "meta.json").is_file():
+        warn_once(f"data.prepared={d.prepared} has no {MANIFEST} (prepared by a llama-npu older than it): its files "
+                  f"are read unverified; prepare it again to have them checked")
     meta = read_meta(Path(d.prepared))
     for name in data_files(meta):
         if not (Path(d.prepared) / name).is_file():
