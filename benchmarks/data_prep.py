@@ -8,7 +8,8 @@ The records are the shipped Chinese sample repeated with a numbered suffix, so t
 lengths are realistic. The tokenizer's figure is `encode_batch` on each record's whole chat
 text (the markers read as special tokens, so the ids are the ones a sample holds), in
 batches of data/samples.py's TOKENIZE_BATCH. `prepare-data`'s covers reading (two passes),
-tokenizing, assembling, truncation, packing and the MindRecord write. The start-up that a
+tokenizing, assembling, truncation, packing and the MindRecord write; train's in-memory
+tokenizing (data.train_files) is reading the records and tokenize_records. The start-up that a
 run pays once (importing MindSpore, loading the tokenizer) is printed, not in the rates.
 
 The rounds alternate between them, each figure the best of --rounds, so that load from
@@ -74,6 +75,15 @@ def tokenizer_alone(src: Path):
             tokens += sum(len(e.ids) for e in reference.encode_batch(texts[start:start + TOKENIZE_BATCH],
                                                                       add_special_tokens=False))
     return len(texts), lambda: tokens, run
+
+
+def in_memory(src: Path, max_seq_len: int) -> None:
+    """What train does with data.train_files: every record read, then tokenized into samples."""
+    from llama_npu.data.readers import read_records
+    from llama_npu.data.samples import tokenize_records
+    from llama_npu.data.tokenizer import load_tokenizer
+
+    tokenize_records(load_tokenizer(), read_records([src], "alpaca"), max_seq_len + 1)
 
 
 def count_pass(src: Path) -> None:
@@ -174,6 +184,7 @@ def main() -> None:
                         meta[name] = prepare_dataset("alpaca", [str(src)], out, max_seq_len=args.max_seq_len,
                                                      packed=packed, workers=workers)
                     runs[name] = run
+            runs["train's in-memory tokenizing"] = lambda: in_memory(src, args.max_seq_len)
             runs["counting pass"] = lambda: count_pass(src)
             for name, run in runs.items():
                 figures = timed(run)
@@ -196,6 +207,8 @@ def main() -> None:
             unpacked, packed = best["prepare-data unpacked" + suffix][0], best["prepare-data packed" + suffix][0]
             print(f"ratio prepare-data{suffix.replace(',', '')} / tokenizer throughput: unpacked {ref / unpacked:.2f}, "
                   f"packed {ref / packed:.2f} (goal 0.7)")
+        in_memory_wall = best["train's in-memory tokenizing"][0]
+        print(f"ratio train's in-memory tokenizing / tokenizer throughput: {ref / in_memory_wall:.2f} (goal 0.7)")
         estimate(records, best)
         if args.peak:
             peaks(src, work, args.max_seq_len)
