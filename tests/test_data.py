@@ -52,7 +52,8 @@ def test_prepare_data_writes_mindrecord_and_a_complete_report(tmp_path):
     assert {"p50", "p95", "max"} <= meta["token_lengths"].keys()
     assert "skipped 1 x missing 'output'" in proc.stdout
     assert "tokenizing 4 records" in proc.stdout and re.search(r"tokenize: .*4/4 \[\d\d:\d\d<", proc.stderr)
-    assert sorted(p.name for p in out.iterdir()) == ["data.mindrecord", "data.mindrecord.db", "meta.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["checksums.json", "data.mindrecord", "data.mindrecord.db",
+                                                      "meta.json"]
     assert len(MindRecordSamples(out)) == 4
 
 
