@@ -19,9 +19,10 @@ from ..common.checksums import write_manifest
 from ..common.console import progress_bar
 from .mindrecord import META_FILE
 from .packing import assign_rows, padding_share
-from .prepare_parts import Job, Parts, count_records, merged_fit, spans, tokenize_part, write_packed
+from .prepare_parts import Job, Parts, count_records, spans, tokenize_part, write_packed
 from .readers import RecordError, SkipReport
 from .record_kind import RecordKind
+from .samples import FitReport
 from .tables import ReadOptions
 from .tokenizer import load_tokenizer, tokenizer_identity
 
@@ -72,7 +73,9 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
         with Parts(len(parts)) as runner:
             with progress_bar(count, "tokenize", "record") as bar:
                 written = runner.run(tokenize_part, [(job, k, span, packed) for k, span in enumerate(parts)], bar)
-            fit = merged_fit(written)
+            fit = FitReport()
+            for part in written:
+                fit.add(part.fit)
             kept = np.concatenate([part.kept for part in written])
             placement = assign_rows(kept.tolist(), length)
             if packed:

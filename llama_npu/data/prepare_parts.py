@@ -98,14 +98,15 @@ def count_records(inputs: Sequence[str], fmt: str, on_bad_record: str, skipped: 
     """(good records, (file, line, good records before it on the line) of every
     MARK_EVERY-th); a bad record raises (error) or is counted in `skipped`; a file's unread
     columns are named."""
-    count, marks, last, same = 0, [], None, 0
+    count, marks = 0, []
     for index, path in enumerate(inputs):
+        last, same = None, 0
         for record in good_records([path], fmt, on_bad_record, skipped, options, kind):
-            where = (index, int(record.where.rsplit(":", 1)[1]))
-            same = same + 1 if where == last else 0
+            # this pass bounds --workers: the "file:line" string compared, parsed at marks only
+            same = same + 1 if record.where == last else 0
             if count % MARK_EVERY == 0:
-                marks.append((*where, same))
-            count, last = count + 1, where
+                marks.append((index, int(record.where.rsplit(":", 1)[1]), same))
+            count, last = count + 1, record.where
     return count, marks
 
 
@@ -190,18 +191,6 @@ def write_packed_part(job: Job, part: int, placement: Sequence[Sequence[int]], s
         del ids, labels  # the maps close before the spill files go
     writer.commit()
     return Written(writer.files, writer.rows)
-
-
-def merged_fit(parts: List[Written]) -> FitReport:
-    """The parts' fit reports as one, in part (record) order."""
-    fit = FitReport()
-    for part in parts:
-        fit.read += part.fit.read
-        fit.kept += part.fit.kept
-        fit.truncated += part.fit.truncated
-        fit.dropped_no_answer += part.fit.dropped_no_answer
-        fit.lengths.extend(part.fit.lengths)
-    return fit
 
 
 def write_packed(runner: Parts, job: Job, kept: np.ndarray, placement) -> List[Written]:

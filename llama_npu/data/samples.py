@@ -35,6 +35,14 @@ class FitReport:
     dropped_no_answer: int = 0
     lengths: array = field(default_factory=lambda: array("l"))  # before truncation
 
+    def add(self, other: "FitReport") -> None:
+        """Count `other`'s records after these (prepare-data's parts, in record order)."""
+        self.read += other.read
+        self.kept += other.kept
+        self.truncated += other.truncated
+        self.dropped_no_answer += other.dropped_no_answer
+        self.lengths.extend(other.lengths)
+
 
 def fit_length(ids: List[int], labels: List[int], max_len: int):
     """Cut to `max_len` tokens, keeping the prompt and as much of the answer as fits.

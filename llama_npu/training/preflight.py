@@ -163,13 +163,14 @@ def check_prepared(recipe: Recipe, rehearsal: bool = False) -> None:
     """data.prepared is whole (every file by its checksums.json) and was made for this
     recipe: its length (a rehearsal reads longer rows cut to its own, data/mindrecord.window)
     and its tokenizer."""
-    from ..data.mindrecord import data_files, read_meta  # imported here: it loads numpy, which validate does not need
+    # imported here: it loads numpy, which validate does not need
+    from ..data.mindrecord import META_FILE, data_files, read_meta
 
     d = recipe.data
     verdict = check(Path(d.prepared), listed(Path(d.prepared)))
     if verdict.problem:
         raise RunDirError(f"data.prepared={d.prepared}: {verdict.problem}; prepare it again")
-    if not verdict.has_manifest and (Path(d.prepared) / "meta.json").is_file():
+    if not verdict.has_manifest and (Path(d.prepared) / META_FILE).is_file():
         warn_once(f"data.prepared={d.prepared} has no {MANIFEST} (prepared by a llama-npu older than it): its files "
                   f"are read unverified; prepare it again to have them checked")
     meta = read_meta(Path(d.prepared))
