@@ -16,12 +16,13 @@ from pathlib import Path
 # The atexit hook is registered before llama_npu (and MindSpore) is imported, so it runs last,
 # after their own exit hooks, and sees the whole run's high-water mark.
 _WRAPPER = """\
-import atexit, sys
+import atexit, resource, sys
 report = sys.argv.pop(1)
 def _write_peak():
     from llama_npu.memory.measure import host_peak_rss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     with open(report, "w") as fh:
-        fh.write(str(host_peak_rss()))
+        fh.write(f"{host_peak_rss()} {children}")
 atexit.register(_write_peak)
 sys.argv[0] = "llama-npu"
 import runpy
@@ -29,11 +30,19 @@ runpy.run_module("llama_npu", run_name="__main__")
 """
 
 
-def run_with_peak(args, **popen) -> tuple[int, int]:
-    """(exit code, peak RSS in bytes) of `llama-npu ARGS`; `popen` goes to subprocess.run."""
+def run_with_peaks(args, **popen) -> tuple[int, int, int]:
+    """(exit code, peak RSS in bytes, the largest peak of the processes it started and waited
+    for) of `llama-npu ARGS`; `popen` goes to subprocess.run. The second is wait4's ru_maxrss
+    of its children: at least the child's own resident set when it started them."""
     with tempfile.TemporaryDirectory(prefix="peak-") as tmp:
         report = Path(tmp) / "peak"
         proc = subprocess.run([sys.executable, "-c", _WRAPPER, str(report), *map(str, args)], **popen)
-        peak = int(report.read_text()) if report.exists() else 0
-    return proc.returncode, peak
+        own, children = map(int, report.read_text().split()) if report.exists() else (0, 0)
+    return proc.returncode, own, children
+
+
+def run_with_peak(args, **popen) -> tuple[int, int]:
+    """(exit code, peak RSS in bytes) of `llama-npu ARGS`; `popen` goes to subprocess.run."""
+    code, own, _ = run_with_peaks(args, **popen)
+    return code, own
 

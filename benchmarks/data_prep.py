@@ -2,7 +2,7 @@
 run: records/s and tokens/s of each, their ratio (goal: 0.7 or more, unpacked and packed),
 and the bytes a token on disk. With --peak, also the peak RSS of `prepare-data` itself on
 200,000 records and on a tenth of them, each in its own child process (flat memory: the two
-peaks are close).
+peaks are close), and with --workers 2 that of the parent and of its largest worker.
 
 The records are the shipped Chinese sample repeated with a numbered suffix, so their
 lengths are realistic. The tokenizer's figure is `encode_batch` on each record's whole chat
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from child_peak import run_with_peak
+from child_peak import run_with_peak, run_with_peaks
 
 REPO = Path(__file__).resolve().parent.parent
 PEAK_RECORDS = 200_000
@@ -109,7 +109,8 @@ def estimate(records: int, best: dict) -> None:
     for cores in (4, 8, 16, 32, 64):
         parts = max(1, min(AUTO_PARTS, cores // CORES_A_PART))
         ours, one = (counting + max(python / n, (python + tokenizer) / cores) for n in (parts, 1))
-        cells.append(f"{cores} cores {alone / cores / ours:.2f} ({parts} workers; one process {alone / cores / one:.2f})")
+        cells.append(f"{cores} cores {alone / cores / ours:.2f} "
+                     f"({parts} workers; one process {alone / cores / one:.2f})")
     print("estimated ratio with --workers auto, if encode_batch scaled with the cores: " + ", ".join(cells))
 
 
@@ -137,6 +138,18 @@ def peaks(src: Path, work: Path, max_seq_len: int) -> None:
             figures.append(f"{count:,} records {peak / 2**30:.2f} GiB ({time.perf_counter() - begin:.0f} s)")
             shutil.rmtree(out)
         print(f"  {'packed' if packed else 'unpacked':<9} " + ", ".join(figures))
+    print(f"with --workers 2 on {PEAK_RECORDS:,} records: the parent's peak RSS and its largest worker's "
+          f"(wait4's ru_maxrss):")
+    for packed in (False, True):
+        out = work / f"peak-workers-{packed}"
+        code, own, worker = run_with_peaks(["prepare-data", "--format", "alpaca", "--input", big, "--output", out,
+                                            "--max-seq-len", max_seq_len, "--workers", 2,
+                                            *(["--pack"] if packed else [])], cwd=REPO, capture_output=True, text=True)
+        if code != 0:
+            raise SystemExit("prepare-data --workers 2 failed")
+        print(f"  {'packed' if packed else 'unpacked':<9} parent {own / 2**30:.2f} GiB, "
+              f"a worker {worker / 2**30:.2f} GiB")
+        shutil.rmtree(out)
 
 
 def main() -> None:
