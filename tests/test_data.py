@@ -1,9 +1,12 @@
 """The data pipeline on real tiny inputs: readers, masking, truncation, packing, MindRecord."""
+import itertools
 import json
 import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llama_npu.data.batches import BatchStream, ListSamples
 from llama_npu.data.chat_template import render_text
@@ -255,6 +258,60 @@ def test_worker_processes_write_the_same_rows_in_the_same_order(tmp_path, packed
     assert one["counts"]["skipped"] == 2 and one["counts"]["written"] > 100
     assert rows[1] == rows[4] and len(rows[1]) == one["counts"]["rows"]
     assert not [p.name for p in (tmp_path / "w4").iterdir() if p.name.startswith(".spill")]
+
+
+@settings(max_examples=150, deadline=None)
+@given(layout=st.lists(st.tuples(st.sampled_from(["good", "bad", "blank", "no answer"]), st.integers(1, 3)),
+                       min_size=1, max_size=40),
+       array=st.booleans(), mark=st.integers(1, 5), workers=st.integers(1, 4))
+def test_every_part_starts_exactly_at_its_first_record(layout, array, mark, workers):
+    """What --workers rests on, read in this process: a part that starts at its mark (file,
+    line, good records before it on the line) and takes its span reads exactly the records
+    the counting pass numbered start:stop, whatever the bad lines, blank lines and records
+    sharing a line (a JSON array's) in between."""
+    import tempfile
+    from pathlib import Path
+
+    from llama_npu.data import prepare_parts
+    from llama_npu.data.readers import SkipReport, good_records
+    from llama_npu.data.tables import ReadOptions
+
+    record = {"good": dict(GOOD), "no answer": {"instruction": "只有问题"}}
+    with tempfile.TemporaryDirectory() as tmp:
+        lines, n = [], 0
+        for kind, repeat in layout:  # a line: `repeat` records, or a blank / malformed one
+            if kind in ("blank", "bad"):
+                lines.append("" if kind == "blank" else "{broken")
+                continue
+            items = [dict(record[kind], output=f"答{n + i}") if kind == "good" else record[kind] for i in range(repeat)]
+            n += repeat
+            lines.append(",".join(json.dumps(r, ensure_ascii=False) for r in items) if array else
+                         "\n".join(json.dumps(r, ensure_ascii=False) for r in items))
+        if array:
+            lines = ["[" + ",\n".join(line for line in lines if line.startswith("{\"")) + "]"]
+        inputs = []  # two files, their answers told apart: a part may start in the second
+        for name in ("a", "b"):
+            path = Path(tmp) / (name + (".json" if array else ".jsonl"))
+            path.write_text(("\n".join(lines) + "\n").replace("答", name), encoding="utf-8")
+            inputs.append(str(path))
+        old = prepare_parts.MARK_EVERY, prepare_parts.RECORDS_A_PART
+        prepare_parts.MARK_EVERY, prepare_parts.RECORDS_A_PART = mark, 1
+        try:
+            skipped = SkipReport()
+            try:
+                count, marks = prepare_parts.count_records(inputs, "alpaca", "skip", skipped, ReadOptions(), None)
+            except RecordError:  # no line that parses at all
+                return
+            every = [r.where + r.messages[-1][1] for r in good_records(inputs, "alpaca", "skip", SkipReport())]
+            spans = prepare_parts.spans(count, marks, workers)
+        finally:
+            prepare_parts.MARK_EVERY, prepare_parts.RECORDS_A_PART = old
+        assert count == len(every) and spans[0].start == 0 and spans[-1].stop == count
+        assert all(a.stop == b.start for a, b in zip(spans, spans[1:]))
+        for span in spans:
+            read = itertools.islice(good_records(inputs[span.file:], "alpaca", "skip", SkipReport(),
+                                                 first_line=span.line), span.skip, span.skip + span.stop - span.start)
+            assert [r.where + r.messages[-1][1] for r in read] == every[span.start:span.stop]
 
 
 def test_prepare_data_workers_from_the_command_line(tmp_path, tok):
