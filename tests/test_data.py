@@ -283,7 +283,8 @@ def test_every_part_starts_exactly_at_its_first_record(layout, array, mark, work
             if kind in ("blank", "bad"):
                 lines.append("" if kind == "blank" else "{broken")
                 continue
-            items = [dict(record[kind], output=f"答{n + i}") if kind == "good" else record[kind] for i in range(repeat)]
+            items = [dict(record[kind], output=f"答{n + i}") if kind == "good" else record[kind]
+                     for i in range(repeat)]
             n += repeat
             lines.append(",".join(json.dumps(r, ensure_ascii=False) for r in items) if array else
                          "\n".join(json.dumps(r, ensure_ascii=False) for r in items))
