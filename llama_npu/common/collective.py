@@ -5,6 +5,7 @@ selftest compares weight hashes and shares rank 0's figures with it.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import cache
 
 import numpy as np
 
@@ -36,6 +37,15 @@ def all_reduce_sum(values) -> np.ndarray:
     summing AllReduce, and only inside a graph, hence the one-op cell; integers below 2**24
     come back exact."""
     import mindspore as ms  # imported here: selftest imports this module before its quiet_frameworks
+
+    with stand_alone():  # one whole array per rank, also in a semi-auto run (not run there: no NPU)
+        return _summing_cell()(ms.Tensor(np.asarray(values, np.float32))).asnumpy()
+
+
+@cache
+def _summing_cell():
+    """One cell a process, compiled once a shape: KTO's KL estimate sums every step, and a new
+    cell is a new graph to compile (MindSpore keys its compiled graphs by the cell object)."""
     from mindspore import nn, ops
 
     class _Sum(nn.Cell):
@@ -46,5 +56,4 @@ def all_reduce_sum(values) -> np.ndarray:
         def construct(self, x):
             return self.sum(x)
 
-    with stand_alone():  # one whole array per rank, also in a semi-auto run (not run there: no NPU)
-        return _Sum()(ms.Tensor(np.asarray(values, np.float32))).asnumpy()
+    return _Sum()
