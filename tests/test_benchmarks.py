@@ -32,6 +32,8 @@ from conftest import REPO
     # #40: the host AdamW beside torch's foreach and MindSpore's CPU kernels, and the step with / without offload
     ("host_optimizer.py", ["--params", "1000000", "--steps", "1", "--hidden", "64", "--layers", "1", "--seq", "16",
                            "--micro", "1", "--k", "2", "--step-steps", "1"], "ratio step with offload / without: "),
+    # the host collective KTO's KL estimate sums every step: one cell a process, under msrun
+    ("host_collective.py", ["--calls", "2"], "ratio a new cell / one cell, a call: "),
 ])
 def test_benchmark_runs_and_prints_its_result(script, args, result):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],

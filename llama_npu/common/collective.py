@@ -45,7 +45,8 @@ def all_reduce_sum(values) -> np.ndarray:
 @cache
 def _summing_cell():
     """One cell a process, compiled once a shape: KTO's KL estimate sums every step, and a new
-    cell is a new graph to compile (MindSpore keys its compiled graphs by the cell object)."""
+    cell is a new graph to compile (MindSpore keys a compiled graph by the cell's create_time
+    and id: mindspore/graph/api.py). benchmarks/host_collective.py measures both."""
     from mindspore import nn, ops
 
     class _Sum(nn.Cell):
