@@ -88,7 +88,8 @@ def longest_fitting(shape: LlamaShape, params: int, device: Device, base: Strate
 
 
 def recommend(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int, allow_lora: bool,
-              maximize: Optional[str], allow_offload: bool = True, rates: Rates = Rates()) -> Tuple[Optional[Plan], Plan]:
+              maximize: Optional[str], allow_offload: bool = True,
+              rates: Rates = Rates()) -> Tuple[Optional[Plan], Plan]:
     if maximize == "seq-len":
         return longest_fitting(shape, params, device, base, devices, allow_lora, allow_offload)
     return search(shape, params, device, base, devices, allow_lora, maximize, allow_offload, rates)

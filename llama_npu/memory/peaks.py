@@ -56,7 +56,8 @@ def device_peak(device: str, dtype: str) -> Tuple[Optional[Peak], str]:
         return found[0]
     named = [f"{chip} {peak.tflops:g} TFLOPS, {peak.source}" if peak else why
              for chip, (peak, why) in zip(CHIPS[device], found)]
-    return None, f"{device} stands for the {' and the '.join(CHIPS[device])}, without one {dtype} peak ({'; '.join(named)})"
+    chips = " and the ".join(CHIPS[device])
+    return None, f"{device} stands for the {chips}, without one {dtype} peak ({'; '.join(named)})"
 
 
 def peak_flops(device: str, dtype: str) -> Optional[float]:

@@ -73,7 +73,8 @@ def compute_flops(shape, params: int, s) -> dict:
     for strategy in STRATEGIES:  # recompute's forward again, chunked CE's head again
         extra = strategy.extra_flops(shape, params, s) if hasattr(strategy, "extra_flops") else 0
         if extra:
-            parts[strategy.KEY] = (extra * tokens, f"{extra:,.0f} FLOPs a token x {tokens:,} tokens (strategies/{strategy.KEY}.py)")
+            parts[strategy.KEY] = (extra * tokens,
+                                   f"{extra:,.0f} FLOPs a token x {tokens:,} tokens (strategies/{strategy.KEY}.py)")
     if s.reference_forward:
         parts["reference"] = ((2 * params + attention_forward) * tokens, "the reference forward")
     return {name: (flops / split, what + (f" / {split} devices" if split > 1 else "")) for name, (flops, what)
@@ -95,9 +96,9 @@ def transfer_and_host(plan, rates: Rates) -> dict:
     passes = offload.host_passes(s, cb)
     for name, count in (("accumulate", s.accumulation), ("step_end", 1), ("push", 1)):
         per = sum(passes[name].values())
-        what = f"{count} x " if count > 1 else ""
-        parts[f"host_{name}"] = (count * per * shard, rates.host_bandwidth,
-                                 f"{what}{per} B x {shard:,} ({', '.join(f'{k} {v}' for k, v in passes[name].items())})")
+        times = f"{count} x " if count > 1 else ""
+        each = ", ".join(f"{k} {v}" for k, v in passes[name].items())
+        parts[f"host_{name}"] = (count * per * shard, rates.host_bandwidth, f"{times}{per} B x {shard:,} ({each})")
     return {name: {"bytes": n, "seconds": n / (gbs * 1e9), "what": what} for name, (n, gbs, what) in parts.items()}
 
 
@@ -169,7 +170,8 @@ def format_step_time(time: dict) -> list:
     seconds = lambda v: f"{v:.2f}" if v is not None else "unknown"  # noqa: E731
     lines = ["  step time, predicted (nothing overlaps today: every part adds)"]
     if time["peak_tflops"]:
-        lines.append(f"    card compute at MFU {time['mfu']:g} of {time['peak_tflops']:g} TFLOPS {time['compute_dtype']} "
+        lines.append(f"    card compute at MFU {time['mfu']:g} of {time['peak_tflops']:g} TFLOPS "
+                     f"{time['compute_dtype']} "
                      f"(peak: {time['peak_source']}; MFU: {time['mfu_source']})")
     else:
         lines.append(f"    card compute: {time['peak_source']}")

@@ -52,8 +52,8 @@ def speed_plan(recipe) -> str:
     rows = f"{recipe.train.micro_batch_size} row(s) of {recipe.data.max_seq_len:,} tokens"
     if not plan.fits:
         raise ValueError(f"the speed step ({rows}) does not fit the {device.name} by the planner: "
-                         f"{plan.total_bytes / GB:.2f} GB planned, {device.usable_bytes / GB:.2f} GB usable")
-    return (f"{rows}; planned {plan.total_bytes / GB:.2f} GB with the margin, of {device.usable_bytes / GB:.2f} GB "
+                         f"{plan.total_bytes / GB:.2f} GiB planned, {device.usable_bytes / GB:.2f} GiB usable")
+    return (f"{rows}; planned {plan.total_bytes / GB:.2f} GiB with the margin, of {device.usable_bytes / GB:.2f} GiB "
             f"usable on the {device.name}")
 
 
