@@ -320,7 +320,7 @@ def offload_cost(plan: Plan, bandwidth: float) -> str:
     moved = host["transfer_seconds"]
     return (f"offload costs time: the host update takes about {host['update_seconds']:.1f} s a step at "
             f"{bandwidth:g} GB/s (--host-bandwidth), and the transfers {moved['to_host'] + moved['to_device']:.1f} s "
-            f"at PCIe 4.0 where the backward does not hide them; the host needs {gb(host['node_bytes'])} GiB free "
+            f"at PCIe 4.0 (nothing overlaps them today); the host needs {gb(host['node_bytes'])} GiB free "
             f"(strategies.offload.optimizer: host)")
 
 

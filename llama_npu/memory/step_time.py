@@ -3,7 +3,8 @@ host's work with the optimizer on the host. Nothing overlaps today: the step run
 micro-batch's graph, then copies its gradients off the card and adds them on the host, and
 after the last one the host's step-end passes and the push back (training/host_step.py), so
 the parts add. Beside the total: the step if the host's accumulation of a micro-batch ran
-while the card computed the next one (ZeRO-Offload overlaps the same way), the prize.
+while the card computed the next one: the prize of overlapping them (ZeRO-Offload's delayed
+parameter update overlaps the host's update with the card's next step in the same spirit).
 
 - compute: FLOPs a device does a step over peak x MFU. The peak is memory/peaks.py's (or
   --peak-tflops); unknown, the compute and the total are unknown, never guessed. FLOPs a token:
@@ -76,7 +77,9 @@ def compute_flops(shape, params: int, s) -> dict:
             parts[strategy.KEY] = (extra * tokens,
                                    f"{extra:,.0f} FLOPs a token x {tokens:,} tokens (strategies/{strategy.KEY}.py)")
     if s.reference_forward:
-        parts["reference"] = ((2 * params + attention_forward) * tokens, "the reference forward")
+        parts["reference"] = ((2 * params + attention_forward) * tokens,
+                              f"the objective's reference forward: (2 x {params:,} + attention's forward) x {tokens:,} "
+                              f"tokens")
     return {name: (flops / split, what + (f" / {split} devices" if split > 1 else "")) for name, (flops, what)
             in parts.items()}
 
@@ -123,6 +126,8 @@ def step_time(plan, rates: Rates = Rates()) -> dict:
             "compute_dtype": compute_dtype(s), "mfu": rates.mfu,
             "mfu_source": "--mfu" if rates.mfu != DEFAULT_MFU else MFU_SOURCE,
             "host_bandwidth_gbs": rates.host_bandwidth, "pcie_bandwidth_gbs": offload.PCIE_BANDWIDTH,
+            "host_bandwidth_source": "--host-bandwidth" if rates.host_bandwidth != offload.DEFAULT_HOST_BANDWIDTH
+            else f"the default: {HOST_BANDWIDTH_SOURCE}", "pcie_source": PCIE_SOURCE,
             "overlap": "none: every part adds (training/host_step.py runs them one after another)",
             **overlap_prize(parts, s, total)}
 
@@ -176,8 +181,8 @@ def format_step_time(time: dict) -> list:
     else:
         lines.append(f"    card compute: {time['peak_source']}")
     if any(name.startswith("host_") for name in time["parts"]):
-        lines.append(f"    host passes at {time['host_bandwidth_gbs']:g} GB/s (--host-bandwidth; default: "
-                     f"{HOST_BANDWIDTH_SOURCE}); PCIe at {time['pcie_bandwidth_gbs']:g} GB/s ({PCIE_SOURCE})")
+        lines.append(f"    host passes at {time['host_bandwidth_gbs']:g} GB/s ({time['host_bandwidth_source']}); "
+                     f"PCIe at {time['pcie_bandwidth_gbs']:g} GB/s ({time['pcie_source']})")
     lines.append(f"    {'part':<24}{'seconds':>10}  {'amount':<18}what")
     for name, detail in time["details"].items():
         amount = _amount(detail) if "flops" in detail or "bytes" in detail else ""
