@@ -128,11 +128,11 @@ def host_step(recipe, k: int):
     return HostStep(loss_cell, host, LossScaler(recipe.strategies.precision), recipe.train.grad_clip, k), net
 
 
-def timed_host_step(step, micro_batches, lr: float) -> dict:
+def timed_host_step(step, micro_batches, lr: float) -> tuple:
     """One HostStep call (training/host_step.py __call__, the same calls in its order): (each
-    part's seconds, whether the step overflowed). "card" the micro-batches' graphs, "copy" their gradients to host numpy,
-    "accumulate" HostAdamW.accumulate, "step_end" the norm, StepEnd and HostAdamW.step but its
-    push, "push" the cast masters into the card's Parameters."""
+    part's seconds, whether the step overflowed). "card": the micro-batches' graphs; "copy":
+    their gradients to host numpy; "accumulate": HostAdamW.accumulate; "step_end": the norm,
+    StepEnd and HostAdamW.step but its push; "push": the cast masters into the card's Parameters."""
     import mindspore as ms
     from mindspore import Tensor
 

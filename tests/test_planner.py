@@ -639,7 +639,8 @@ def test_peak_tflops_and_mfu_set_the_compute_as_the_formula_says():
         assert time["peak_source"] == "--peak-tflops" and time["mfu"] == (mfu or 0.19)
         assert time["total_seconds"] == pytest.approx(flops / (peak * 1e12 * (mfu or 0.19)), rel=1e-9)
     proc = run_cli(*args, "--mfu", "1.5")
-    assert proc.returncode == 2 and "--mfu: expected a fraction of the peak above 0 and at most 1, got 1.5" in proc.stderr
+    assert proc.returncode == 2
+    assert "--mfu: expected a fraction of the peak above 0 and at most 1, got 1.5" in proc.stderr
 
 
 OFFLOAD_910A = str(REPO / "recipes" / "llama3_2_3b_zh_full_offload_910a.yaml")

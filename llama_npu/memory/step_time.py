@@ -181,7 +181,8 @@ def format_step_time(time: dict) -> list:
     else:
         lines.append(f"    card compute: {time['peak_source']}")
     if any(name.startswith("host_") for name in time["parts"]):
-        lines.append(f"    host passes at {time['host_bandwidth_gbs']:g} GB/s ({time['host_bandwidth_source']}); "
+        lines.append(f"    host passes: their bytes at {time['host_bandwidth_gbs']:g} GB/s "
+                     f"({time['host_bandwidth_source']}), a floor (benchmarks/host_optimizer.py times them); "
                      f"PCIe at {time['pcie_bandwidth_gbs']:g} GB/s ({time['pcie_source']})")
     lines.append(f"    {'part':<24}{'seconds':>10}  {'amount':<18}what")
     for name, detail in time["details"].items():
