@@ -15,9 +15,16 @@ the bandwidth).
    `--layers` model (the smoke recipe with model.* overrides) with the optimizer on the host
    against in the graph: their median times and the ratio. The CPU backend is both "card" and
    host here, so no transfer is measured: selftest's host_optimizer measures it on a card.
+4. The offload step part by part (HostStep's calls, in its order, each timed): the
+   micro-batches' graphs, the gradients' copy off the "card" (asnumpy), their accumulation,
+   the step-end passes (the norm, the StepEnd graph, unscale, AdamW, zeroing) and the push
+   back; beside each, plan's prediction (memory/step_time.py for the same recipe on the cpu
+   device, at the streaming add's bandwidth measured in 1.), and plan's predicted step beside
+   the measured one. The CPU has no sourced peak, so plan's compute is unknown here: the
+   predicted step takes the graphs' measured time, and predicts the rest.
 
     .venv/bin/python benchmarks/host_optimizer.py [--params 50000000] [--threads N] [--steps 5]
-        [--hidden 256] [--layers 4] [--seq 128] [--micro 2] [--k 2] [--step-steps 3]
+        [--hidden 256] [--layers 4] [--seq 128] [--micro 2] [--k 2] [--step-steps 3] [--amp O0|O2]
 """
 from __future__ import annotations
 
@@ -121,6 +128,76 @@ def host_step(recipe, k: int):
     return HostStep(loss_cell, host, LossScaler(recipe.strategies.precision), recipe.train.grad_clip, k), net
 
 
+def timed_host_step(step, micro_batches, lr: float) -> tuple:
+    """One HostStep call (training/host_step.py __call__, the same calls in its order): (each
+    part's seconds, whether the step overflowed). "card": the micro-batches' graphs; "copy":
+    their gradients to host numpy; "accumulate": HostAdamW.accumulate; "step_end": the norm,
+    StepEnd and HostAdamW.step but its push; "push": the cast masters into the card's Parameters."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    times = dict.fromkeys(("card", "copy", "accumulate", "step_end", "push"), 0.0)
+    host, clock = step.host, time.perf_counter
+    push = type(host).push
+
+    def timed_push():
+        begin = clock()
+        push(host)
+        times["push"] += clock() - begin
+
+    host.push = timed_push
+    tokens = Tensor(sum(step.count(b) for b in micro_batches), ms.float32)
+    index = step.micro.embedding_index
+    for batch in micro_batches:
+        begin = clock()
+        loss, grads, rows = step.micro(tokens, *map(Tensor, batch))
+        loss.asnumpy()  # the graph's end: its outputs are all written (asnumpy waits for them)
+        copied = clock()
+        for grad in grads:
+            grad.asnumpy()
+        added = clock()
+        host.accumulate(grads, index, batch[0][:, :-1], rows if index >= 0 else None)
+        times["card"], times["copy"] = times["card"] + copied - begin, times["copy"] + added - copied
+        times["accumulate"] += clock() - added
+    begin = clock()
+    out = step.end(tokens, Tensor(0.0, ms.float32), Tensor(host.square_sum(), ms.float32))
+    _, _, overflow, scale, _, square_sum = (float(v) for v in out.asnumpy())
+    host.step(lr, scale, step.grad_clip, overflow > 0, square_sum)
+    times["step_end"] = clock() - begin - times["push"]
+    del host.push
+    return times, overflow > 0
+
+
+def predicted_parts(recipe, bandwidth_gbs: float) -> dict:
+    """plan's step time (memory/step_time.py) for `recipe` on the cpu device at `bandwidth_gbs`."""
+    from llama_npu.memory.devices import get_device
+    from llama_npu.memory.planner import estimate, parameter_total, strategy_from_recipe
+    from llama_npu.memory.step_time import Rates, step_time
+    from llama_npu.model.architecture import resolve_shape
+
+    shape = resolve_shape(recipe.model)
+    plan = estimate(shape, parameter_total(shape), get_device("cpu"), strategy_from_recipe(recipe, "cpu"))
+    return step_time(plan, Rates(host_bandwidth=bandwidth_gbs))
+
+
+def print_parts(measured: dict, predicted: dict) -> None:
+    """Each part's prediction beside its measurement, and the steps'."""
+    seconds = predicted["parts"]
+    plan = {"card": None, "copy": 0.0, "accumulate": seconds["host_accumulate"],
+            "step_end": seconds["host_step_end"], "push": seconds["host_push"]}
+    why = {"card": "plan: unknown peak on the CPU", "copy": "plan: none, asnumpy shares a CPU tensor's memory"}
+    print(f"offload step part by part (CPU backend; plan's host passes at {predicted['host_bandwidth_gbs']:.1f} GB/s):")
+    for name, value in measured.items():
+        guess = plan[name]
+        ratio = f"ratio measured / predicted {value / guess:.2f}" if guess else why[name]
+        shown = f"{guess * 1e3:9.2f} ms" if guess is not None else "  unknown   "
+        print(f"  {name:<11} measured {value * 1e3:9.2f} ms  predicted {shown}  {ratio}")
+    step = sum(measured.values())
+    guess = measured["card"] + sum(v for v in plan.values() if v)
+    print(f"ratio measured / predicted, the whole offload step: {step / guess:.2f} ({step * 1e3:.1f} ms against "
+          f"{guess * 1e3:.1f} ms: the graphs' measured {measured['card'] * 1e3:.1f} ms + plan's host parts)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=int, default=50_000_000)
@@ -132,6 +209,8 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=2)
     parser.add_argument("--k", type=int, default=2)
     parser.add_argument("--step-steps", type=int, default=3)
+    parser.add_argument("--amp", choices=("O0", "O2"), default="O0",
+                        help="the step's precision: O0 fp32, or O2 float16 with dynamic loss scaling (the recipe's)")
     args = parser.parse_args()
     n = args.params // 1024 * 1024
 
@@ -158,7 +237,9 @@ def main() -> None:
     print(f"ratio ours / the best other kernel: {ours / max(v for k, v in rates.items() if 'ours' not in k):.1f}x; "
           f"ours at {ours * 28 / reference:.2f} of the host's memory bandwidth (goal >= 0.8)")
 
-    overrides = [f"data.max_seq_len={args.seq}", "train.grad_clip=1.0", *small_shape(args.hidden, args.layers)]
+    overrides = [f"data.max_seq_len={args.seq}", "train.grad_clip=1.0", *small_shape(args.hidden, args.layers),
+                 f"strategies.precision.amp_level={args.amp}",
+                 f"strategies.precision.loss_scale={'dynamic' if args.amp == 'O2' else 'none'}"]
     if args.k > 1:
         overrides.append(f"train.global_batch_size={args.k * args.micro}")
     overrides.append(f"train.micro_batch_size={args.micro}")
@@ -177,6 +258,17 @@ def main() -> None:
           f"{medians['on the host'] * 1e3:.1f} ms; the host update's share at the rate above: "
           f"{update / medians['on the host']:.1%}")
     print(f"ratio step with offload / without: {medians['on the host'] / medians['in the graph']:.2f}")
+    # Steps that overflowed skip the update and the push: timed until step_steps have not (at most 4 x).
+    parts = []
+    for _ in range(4 * args.step_steps):
+        times, overflowed = timed_host_step(offloaded, micro_batches, 1e-4)
+        parts += [] if overflowed else [times]
+        if len(parts) == args.step_steps:
+            break
+    if not parts:
+        raise SystemExit(f"every one of {4 * args.step_steps} offload steps overflowed: nothing to time part by part")
+    measured = {name: float(np.median([p[name] for p in parts])) for name in parts[0]}
+    print_parts(measured, predicted_parts(offload_recipe, bandwidths["add"] / 1e9))
 
 
 if __name__ == "__main__":

@@ -271,7 +271,7 @@ def test_set_applies_to_the_default_recipe_of_a_model():
 def test_a_plan_that_does_not_fit_exits_1_in_text_and_json():
     text = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a")
     # 43.24 (was 48.35): GB is MindSpore's 2^30 bytes, and the pool 29 x 2^30 bytes
-    assert text.returncode == 1 and "fits: no, 43.24 GB over the 29.00 GB usable" in text.stdout
+    assert text.returncode == 1 and "fits: no, 43.24 GiB over the 29.00 GiB usable" in text.stdout
     as_json = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--json")
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["fits"] is False
     nothing = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--fit", "--no-lora", "--no-offload")
@@ -458,8 +458,8 @@ def test_hccl_buffers_are_outside_the_pool():
         + c["weight_compute_copies"] + c["activations"] + c["logits_loss"]
     # A pool that fits but leaves HCCL too little HBM (0.20 GB of 32) does not fit.
     tight = run_cli("plan", path, "--device-memory", "31.8GB")
-    assert tight.returncode == 1 and "fits: no, the communication buffers need 0.39 GB outside the pool, where " \
-        "0.20 GB are left" in tight.stdout
+    assert tight.returncode == 1 and "fits: no, the communication buffers need 0.39 GiB outside the pool, where " \
+        "0.20 GiB are left" in tight.stdout
 
 
 def test_accumulation_is_planned_at_its_worst_case_in_plan_json():
@@ -571,10 +571,10 @@ def test_fit_takes_an_int8_base_only_when_no_float_base_fits(tmp_path):
     assert proc.returncode == 0 and best["fits"] and best["total_bytes"] <= 7 * 2**30
     assert best["strategy"]["lora"] is True and best["strategy"]["lora_base_dtype"] == "int8"
     assert load_recipe(out).strategies.lora.base_dtype == "int8"
-    from llama_npu.memory.planner import fit
+    from llama_npu.memory.fit_choice import search
 
-    roomy, _ = fit(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910a"],
-                   Strategy(seq_len=512, micro_batch=1, global_batch=1), 1, allow_offload=False)
+    roomy, _ = search(PRESETS["llama3.2-3b"], P["llama3.2-3b"], DEVICES["910a"],
+                      Strategy(seq_len=512, micro_batch=1, global_batch=1), 1, True, None, allow_offload=False)
     assert roomy.strategy.lora and roomy.strategy.lora_base_dtype == "compute"
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910a", "--device-memory", "7GB", "--seq-len", "512",
                    "--fit", "--no-lora", "--json")
@@ -621,3 +621,64 @@ def test_a_written_recipe_has_absolute_paths_and_steps_its_data_bears(tmp_path):
         [str(tmp_path / "fifty.jsonl")], [str(tmp_path / "held_out.jsonl")])
     checked = run_cli("validate", tmp_path / "out.yaml", "--rehearse", "--output-dir", tmp_path / "run")
     assert checked.returncode == 0 and "passes" not in checked.stderr, checked.stderr
+
+
+def test_peak_tflops_and_mfu_set_the_compute_as_the_formula_says():
+    """1B on a 910B4 (no sourced peak): unknown until --peak-tflops; then the compute is
+    (6 x parameters + 12 x layers x hidden x sequence) x tokens over peak x MFU, and --mfu
+    scales it. --mfu above 1 is refused."""
+    args = ("plan", "--model", "llama3.2-1b", "--device", "910b4", "--json")
+    unknown = json.loads(run_cli(*args).stdout)["step_time"]
+    assert unknown["total_seconds"] is None and unknown["peak_tflops"] is None
+    assert "910B4's is neither published nor derived" in unknown["peak_source"]
+    shape, tokens = PRESETS["llama3.2-1b"], 2048  # --model: micro-batch 1 of 2,048 tokens, no recompute
+    flops = (6 * P["llama3.2-1b"] + 12 * shape.num_layers * shape.hidden_size * 2048) * tokens
+    for peak, mfu in ((300, None), (300, 0.5), (150, 0.5)):
+        time = json.loads(run_cli(*args, "--peak-tflops", str(peak), *(["--mfu", str(mfu)] if mfu else [])).stdout)[
+            "step_time"]
+        assert time["peak_source"] == "--peak-tflops" and time["mfu"] == (mfu or 0.19)
+        assert time["total_seconds"] == pytest.approx(flops / (peak * 1e12 * (mfu or 0.19)), rel=1e-9)
+    proc = run_cli(*args, "--mfu", "1.5")
+    assert proc.returncode == 2
+    assert "--mfu: expected a fraction of the peak above 0 and at most 1, got 1.5" in proc.stderr
+
+
+OFFLOAD_910A = str(REPO / "recipes" / "llama3_2_3b_zh_full_offload_910a.yaml")
+
+
+def test_the_host_passes_are_counted_a_micro_batch_and_a_step_at_the_host_bandwidth():
+    """The offload recipe's host work, from what host_step.py runs: per micro-batch 10 bytes a
+    parameter (the fp16 gradient read, the fp32 accumulator read and written), per step 44 (the
+    norm, the unscale, the AdamW update's 28, the zeroing) and 6 for the fp16 cast pushed back,
+    at --host-bandwidth; the gradients and weights over PCIe at 25 GB/s; the overlapped step
+    saves (k - 1) x the shorter of a micro-batch's card time and its accumulation."""
+    from llama_npu.strategies.accumulation import accumulation_steps
+
+    k, params = accumulation_steps(load_recipe(OFFLOAD_910A)), P["llama3.2-3b"]
+    for bandwidth in (20, 40):
+        time = json.loads(run_cli("plan", OFFLOAD_910A, "--host-bandwidth", str(bandwidth), "--json",
+                                  check=True).stdout)["step_time"]
+        details = time["details"]
+        assert {name: details[name]["bytes"] for name in ("host_accumulate", "host_step_end", "host_push")} == \
+            {"host_accumulate": k * 10 * params, "host_step_end": 44 * params, "host_push": 6 * params}
+        for name in ("host_accumulate", "host_step_end", "host_push"):
+            assert time["parts"][name] == pytest.approx(details[name]["bytes"] / (bandwidth * 1e9))
+        assert details["pcie_gradients_to_host"]["bytes"] == k * 2 * params
+        assert time["parts"]["pcie_weights_to_card"] == pytest.approx(2 * params / 25e9)
+        card = sum(v for name, v in time["parts"].items() if not name.startswith("host_")
+                   and name != "pcie_weights_to_card") / k
+        prize = (k - 1) * min(card, time["parts"]["host_accumulate"] / k)
+        assert time["prize_seconds"] == pytest.approx(prize) and prize > 0
+        assert time["overlapped_seconds"] == pytest.approx(time["total_seconds"] - prize)
+
+
+def test_maximize_speed_takes_fewer_micro_batches_with_the_optimizer_on_the_host():
+    """The offload recipe at micro-batch 1 x 8 accumulated: --fit --maximize speed keeps the
+    global batch of 8 and the optimizer on the host, and takes fewer, larger micro-batches
+    (fewer host passes), with a shorter predicted step than the 1 x 8 plan's."""
+    given = json.loads(run_cli("plan", OFFLOAD_910A, "--set", "train.micro_batch_size=1", "--fit", "--maximize",
+                               "speed", "--json", check=True).stdout)
+    best = given["recommended"]["strategy"]
+    assert given["strategy"]["micro_batch"] == 1 and best["micro_batch"] > 1 and best["offload"] is True
+    assert best["global_batch"] == 8 and given["recommended"]["fits"]
+    assert given["recommended"]["step_time"]["total_seconds"] < given["step_time"]["total_seconds"]

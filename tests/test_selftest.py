@@ -161,20 +161,22 @@ def test_dry_run_builds_every_check_for_every_soc_in_the_catalogue(tmp_path, soc
     # and an optimizer-shard cut.
     assert "on packed rows" in checks["sharded_model_pipeline_optimizer"]["compares"]
     assert "each of the model2, pipeline2, optimizer_shard runs' shards" in checks["export_merge_sharded"]["compares"]
-    if soc in ("910a", "910b"):  # what the card is asked: every check with a tolerance, the speed one a floor
-        assert all(c["tolerance"] is not None for c in checks.values())
-        floor = 0.15 if soc == "910a" else 0.2
+    if soc in ("910a", "910b"):  # what the card is asked: every check with a tolerance, the 910A's speed a floor
+        assert all(c["tolerance"] is not None for name, c in checks.items() if name != "speed_1b_mfu")
+        floor = 0.15 if soc == "910a" else None  # the 910B's peak is unknown (memory/peaks.py)
         assert (speed["status"], speed["bound"], speed["tolerance"]) == ("planned", "min", floor)
         assert checks["precision_bf16_vs_fp32"]["status"] == ("skip" if soc == "910a" else "planned")
         host = checks["host_optimizer"]  # the optimizer on the host against the graph, and the copies' bandwidth
         assert (host["status"], host["tolerance"]) == ("planned", 1e-5) and "host-to-device" in host["compares"]
+    if soc == "910b":
+        assert "no known fp16 peak for the 910b (910b stands for the 910b2 and the 910b3" in speed["compares"]
     if soc == "910b4":
         assert speed["tolerance"] is None and "no known fp16 peak" in speed["compares"]
         # the 910B recipe needs a 58 GB pool: the 910B4's speed step is one that fits its 32 GB by the planner
         assert "device.name=910b4, device.max_device_memory=29GB" in speed["compares"]
         assert checks["speed_accumulation_overhead"]["status"] == "skip"
     if soc != "cpu":
-        planned_gb, usable_gb = map(float, re.search(r"planned ([\d.]+) GB with the margin, of ([\d.]+) GB usable "
+        planned_gb, usable_gb = map(float, re.search(r"planned ([\d.]+) GiB with the margin, of ([\d.]+) GiB usable "
                                                      f"on the {soc}", speed["compares"]).groups())
         assert planned_gb <= usable_gb <= {"910b": 64}.get(soc, 32) - 2
     # The mask checks run at the compute dtype the SoC's shipped recipes train at.
@@ -213,7 +215,7 @@ def test_a_speed_step_the_planner_does_not_fit_is_refused():
     too_big = load_recipe(recipe_file(Context("ascend", "910b4")), ["device.name=910b4",
                                                                      "device.max_device_memory=29GB"])
     with pytest.raises(ValueError, match=r"the speed step \(4 row\(s\) of 2,048 tokens\) does not fit the 910b4 "
-                                         r"by the planner: [\d.]+ GB planned, 29.00 GB usable"):
+                                         r"by the planner: [\d.]+ GiB planned, 29.00 GiB usable"):
         speed_plan(too_big)
 
 
@@ -226,13 +228,13 @@ def test_selftest_soc_outside_the_catalogue_or_without_dry_run_is_one_line_and_e
         assert "cpu, 910a, 910b, 910b4" in proc.stderr
 
 
-@pytest.mark.parametrize("soc, tokens_per_s, status", [("910b", 12_000, "pass"), ("910b", 9_000, "fail"),
-                                                       ("910a", 6_000, "pass"), ("910a", 4_000, "fail"),
-                                                       ("910b4", 9_000, "skip")])
+@pytest.mark.parametrize("soc, tokens_per_s, status", [("910b", 12_000, "skip"), ("910a", 6_000, "pass"),
+                                                       ("910a", 4_000, "fail"), ("910b4", 9_000, "skip")])
 def test_speed_check_fails_below_its_mfu_floor_and_skips_without_a_known_peak(soc, tokens_per_s, status):
-    """The speed check judges the timed 1B step (given here as its measured figures): below 20%
-    MFU of a 910B's fp16 peak (15% on a 910A) it fails; on a 910B4, whose peak is unknown, it
-    is a skip that still gives tokens/s."""
+    """The speed check judges the timed 1B step (given here as its measured figures): below 15%
+    MFU of a 910A's fp16 peak it fails; on a 910B (the B2 or the B3, whose peaks differ by
+    source) and a 910B4, whose peaks are unknown (memory/peaks.py), it is a skip that still
+    gives tokens/s."""
     from llama_npu.selftest.parts import Context
     from llama_npu.selftest.speed import check_speed
 
@@ -242,12 +244,12 @@ def test_speed_check_fails_below_its_mfu_floor_and_skips_without_a_known_peak(so
     check = check_speed(ctx)
     assert check.status == status and f"{tokens_per_s:,} tokens/s" in check.reason
     if status != "skip":
-        mfu = 6 * params * tokens_per_s / (354e12 if soc == "910b" else 256e12)
+        mfu = 6 * params * tokens_per_s / 256e12
         assert check.figure == pytest.approx(mfu) and check.bound == "min"
         assert f"MFU {mfu:.1%}" in check.reason and "floor" in check.reason
         assert ("at least" in check.line()) and check.status in check.line()
     else:
-        assert "no known fp16 peak for the 910b4" in check.reason
+        assert f"no known fp16 peak for the {soc}" in check.reason
 
 
 @pytest.mark.parametrize("target, soc, cell, glob, env, want", [

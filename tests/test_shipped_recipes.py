@@ -43,18 +43,18 @@ def test_the_ten_ascend_recipes_and_the_two_cpu_ones_are_shipped():
 @pytest.mark.parametrize("path", ASCEND_RECIPES, ids=lambda p: p.stem)
 def test_recipe_fits_its_device_with_the_margin_as_its_comment_says(path):
     """`plan RECIPE` (the recipe's own device and layout) fits with the 10% margin, and the
-    header comment's "N GB spare beyond the margin" is what plan prints, to its last digit."""
+    header comment's "N GiB spare beyond the margin" is what plan prints, to its last digit."""
     recipe = load_recipe(path)
     par = recipe.strategies.parallel
     plan = json.loads(run_cli("plan", path, "--json", check=True).stdout)
     assert (plan["device"], plan["devices"]) == (recipe.device.name, par.data * par.model * par.pipeline)
     assert plan["fits"], f"{path.name}: {plan['total_bytes'] / GB:.2f} GB > {plan['device_bytes'] / GB:.2f} GB"
     assert plan["components"]["margin"] >= 0.1 * plan["device_bytes"]
-    claimed = re.search(r"(\d+(?:\.(\d+))?) GB spare beyond the (?:10% )?margin", " ".join(
+    claimed = re.search(r"(\d+(?:\.(\d+))?) GiB spare beyond the (?:10% )?margin", " ".join(
         line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#")))
     assert claimed, f"{path.name}: its header comment must say how much is spare"
     digits = len(claimed.group(2) or "")
-    spare = (plan["device_bytes"] - plan["total_bytes"]) / GB  # MindSpore's GB, as plan prints it
+    spare = (plan["device_bytes"] - plan["total_bytes"]) / GB  # GiB (MindSpore's "GB"), as plan prints it
     assert f"{spare:.{digits}f}" == claimed.group(1), f"{path.name}: comment says {claimed.group(1)}, plan {spare:.3f}"
 
 
@@ -164,9 +164,40 @@ def test_the_3b_full_fine_tune_fits_one_910a_only_with_the_optimizer_on_the_host
     k = accumulation_steps(recipe)
     assert host["transfer_bytes"] == {"to_host": k * 2 * params, "to_device": 2 * params}
     text = run_cli("plan", path, check=True).stdout
-    assert "host (optimizer on the host): 48.61 GB a rank (master_weights 11.97, moments 23.94, accumulators " \
-        "11.97, staging 0.73), 48.61 GB a node of 1 rank" in text
+    assert "host (optimizer on the host): 48.61 GiB a rank (master_weights 11.97, moments 23.94, accumulators " \
+        "11.97, staging 0.73), 48.61 GiB a node of 1 rank" in text
     on_card = run_cli("plan", path, "--set", "strategies.offload.optimizer=device", "--json")
     in_graph = json.loads(on_card.stdout)
     assert on_card.returncode == 1 and not in_graph["fits"] and in_graph["host"] is None
     assert in_graph["components"]["optimizer_states"] == 8 * params
+
+
+def printed_step_time(text: str) -> tuple:
+    """({part: seconds or None}, total or None) from plan's text: the rows under "step time"."""
+    block = text[text.index("  step time, predicted"):].splitlines()
+    rows = [re.match(r"    (\w+)\s+([\d.]+|unknown)  ", line) for line in block[1:]]
+    rows = [m for m in rows if m and m.group(1) != "part"]
+    seconds = {m.group(1): None if m.group(2) == "unknown" else float(m.group(2)) for m in rows}
+    return {k: v for k, v in seconds.items() if k != "total"}, seconds["total"]
+
+
+@pytest.mark.parametrize("path", ASCEND_RECIPES + sorted((REPO / "recipes").glob("cpu_*.yaml")), ids=lambda p: p.stem)
+def test_plan_predicts_a_step_time_whose_parts_add_up_or_says_the_peak_is_unknown(path):
+    """`plan RECIPE` prints a step time part by part, in text and JSON: the parts add to the
+    total; where the device has no sourced peak (memory/peaks.py: the 910b, which stands for the
+    B2 and the B3, the 910b4, the CPU) the compute and the total are "unknown", never guessed."""
+    plan = json.loads(run_cli("plan", path, "--json").stdout)
+    text = run_cli("plan", path).stdout
+    time = plan["step_time"]
+    parts, total = printed_step_time(text)
+    assert list(parts) == list(time["parts"]) and {"model", "attention"} <= parts.keys()
+    if plan["device"] == "910a":
+        assert time["peak_tflops"] == 256 and "Huawei's published figure" in time["peak_source"]
+        assert time["total_seconds"] == pytest.approx(sum(time["parts"].values()), rel=1e-12)
+        assert total == pytest.approx(sum(parts.values()), abs=0.005 * len(parts) + 0.005)
+        assert total == pytest.approx(time["total_seconds"], abs=0.005)
+    else:
+        assert time["total_seconds"] is None and time["parts"]["model"] is None and parts["model"] is None
+        assert total is None and "card compute: unknown peak: " in text and "give --peak-tflops" in text
+    if load_recipe(path).strategies.offload.optimizer == "host":
+        assert {"host_accumulate", "host_step_end", "host_push", "pcie_gradients_to_host"} <= parts.keys()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..memory.devices import DEVICE_TARGETS
 from ..memory.fit_choice import MAXIMIZE
 from ..memory.plan_report import run_plan
+from ..memory.step_time import DEFAULT_MFU, MFU_SOURCE
 from ..strategies.offload import DEFAULT_HOST_BANDWIDTH
 
 
@@ -39,7 +40,7 @@ def add_parser(subparsers) -> None:
                            "that fits with the fewest changes, on a layout run on an NPU where one fits")
     plan.add_argument("--maximize", choices=MAXIMIZE,
                       help="with --fit: search even when the plan fits, for the largest micro-batch, the longest "
-                           "sequence or the highest estimated speed")
+                           "sequence or the shortest predicted step a token (the step time plan prints)")
     plan.add_argument("--no-lora", action="store_true", help="with --fit: never switch to LoRA")
     plan.add_argument("--no-offload", action="store_true",
                       help="with --fit: never move the optimizer to the host (strategies.offload), e.g. on a host "
@@ -56,6 +57,13 @@ def add_parser(subparsers) -> None:
                       help="with the optimizer on the host (strategies.offload): the host memory bandwidth one rank's "
                            f"update gets, in 10^9 bytes/s, for its time a step (default {DEFAULT_HOST_BANDWIDTH:g}: "
                            "a 2-core x86_64 host's streaming add; benchmarks/host_optimizer.py measures yours)")
+    plan.add_argument("--mfu", type=float, metavar="FRACTION",
+                      help=f"the fraction of the chip's peak the card's compute reaches, for the predicted step time "
+                           f"(default {DEFAULT_MFU:g}: {MFU_SOURCE})")
+    plan.add_argument("--peak-tflops", type=float, metavar="TFLOPS",
+                      help="the chip's peak matmul TFLOPS in the compute dtype, for the step time; default: "
+                           "llama_npu/memory/peaks.py's, each with its source (a device without one, such as the "
+                           "910B4 or the CPU, has an unknown compute time until this is given)")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=run)
 

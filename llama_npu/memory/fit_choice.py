@@ -7,7 +7,9 @@
   (strategies.offload) before it is sent to LoRA; the host's update costs time a step.
 - Then, by what --maximize asks for: the fewest changed settings (no --maximize: a plan that
   does not fit, or a layout --devices breaks, is repaired, not redesigned), the largest
-  micro-batch, the longest sequence, or the highest estimated speed.
+  micro-batch, the longest sequence, or the shortest predicted step a token
+  (memory/step_time.py speed_key; with the optimizer on the host, fewer micro-batches at the
+  same global batch make fewer host passes).
 - The global batch is kept; it changes only when no micro-batch of any tested layout divides
   it on the devices given (e.g. a global batch of 16 on 32 data-parallel devices).
 """
@@ -19,7 +21,8 @@ from typing import Callable, List, Optional, Tuple
 from ..model.architecture import LlamaShape
 from ..model.llama import MAX_POSITIONS
 from .devices import Device
-from .planner import Plan, Strategy, fit, tokens_per_second
+from .planner import Plan, Strategy, fit
+from .step_time import Rates, speed_key
 
 MAXIMIZE = ("micro-batch", "seq-len", "speed")
 
@@ -35,14 +38,15 @@ def changed_fields(base: Strategy, s: Strategy) -> List[str]:
     return [f.name for f in fields(Strategy) if getattr(base, f.name) != getattr(s, f.name)]
 
 
-def rank_key(maximize: Optional[str], shape: LlamaShape, params: int, base: Strategy) -> Callable[[Plan], tuple]:
+def rank_key(maximize: Optional[str], shape: LlamaShape, base: Strategy, rates: Rates = Rates()) \
+        -> Callable[[Plan], tuple]:
     """The key the recommended plan maximises (module docstring)."""
     def key(plan: Plan) -> tuple:
         s = plan.strategy
         # int8 costs accuracy: the recipe's own LoRA base first, int8 only when nothing else fits
         head = (not never_run_on_npu(s), s.lora == base.lora, s.lora_base_dtype == base.lora_base_dtype,
                 s.offload == base.offload)
-        speed, fewest = tokens_per_second(shape, params, s), -len(changed_fields(base, s))
+        speed, fewest = speed_key(plan, rates), -len(changed_fields(base, s))
         if maximize == "speed":
             return head + (speed, -plan.total_bytes)
         if maximize == "micro-batch":
@@ -52,11 +56,11 @@ def rank_key(maximize: Optional[str], shape: LlamaShape, params: int, base: Stra
 
 
 def search(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int, allow_lora: bool,
-           maximize: Optional[str], allow_offload: bool = True) -> Tuple[Optional[Plan], Plan]:
+           maximize: Optional[str], allow_offload: bool = True, rates: Rates = Rates()) -> Tuple[Optional[Plan], Plan]:
     """(recommended plan or None, closest plan): the global batch kept, else (no tested
     layout fits with it) rounded up to a multiple of the devices, which micro-batch 1 on
     data-parallel devices divides."""
-    key = rank_key(maximize, shape, params, base)
+    key = rank_key(maximize, shape, base, rates)
     best, closest = fit(shape, params, device, base, devices, allow_lora, rank=key, allow_offload=allow_offload)
     if best is None or never_run_on_npu(best.strategy):
         wider = replace(base, global_batch=-(-base.global_batch // devices) * devices)
@@ -84,10 +88,11 @@ def longest_fitting(shape: LlamaShape, params: int, device: Device, base: Strate
 
 
 def recommend(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int, allow_lora: bool,
-              maximize: Optional[str], allow_offload: bool = True) -> Tuple[Optional[Plan], Plan]:
+              maximize: Optional[str], allow_offload: bool = True,
+              rates: Rates = Rates()) -> Tuple[Optional[Plan], Plan]:
     if maximize == "seq-len":
         return longest_fitting(shape, params, device, base, devices, allow_lora, allow_offload)
-    return search(shape, params, device, base, devices, allow_lora, maximize, allow_offload)
+    return search(shape, params, device, base, devices, allow_lora, maximize, allow_offload, rates)
 
 
 def change_list(base: Strategy, s: Strategy) -> List[str]:

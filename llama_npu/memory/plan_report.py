@@ -29,6 +29,7 @@ from .parameter_count import cached_parameter_count
 from .fit_choice import change_list, never_run_on_npu, recommend
 from .planner import (Plan, Strategy, estimate, estimate_inference, fit_inference, gb, scales_out_of_place,
                       strategy_from_recipe)
+from .step_time import DEFAULT_MFU, Rates, format_step_time, step_time
 
 MODELS = ("llama3.2-1b", "llama3.2-3b")
 NEVER_RUN_NOTE = ("never run on an NPU: {parts} (semi_auto_parallel: no NPU in CI and the CPU backend "
@@ -81,8 +82,8 @@ def plan_notes(plan: Plan) -> List[str]:
                      f"{plan.device.name} the train step compiles for GE (jit level O2), which has no in-place "
                      "multiply, and the graph's order need not free each gradient as its scaled copy is made")
     if plan.outside_pool_bytes:
-        notes.append(f"communication_buffers: HCCL's, outside the {gb(plan.device.usable_bytes)} GB pool, in the "
-                     f"{gb(plan.device.hbm_bytes - plan.device.usable_bytes)} GB of HBM it leaves")
+        notes.append(f"communication_buffers: HCCL's, outside the {gb(plan.device.usable_bytes)} GiB pool, in the "
+                     f"{gb(plan.device.hbm_bytes - plan.device.usable_bytes)} GiB of HBM it leaves")
     return notes
 
 
@@ -105,24 +106,25 @@ def format_host(host: dict, s: Strategy) -> List[str]:
     ranks = host["ranks_per_node"]
     moved, seconds = host["transfer_bytes"], host["transfer_seconds"]
     micro_batches = f"{s.accumulation} micro-batches'" if s.accumulation > 1 else "1 micro-batch's"
-    return [f"  host (optimizer on the host): {gb(host['rank_bytes'])} GB a rank ({parts}), "
-            f"{gb(host['node_bytes'])} GB a node of {ranks} rank{'s' if ranks > 1 else ''}",
+    return [f"  host (optimizer on the host): {gb(host['rank_bytes'])} GiB a rank ({parts}), "
+            f"{gb(host['node_bytes'])} GiB a node of {ranks} rank{'s' if ranks > 1 else ''}",
             f"  host update: {host['update_seconds']:.2f} s a step at {host['host_bandwidth_gbs']:g} GB/s of host "
             f"memory bandwidth a rank (--host-bandwidth), {offload.UPDATE_BYTES_PER_PARAMETER} bytes a parameter",
-            f"  host traffic a step: {gb(moved['to_host'])} GB to the host ({micro_batches} gradients), "
-            f"{gb(moved['to_device'])} GB of weights back; "
+            f"  host traffic a step: {gb(moved['to_host'])} GiB to the host ({micro_batches} gradients), "
+            f"{gb(moved['to_device'])} GiB of weights back; "
             f"{seconds['to_host']:.2f} s and {seconds['to_device']:.2f} s at {host['pcie_bandwidth_gbs']:g} GB/s "
             f"(PCIe 4.0 x16)"]
 
 
-def plan_json(plan: Plan, preset: str, host_bandwidth: float = offload.DEFAULT_HOST_BANDWIDTH) -> dict:
+def plan_json(plan: Plan, preset: str, rates: Rates = Rates()) -> dict:
     return {"model": preset, "params": plan.params, "device": plan.device.name, "devices": plan.strategy.devices,
             "device_bytes": plan.device.usable_bytes, "hbm_bytes": plan.device.hbm_bytes,
             "components": dict(plan.components), "outside_pool_bytes": plan.outside_pool_bytes,
             "phases": dict(plan.phases), "peak_phase": plan.peak_phase,
             "total_bytes": plan.total_bytes, "fits": plan.fits, "strategy": asdict(plan.strategy),
             "notes": plan_notes(plan), "never_run_on_npu": never_run_on_npu(plan.strategy),
-            "host": host_figures(plan, host_bandwidth)}
+            "host": host_figures(plan, rates.host_bandwidth),
+            "step_time": step_time(plan, rates) if plan.shape else None}
 
 
 def finetune_kind(s: Strategy) -> str:
@@ -131,34 +133,34 @@ def finetune_kind(s: Strategy) -> str:
     return f"LoRA rank {s.lora_rank}" + (" over an int8 base" if s.lora_base_dtype == "int8" else "")
 
 
-def format_plan(plan: Plan, preset: str, title: str = "",
-                host_bandwidth: float = offload.DEFAULT_HOST_BANDWIDTH) -> str:
+def format_plan(plan: Plan, preset: str, title: str = "", rates: Rates = Rates()) -> str:
     s, d = plan.strategy, plan.device
     lines = [f"{title}{preset} ({plan.params:,} parameters) on {d.name} x {s.devices} "
-             f"({d.note}; usable {gb(d.usable_bytes)} GB per device)",
+             f"({d.note}; usable {gb(d.usable_bytes)} GiB per device)",
              f"  {finetune_kind(s)}, {s.optimizer}, {s.amp_level} "
              f"{s.dtype if s.amp_level != 'O0' else 'float32'}, seq {s.seq_len}, micro-batch {s.micro_batch} x "
              f"{s.accumulation} accumulated x data {s.data} = global {s.global_batch}, recompute {s.recompute}, "
              f"chunked CE {'on' if s.chunked_ce else 'off'}, layout data {s.data} x model {s.model} x "
              f"pipeline {s.pipeline}{', optimizer sharded' if s.optimizer_shard else ''}",
-             f"  {'component':<24}{'bytes':>18}{'GB':>10}"]
+             f"  {'component':<24}{'bytes':>18}{'GiB':>10}"]
     for name, value in plan.components.items():
         lines.append(f"  {name:<24}{value:>18,}{gb(value):>10}")
     # Not every component is alive at once: the total is the largest phase plus the margin.
     lines.append("  alive at each phase's peak: " + ", ".join(
-        f"{name} {gb(value)} GB" for name, value in plan.phases.items()) + f" (peak: {plan.peak_phase})")
+        f"{name} {gb(value)} GiB" for name, value in plan.phases.items()) + f" (peak: {plan.peak_phase})")
     lines.append(f"  {'total (peak + margin)':<24}{plan.total_bytes:>18,}{gb(plan.total_bytes):>10}")
     gap = plan.total_bytes - d.usable_bytes
     lines += [f"  note: {note}" for note in plan_notes(plan)]
     if plan.host:
-        lines += format_host(host_figures(plan, host_bandwidth), s)
+        lines += format_host(host_figures(plan, rates.host_bandwidth), s)
+    lines += format_step_time(step_time(plan, rates))
     if plan.fits:
-        lines.append(f"  fits: yes, {gb(-gap)} GB to spare beyond the 10% margin")
+        lines.append(f"  fits: yes, {gb(-gap)} GiB to spare beyond the 10% margin")
     elif gap > 0:
-        lines.append(f"  fits: no, {gb(gap)} GB over the {gb(d.usable_bytes)} GB usable")
+        lines.append(f"  fits: no, {gb(gap)} GiB over the {gb(d.usable_bytes)} GiB usable")
     else:
-        lines.append(f"  fits: no, the communication buffers need {gb(plan.outside_pool_bytes)} GB outside the "
-                     f"pool, where {gb(d.hbm_bytes - d.usable_bytes)} GB are left")
+        lines.append(f"  fits: no, the communication buffers need {gb(plan.outside_pool_bytes)} GiB outside the "
+                     f"pool, where {gb(d.hbm_bytes - d.usable_bytes)} GiB are left")
     if never_run_on_npu(s):
         lines.append("  " + NEVER_RUN_NOTE.format(parts=", ".join(never_run_on_npu(s))))
     return "\n".join(lines)
@@ -167,8 +169,8 @@ def format_plan(plan: Plan, preset: str, title: str = "",
 def format_inference(plan: Plan, preset: str, precision: str) -> str:
     s, d = plan.strategy, plan.device
     lines = [f"{preset} ({plan.params:,} parameters) inference in {precision} on {d.name} "
-             f"(usable {gb(d.usable_bytes)} GB): batch {s.micro_batch} x {s.seq_len} tokens",
-             f"  {'component':<24}{'bytes':>18}{'GB':>10}"]
+             f"(usable {gb(d.usable_bytes)} GiB): batch {s.micro_batch} x {s.seq_len} tokens",
+             f"  {'component':<24}{'bytes':>18}{'GiB':>10}"]
     for name, value in plan.components.items():
         if value:
             lines.append(f"  {name:<24}{value:>18,}{gb(value):>10}")
@@ -191,14 +193,20 @@ def check_arguments(args) -> None:
         raise RecipeError(f"--seq-len: expected 1 to {MAX_POSITIONS} (Llama 3.2's context), got {args.seq_len}")
     if not args.host_bandwidth > 0:
         raise RecipeError(f"--host-bandwidth: expected GB/s > 0, got {args.host_bandwidth:g}")
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        raise RecipeError(f"--mfu: expected a fraction of the peak above 0 and at most 1, got {args.mfu:g}")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise RecipeError(f"--peak-tflops: expected TFLOPS > 0, got {args.peak_tflops:g}")
     if args.micro_batch is not None and args.micro_batch < 1:
         raise RecipeError(f"--micro-batch: expected a value > 0, got {args.micro_batch}")
     inference_only = [("--precision", args.precision)]
+    step_time_only = [("--mfu", args.mfu is not None), ("--peak-tflops", args.peak_tflops)]
     training_only = [("--no-lora", args.no_lora), ("--no-offload", args.no_offload),
                      ("--write-recipe", args.write_recipe), ("--maximize", args.maximize)]
     fit_only = training_only
     write_only = [("--data", args.data), ("--eval-data", args.eval_data), ("--overwrite", args.overwrite)]
     for flags, needed, what in ((inference_only, args.task == "inference", "--task inference"),
+                                (step_time_only, args.task == "train", "--task train"),
                                 (training_only, args.task == "train", "--task train"),
                                 (fit_only, args.fit, "--fit"), (write_only, args.write_recipe, "--write-recipe")):
         given = [flag for flag, value in flags if value]
@@ -297,8 +305,8 @@ def write_recipe(recipe: Recipe, best: Plan, out: Path) -> List[str]:
     """Write the recommended recipe, ready to train (memory/written_recipe.py); what that changed."""
     s, d = best.strategy, best.device
     recipe, changed = ready_to_train(apply_strategy(recipe, s))
-    header = [f"# Written by llama-npu plan --fit for {s.devices} x {d.name}: {gb(best.total_bytes)} GB of "
-              f"{gb(d.usable_bytes)} GB usable per device."]
+    header = [f"# Written by llama-npu plan --fit for {s.devices} x {d.name}: {gb(best.total_bytes)} GiB of "
+              f"{gb(d.usable_bytes)} GiB usable per device."]
     if never_run_on_npu(s):
         header.append("# Layout " + NEVER_RUN_NOTE.format(parts=", ".join(never_run_on_npu(s))) + ".")
     text = "\n".join(header) + "\n" + yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True)
@@ -312,7 +320,7 @@ def offload_cost(plan: Plan, bandwidth: float) -> str:
     moved = host["transfer_seconds"]
     return (f"offload costs time: the host update takes about {host['update_seconds']:.1f} s a step at "
             f"{bandwidth:g} GB/s (--host-bandwidth), and the transfers {moved['to_host'] + moved['to_device']:.1f} s "
-            f"at PCIe 4.0 where the backward does not hide them; the host needs {gb(host['node_bytes'])} GB free "
+            f"at PCIe 4.0 (nothing overlaps them today); the host needs {gb(host['node_bytes'])} GiB free "
             f"(strategies.offload.optimizer: host)")
 
 
@@ -326,7 +334,7 @@ def as_given(plan: Optional[Plan], base: Strategy, devices: int, broken: str) ->
         return f"as given: on {devices} devices, {broken}"
     if plan:
         d = plan.device
-        return (f"as given: {gb(plan.total_bytes)} GB per device of {gb(d.usable_bytes)} GB usable, "
+        return (f"as given: {gb(plan.total_bytes)} GiB per device of {gb(d.usable_bytes)} GiB usable, "
                 f"{'fits' if plan.fits else 'does not fit'}")
     return (f"as given: layout data {base.data} x model {base.model} x pipeline {base.pipeline} = "
             f"{base.devices} device{'s' if base.devices > 1 else ''}, not {devices}")
@@ -347,11 +355,11 @@ def plan_inference(args, recipe: Recipe, device, shape) -> tuple[str, int]:
         return (json.dumps(result) if args.json else format_inference(plan, preset, precision)), int(not plan.fits)
     best, (last, closest) = fit_inference(shape, params, device, precision, batch, seq_len)
     result["recommended"] = dict(plan_json(best[1], preset), precision=best[0]) if best else None
-    text = [f"as given: {precision}, {gb(plan.total_bytes)} GB of {gb(device.usable_bytes)} GB usable, "
+    text = [f"as given: {precision}, {gb(plan.total_bytes)} GiB of {gb(device.usable_bytes)} GiB usable, "
             f"{'fits' if plan.fits else 'does not fit'}"]
     if best is None:
         text.append(f"no precision fits on {device.name}; the closest, {last}, needs "
-                    f"{gb(closest.total_bytes - device.usable_bytes)} GB more:\n"
+                    f"{gb(closest.total_bytes - device.usable_bytes)} GiB more:\n"
                     + format_inference(closest, preset, last))
     else:
         text.append("recommended: " + format_inference(best[1], preset, best[0]))
@@ -374,30 +382,30 @@ def run_plan(args) -> tuple[str, int]:
                           f"{base.pipeline} = {base.devices}; set strategies.parallel or use --fit")
     params = cached_parameter_count(shape)
     plan = estimate(shape, params, device, base) if base.devices == devices else None
-    bandwidth = args.host_bandwidth
+    rates = Rates(args.mfu or DEFAULT_MFU, args.peak_tflops, args.host_bandwidth)
     if not args.fit:
-        return (json.dumps(plan_json(plan, preset, bandwidth)) if args.json else
-                format_plan(plan, preset, host_bandwidth=bandwidth)), int(not plan.fits)
+        return (json.dumps(plan_json(plan, preset, rates)) if args.json else
+                format_plan(plan, preset, rates=rates)), int(not plan.fits)
 
-    result = plan_json(plan, preset, bandwidth) if plan else {"model": preset, "params": params, "device": device.name,
+    result = plan_json(plan, preset, rates) if plan else {"model": preset, "params": params, "device": device.name,
                                                               "devices": devices, "device_bytes": device.usable_bytes}
     if plan and plan.fits and not args.maximize:
         best = closest = plan  # a plan that fits is kept as given: only --maximize asks for changes
     else:
         best, closest = recommend(shape, params, device, base, devices, not args.no_lora, args.maximize,
-                                  not args.no_offload)
-    result.update(recommended=plan_json(best, preset, bandwidth) if best else None, unchanged=best is plan)
+                                  not args.no_offload, rates)
+    result.update(recommended=plan_json(best, preset, rates) if best else None, unchanged=best is plan)
     # the recipe as given in one line: the table is the recommended plan's (or the closest one's)
     text = [as_given(plan, base, devices, broken)]
     if best is None:
         text.append(f"nothing fits on {devices} x {device.name}; the closest plan needs "
-                    f"{gb(closest.total_bytes - device.usable_bytes)} GB more per device:\n"
-                    + format_plan(closest, preset, "closest: ", bandwidth))
+                    f"{gb(closest.total_bytes - device.usable_bytes)} GiB more per device:\n"
+                    + format_plan(closest, preset, "closest: ", rates))
         return (json.dumps(result) if args.json else "\n".join(text)), 1
-    text += [format_plan(best, preset, "recommended: ", bandwidth),
+    text += [format_plan(best, preset, "recommended: ", rates),
              UNCHANGED if best is plan else changes(base, best.strategy)]
     if best.strategy.offload and not base.offload:
-        text.append(offload_cost(best, bandwidth))
+        text.append(offload_cost(best, rates.host_bandwidth))
     if args.write_recipe:
         schedule = write_recipe(recipe, best, Path(args.write_recipe))
         text.append(f"wrote {args.write_recipe}" + (f" (and changed: {', '.join(schedule)})" if schedule else ""))

@@ -1,6 +1,6 @@
 """The memory planner: what a recipe needs per device, tensor class by tensor class, the
-peak over the step's phases, and a search for the plan that fits with the highest estimated
-throughput.
+peak over the step's phases, and a search over the plans that fit (memory/fit_choice.py
+ranks them; memory/step_time.py predicts their step time).
 
 Every number is a formula over the exact parameter counts and the recipe; the formulas
 follow this harness's implementation, not an idealised trainer (docs/memory.md says which
@@ -131,6 +131,7 @@ class Plan:
     components: Dict[str, int] = field(default_factory=dict)
     phases: Dict[str, int] = field(default_factory=dict)  # bytes alive at each phase's peak, margin excluded
     host: Dict[str, int] = field(default_factory=dict)  # host bytes one rank holds (strategies.offload)
+    shape: Optional[LlamaShape] = None  # a training plan's model (memory/step_time.py reads it)
 
     @property
     def peak_phase(self) -> Optional[str]:
@@ -331,7 +332,7 @@ def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:
 def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Plan:
     if not device.flash_attention:  # the model is built without it there (model.fused_kernels)
         s = replace(s, flash_attention=False)
-    plan = Plan(params, device, s)
+    plan = Plan(params, device, s, shape=shape)
     plan.components.update(model_states(shape, s))
     plan.components["activations"] = activations(shape, s)
     plan.components["logits_loss"] = logits_loss(shape, s)
@@ -348,28 +349,12 @@ def estimate(shape: LlamaShape, params: int, device: Device, s: Strategy) -> Pla
     return plan
 
 
-def tokens_per_second(shape: LlamaShape, params: int, s: Strategy) -> float:
-    """Relative throughput for ranking plans (not a prediction of seconds): the FLOPs per
-    parameter and token, each strategy's extra work (recompute's forward, chunked CE's head),
-    the layout's losses (pipeline bubble, model-parallel communication), and small
-    micro-batches using the matmul units less well."""
-    flops = lora.flops_per_parameter(s) * params
-    if s.reference_forward:  # an adapters-off reference: a second forward, 2 FLOPs per parameter and token
-        flops += 2 * params
-    for strategy in STRATEGIES:
-        if hasattr(strategy, "extra_flops"):
-            flops += strategy.extra_flops(shape, params, s)
-    efficiency = parallel.layout_efficiency(s) * min(1.0, (s.rows * s.seq_len / 4096) ** 0.15)
-    return s.devices * efficiency / flops
-
-
-def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int,
-        allow_lora: bool = True, rank=None, allow_offload: bool = True) -> tuple[Optional[Plan], Plan]:
+def fit(shape: LlamaShape, params: int, device: Device, base: Strategy, devices: int, allow_lora: bool,
+        rank, allow_offload: bool = True) -> tuple[Optional[Plan], Plan]:
     """(best plan that fits or None, closest plan overall) over micro-batch, accumulation
     (the global batch kept), recompute, chunked cross-entropy, precision, LoRA, the optimizer
-    on the host, and layouts;
-    `rank(plan)`: the key the best plan maximises (default: _rank, the fastest)."""
-    rank = rank or (lambda plan: _rank(shape, params, plan, base))
+    on the host, and layouts; `rank(plan)`: the key the best plan maximises
+    (memory/fit_choice.py rank_key)."""
     half = "bfloat16" if device.bf16 else "float16"
     precisions = [("O2", half)] if device.name != "cpu" else [("O0", "float16"), ("O2", "float16")]
     best, closest = None, None
@@ -471,15 +456,6 @@ def fit_inference(shape: LlamaShape, params: int, device: Device, precision: str
         if plan.fits:
             return (name, plan), (name, plan)
     return None, (tried[-1], plan)
-
-
-def _rank(shape: LlamaShape, params: int, plan: Plan, base: Strategy):
-    """Keep the recipe's choice of full fine-tuning or LoRA, then of the LoRA base's dtype
-    (int8 costs accuracy: only when nothing in the recipe's fits), then of where the optimizer
-    runs (the host's update costs time a step), when possible, then speed."""
-    s = plan.strategy
-    return (s.lora == base.lora, s.lora_base_dtype == base.lora_base_dtype, s.offload == base.offload,
-            tokens_per_second(shape, params, s), -plan.total_bytes)
 
 
 def gb(n: int) -> str:

@@ -8,17 +8,17 @@ import time
 import numpy as np
 
 from ..memory.devices import GB, get_device
+from ..memory.peaks import device_peak, peak_flops
 from ..memory.planner import estimate, parameter_total, strategy_from_recipe
 from ..model.architecture import resolve_shape
 from ..recipe.load import load_recipe
 from .parts import MAX, MIN, REPO, Check, Context, Spec, train_step
 
-# FACTS.md's device table (public figures; the 910B's is an estimate). The 910B4's is unknown.
-PEAK_FP16_FLOPS = {"910a": 256e12, "910b": 354e12}
 # The MFU below which the 1B step is too slow: MindFormers' own llama-7B full fine-tune on the
 # 910A, 1,229 tokens/s at 2K, is about 19% of its 256 TFLOPS; a 1B step at the shipped recipe
-# should reach 15% there, and 20% of a 910B's fp16 peak.
-MFU_FLOOR = {"910a": 0.15, "910b": 0.20}
+# should reach 15% there. The peaks are memory/peaks.py's: a SoC without one (the 910B, which
+# stands for two chips whose peaks differ by source; the 910B4) has no floor, only tokens/s.
+MFU_FLOOR = {"910a": 0.15}
 
 
 # The 910B4 has 32 GB, not the 910B's 64: the 910B recipe (58 GB pool, 4 rows a micro-batch) does
@@ -52,8 +52,8 @@ def speed_plan(recipe) -> str:
     rows = f"{recipe.train.micro_batch_size} row(s) of {recipe.data.max_seq_len:,} tokens"
     if not plan.fits:
         raise ValueError(f"the speed step ({rows}) does not fit the {device.name} by the planner: "
-                         f"{plan.total_bytes / GB:.2f} GB planned, {device.usable_bytes / GB:.2f} GB usable")
-    return (f"{rows}; planned {plan.total_bytes / GB:.2f} GB with the margin, of {device.usable_bytes / GB:.2f} GB "
+                         f"{plan.total_bytes / GB:.2f} GiB planned, {device.usable_bytes / GB:.2f} GiB usable")
+    return (f"{rows}; planned {plan.total_bytes / GB:.2f} GiB with the margin, of {device.usable_bytes / GB:.2f} GiB "
             f"usable on the {device.name}")
 
 
@@ -76,10 +76,10 @@ def _skip(ctx: Context, on_cpu: str = "") -> str:
 
 
 def speed_spec(ctx: Context) -> Spec:
-    floor = MFU_FLOOR.get(ctx.soc)
+    floor = MFU_FLOOR.get(ctx.soc) if peak_flops(ctx.soc, "float16") else None
     compares = (f"MFU (6 x parameters x tokens/s over the {ctx.soc} fp16 peak) of a 1B step at "
                 f"{describe(ctx)}; tokens/s printed too" if floor is not None else
-                f"tokens/s of a 1B step at {describe(ctx)}; no MFU floor: no known fp16 peak for the {ctx.soc}")
+                f"tokens/s of a 1B step at {describe(ctx)}; no MFU floor: {unknown_peak(ctx.soc)}")
     return Spec("speed_1b_mfu", "speed", compares, floor, MIN, files=(speed_setting(ctx),), skip=_skip(ctx))
 
 
@@ -126,6 +126,12 @@ def speed_figures(ctx: Context) -> dict:
     return ctx.speed_run
 
 
+def unknown_peak(soc: str) -> str:
+    """Why `soc` has no fp16 peak (memory/peaks.py), or why it has no floor."""
+    peak, why = device_peak(soc, "float16")
+    return f"no known fp16 peak for the {soc} ({why})" if peak is None else f"no MFU floor set for the {soc}"
+
+
 def check_speed(ctx: Context, fault=None) -> Check:
     """Tokens/s and MFU of a 1B step at this SoC's speed_setting; fails
     below MFU_FLOOR, a skip (tokens/s still given) where the SoC's peak is unknown."""
@@ -135,9 +141,9 @@ def check_speed(ctx: Context, fault=None) -> Check:
     run = speed_figures(ctx)
     tokens_per_s = run["tokens"] / run["one"]
     what = f"{tokens_per_s:,.0f} tokens/s ({run['recipe']}, recompute as the recipe)"
-    peak = PEAK_FP16_FLOPS.get(ctx.soc)
+    peak = peak_flops(ctx.soc, "float16")
     if peak is None or planned.tolerance is None:
-        return planned.skipped(f"{what}; no MFU: no known fp16 peak for the {ctx.soc}")
+        return planned.skipped(f"{what}; no MFU: {unknown_peak(ctx.soc)}")
     mfu = 6 * run["params"] * tokens_per_s / peak
     check = planned.judged(mfu, "")
     check.reason = f"{what}, MFU {mfu:.1%} of {peak / 1e12:.0f} TFLOPS (floor {planned.tolerance:.0%})"

@@ -178,3 +178,20 @@ def transfer_bytes(trainable: int, s, compute_bytes: int) -> dict:
     compute-dtype weights back once (the card gathers the other ranks' from their cards)."""
     shard = host_shard(trainable, s)
     return {"to_host": s.accumulation * compute_bytes * shard, "to_device": compute_bytes * shard}
+
+
+def host_passes(s, compute_bytes: int) -> dict:
+    """The host's passes over its shard, bytes a parameter each (read + written), as
+    training/host_step.py and host_optimizer.py run them: per micro-batch (HostAdamW.accumulate)
+    the card's gradient in the compute dtype read and the fp32 accumulator read and written;
+    per step (square_sum, step, push) the norm's read, the unscale's read and write, the fused
+    AdamW update, the zeroing's write and the master's cast for the card (fp32 read, the
+    compute dtype written; under data parallel first gathered into one range, read and
+    written). Lower bounds: a temporary the libraries make adds to them."""
+    push = {"cast for the card": 4 + compute_bytes}
+    if s.data > 1:
+        push["gather the range (torch.cat)"] = 8
+    return {"accumulate": {"read the gradient": compute_bytes, "read the accumulator": 4, "write it": 4},
+            "step_end": {"norm (sum of squares)": 4, "unscale and clip": 8,
+                         "AdamW update": UPDATE_BYTES_PER_PARAMETER, "zeroing": 4},
+            "push": push}

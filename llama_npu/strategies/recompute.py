@@ -97,7 +97,10 @@ def kept_activations(s, layers: int, per_layer: int, layer_input: int) -> int:
 
 
 def extra_flops(shape, params: int, s) -> float:
-    """The recomputed forward: all of it for the layers fully recomputed, a tenth selectively."""
+    """FLOPs a token of the recomputed forward: all of it for the layers fully recomputed (their
+    share of 2 x parameters, and their attention's QK^T and AV, 4 x hidden x sequence a layer),
+    a tenth of 2 x parameters selectively."""
     if s.recompute == "full":
-        return 2 * params * ((s.recompute_layers or shape.num_layers) / shape.num_layers)
+        layers = s.recompute_layers or shape.num_layers
+        return 2 * params * (layers / shape.num_layers) + 4 * layers * shape.hidden_size * s.seq_len
     return 0.1 * params if s.recompute == "selective" else 0
