@@ -34,8 +34,8 @@ def test_the_ten_ascend_recipes_and_the_two_cpu_ones_are_shipped():
         "llama3_2_3b_zh_lora_int8_910a.yaml"]
     for path in ASCEND_RECIPES:
         assert path.read_text().startswith("# Llama 3.2"), f"{path.name} needs its header comment"
-    assert sorted(p.name for p in (REPO / "recipes").glob("cpu_*.yaml")) == ["cpu_dpo_smoke.yaml", "cpu_kto_smoke.yaml",
-                                                                          "cpu_smoke.yaml"]
+    assert sorted(p.name for p in (REPO / "recipes").glob("cpu_*.yaml")) == [
+        "cpu_dpo_smoke.yaml", "cpu_kto_smoke.yaml", "cpu_llamafactory_smoke.yaml", "cpu_smoke.yaml"]
     assert [p.name for p in ASCEND_RECIPES if load_recipe(p).train.objective == "dpo"] == [
         "llama3_2_1b_zh_dpo_lora_910a.yaml", "llama3_2_3b_zh_dpo_full_8x910b.yaml"]
 

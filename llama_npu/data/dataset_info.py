@@ -59,8 +59,8 @@ def split_names(names: List[str]) -> List[str]:
     return [name.strip() for item in names for name in item.split(",")]
 
 
-def multimodal(key: str) -> str:
-    return f"{key}: {key} columns are multimodal data, which llama-npu does not train (text only)"
+def multimodal(where: str, key: str) -> str:
+    return f"{where}.{key}: {key} columns are multimodal data, which llama-npu does not train (text only)"
 
 
 def column_problems(columns: Dict[str, object], known, where: str) -> List[str]:
@@ -68,7 +68,7 @@ def column_problems(columns: Dict[str, object], known, where: str) -> List[str]:
     problems = []
     for key in columns:
         if key in MEDIA:
-            problems.append(multimodal(f"{where}.{key}"))
+            problems.append(multimodal(where, key))
         elif key not in known:
             problems.append(f"{where}.{key}: unknown column key; expected one of {', '.join(known)}")
     return problems
