@@ -159,12 +159,15 @@ def named_inputs(d, names: List[str]) -> List[DataInput]:
     return [entry_input(d.dataset_dir, name, info[name], d) for name in split_names(names)]
 
 
+def files_input(d, files) -> DataInput:
+    """Files named in the recipe, read by its data.format, columns, tags and encoding."""
+    return DataInput("", tuple(map(str, files)), d.format, ReadOptions.of_data(d))
+
+
 def train_inputs(recipe) -> List[DataInput]:
     """What the run trains on: data.dataset's entries, or data.train_files."""
     d = recipe.data
-    if d.dataset:
-        return named_inputs(d, d.dataset)
-    return [DataInput("", tuple(d.train_files), d.format, ReadOptions.of_data(d))]
+    return named_inputs(d, d.dataset) if d.dataset else [files_input(d, d.train_files)]
 
 
 def eval_inputs(recipe) -> List[DataInput]:
@@ -172,7 +175,7 @@ def eval_inputs(recipe) -> List[DataInput]:
     d = recipe.data
     if d.eval_dataset:
         return named_inputs(d, d.eval_dataset)
-    return [DataInput("", tuple(d.eval_files), d.format, ReadOptions.of_data(d))] if d.eval_files else []
+    return [files_input(d, d.eval_files)] if d.eval_files else []
 
 
 def sampled(records: list, data_input: DataInput, max_samples: Optional[int], seed: int) -> list:
