@@ -281,7 +281,8 @@ def test_kto_over_an_int8_lora_base_with_adapters_off_micro_batch_1_recompute_ch
 @pytest.mark.quick
 @pytest.mark.parametrize("value, expected", [(True, True), (False, False), ("true", True), (" TRUE ", True),
                                              ("Yes", True), ("1", True), (1, True), ("false", False),
-                                             ("No", False), ("0", False), (0, False), ("False", False)])
+                                             ("No", False), ("0", False), (0, False), ("False", False),
+                                             ("👍", True), (" 👎", False)])
 def test_label_spellings(value, expected):
     from llama_npu.objectives.kto.records import parse_label
 
@@ -296,7 +297,8 @@ def test_any_other_label_is_refused_naming_file_row_and_column(value):
 
     with pytest.raises(RecordError) as raised:
         parse_label({"label": value}, "f.csv:3")
-    assert str(raised.value).startswith(f"f.csv:3: column 'label' holds {value!r}; expected true or false")
+    assert str(raised.value).startswith(f"f.csv:3: column 'label' holds {value!r}; expected a desirable value "
+                                        f"(true, 1, yes, 👍) or an undesirable one (false, 0, no, 👎)")
     assert "\n" not in str(raised.value)
 
 
@@ -420,7 +422,7 @@ def test_a_label_no_spelling_means_is_one_line_exit_2_naming_file_row_and_column
     result = run_cli("train", SMOKE, "--output-dir", tmp_path / "run", *sets)
     assert result.returncode == 2 and not (tmp_path / "run").exists()
     assert result.stderr.strip().splitlines()[-1].startswith(
-        f"llama-npu: error: {table}:3: column 'label' holds 'maybe'; expected true or false"), result.stderr
+        f"llama-npu: error: {table}:3: column 'kto_tag' holds 'maybe'; expected a desirable value"), result.stderr
 
 
 @pytest.mark.quick

@@ -172,6 +172,7 @@ def test_the_shipped_preference_sample_reads_whole_and_holds_out_its_eval_prompt
 
 
 def test_a_run_reads_its_pairs_counting_what_it_left_out(tmp_path, tokenizer, capsys):
+    from llama_npu.data.dataset_info import files_input
     from llama_npu.objectives.dpo.source import pair_samples
 
     data = write_jsonl(tmp_path / "pairs.jsonl", [
@@ -181,7 +182,7 @@ def test_a_run_reads_its_pairs_counting_what_it_left_out(tmp_path, tokenizer, ca
     recipe = recipe_from_dict(yaml.safe_load(SMOKE.read_text()), [
         "train.objective=dpo", "data.max_seq_len=32", "data.on_bad_record=skip", "dpo.on_long_pair=drop",
         "data.eval_files=[]"])
-    assert [p.chosen.input_ids for p in pair_samples(recipe, tokenizer, [str(data)])] == [
+    assert [p.chosen.input_ids for p in pair_samples(recipe, tokenizer, [files_input(recipe.data, [data])])] == [
         p.chosen.input_ids for p in tokenize_pairs(tokenizer, read_pairs([data], "alpaca", "skip")[0][:1], 33)[0]]
     assert (f"skipped 1 of 4 records of {data}: 1 x chosen equal to rejected (first at {data}:2)\n"
             f"[llama-npu] {data}: 1 of 3 preference pairs kept (0 truncated, 1 dropped: a row past 33 tokens; "
@@ -190,7 +191,7 @@ def test_a_run_reads_its_pairs_counting_what_it_left_out(tmp_path, tokenizer, ca
     long_prompt = write_jsonl(tmp_path / "long.jsonl", [GOOD, {"instruction": "请详细解释" * 40, "chosen": "好的。",
                                                                "rejected": "不。"}])
     with pytest.raises(RecordError, match=rf"^{long_prompt}:2: the prompt takes \d+ tokens, which leaves no room"):
-        pair_samples(recipe, tokenizer, [str(long_prompt)])
+        pair_samples(recipe, tokenizer, [files_input(recipe.data, [long_prompt])])
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".xlsx"])
@@ -200,6 +201,7 @@ def test_pairs_from_a_spreadsheet_by_data_columns_validate_and_equal_their_jsonl
     mapping chosen and rejected too: validate accepts the recipe, and the run's tokenized
     pairs are the JSONL form's, row for row."""
     from llama_npu.cli import build_parser
+    from llama_npu.data.dataset_info import files_input
     from llama_npu.objectives.dpo.source import pair_samples
     from test_tables import write_table
 
@@ -214,6 +216,7 @@ def test_pairs_from_a_spreadsheet_by_data_columns_validate_and_equal_their_jsonl
                                       f"data.train_files=[{table}]", "--set", columns])
     assert args.func(args) == 0, capsys.readouterr().err
     recipe = recipe_from_dict(yaml.safe_load(dpo_smoke.read_text()), [columns])
-    from_table, from_jsonl = (pair_samples(recipe, tokenizer, [str(path)]) for path in (table, twin))
+    from_table, from_jsonl = (pair_samples(recipe, tokenizer, [files_input(recipe.data, [path])])
+                              for path in (table, twin))
     assert len(from_table) == 6 and [(p.chosen, p.rejected) for p in from_table] == [
         (p.chosen, p.rejected) for p in from_jsonl]

@@ -34,8 +34,8 @@ def test_the_ten_ascend_recipes_and_the_two_cpu_ones_are_shipped():
         "llama3_2_3b_zh_lora_int8_910a.yaml"]
     for path in ASCEND_RECIPES:
         assert path.read_text().startswith("# Llama 3.2"), f"{path.name} needs its header comment"
-    assert sorted(p.name for p in (REPO / "recipes").glob("cpu_*.yaml")) == ["cpu_dpo_smoke.yaml", "cpu_kto_smoke.yaml",
-                                                                          "cpu_smoke.yaml"]
+    assert sorted(p.name for p in (REPO / "recipes").glob("cpu_*.yaml")) == [
+        "cpu_dpo_smoke.yaml", "cpu_kto_smoke.yaml", "cpu_llamafactory_smoke.yaml", "cpu_smoke.yaml"]
     assert [p.name for p in ASCEND_RECIPES if load_recipe(p).train.objective == "dpo"] == [
         "llama3_2_1b_zh_dpo_lora_910a.yaml", "llama3_2_3b_zh_dpo_full_8x910b.yaml"]
 
@@ -118,6 +118,29 @@ def test_the_cpu_dpo_smoke_recipe_rehearses_on_the_shipped_pairs(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["target_tokens"] == 2
     assert rows[0]["loss"] == pytest.approx(np.log(2), abs=1e-5) and abs(rows[0]["rewards/margins"]) < 1e-5
     assert_a_dpo_rehearsal(proc.stdout, json.loads((out / "summary.json").read_text()))
+
+
+@pytest.mark.parametrize("objective, entry, first_loss", [("sft", "zh_alpaca_demo, zh_sharegpt_demo", None),
+                                                       ("dpo", "zh_dpo_demo", np.log(2)), ("kto", "zh_kto_demo", 0.5)])
+def test_the_llamafactory_recipe_trains_a_step_of_each_objective_on_its_entries(tmp_path, objective, entry,
+                                                                                first_loss):
+    """recipes/cpu_llamafactory_smoke.yaml reads data/llamafactory/dataset_info.json as
+    LLaMA-Factory does: its alpaca and sharegpt entries (SFT), its ranking entry (DPO) and its
+    KTO entry (role/content turns, the tag in `label`) each train a step, no column renamed;
+    DPO and KTO start where the policy is its own reference (ln 2, 0.5)."""
+    out = tmp_path / objective
+    proc = run_cli("train", REPO / "recipes" / "cpu_llamafactory_smoke.yaml", "--output-dir", out,
+                   "--set", f"train.objective={objective}", "--set", f"data.dataset={entry}",
+                   "--set", "train.max_steps=1", "--set", "train.micro_batch_size=1",
+                   "--set", "train.global_batch_size=2", check=True)
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1] and np.isfinite(rows[0]["loss"])
+    if first_loss is not None:
+        assert rows[0]["loss"] == pytest.approx(first_loss, abs=1e-4)
+    for name in entry.split(", "):
+        assert re.search(rf"{name} \(\S*data/llamafactory/{name}\.json\)", proc.stdout), proc.stdout
+    saved = yaml.safe_load((out / "recipe.yaml").read_text())["data"]
+    assert saved["dataset_dir"].startswith("/") and saved["dataset_dir"].endswith("data/llamafactory")
 
 
 def test_the_int8_lora_recipe_spends_what_its_base_frees():

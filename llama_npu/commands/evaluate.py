@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
 
 from ..common.frameworks import quiet_frameworks
+from ..data.formats import ON_BAD_RECORD
 from ..data.readers import RecordError, first_record_is
 from ..data.tables import ReadOptions
 from ..evaluation.exams.report import format_summary
@@ -42,6 +44,9 @@ def add_parser(subparsers) -> None:
                     help=f"records (with --task: prompts) per forward pass (default: {RECORDS_A_BATCH}); preference "
                          f"pairs: pairs per forward pass (default: the run's train.micro_batch_size, so that scoring "
                          f"takes the memory training took)")
+    ev.add_argument("--on-bad-record", choices=ON_BAD_RECORD,
+                    help="a bad record stops eval naming its file and line (error), or is counted and left out, "
+                         "the first few named (skip); default: the run's data.on_bad_record, else error")
     add_device_argument(ev)
     add_weights_argument(ev)
     ev.add_argument("--json", action="store_true", help="print one JSON object")
@@ -87,7 +92,8 @@ def run(args) -> int:
     if objective is not None:  # records of an objective's own kind (DPO's pairs): its scores
         return run_objective(args, objective)
     result = evaluate_checkpoint(Path(args.checkpoint), args.data, args.max_seq_len,
-                                 args.batch_size or RECORDS_A_BATCH, args.device, args.weights)
+                                 args.batch_size or RECORDS_A_BATCH, args.device, args.weights,
+                                 bad_record_choice(args, owning_recipe(Path(args.checkpoint))))
     if args.json:
         print(json.dumps(result))
     else:
@@ -102,7 +108,12 @@ def run_reading(checkpoint: Path) -> ReadOptions:
     """How `train` read the data of the run `checkpoint` belongs to (its data.columns and
     data.encoding), which eval --data reads the same way; the defaults for converted weights."""
     recipe = owning_recipe(checkpoint)
-    return ReadOptions.of(recipe.data.columns, recipe.data.encoding) if recipe else ReadOptions()
+    return ReadOptions.of_data(recipe.data) if recipe else ReadOptions()
+
+
+def bad_record_choice(args, recipe) -> str:
+    """--on-bad-record, else the run's data.on_bad_record, else error."""
+    return args.on_bad_record or (recipe.data.on_bad_record if recipe else "error")
 
 
 def run_objective(args, objective) -> int:
@@ -111,8 +122,11 @@ def run_objective(args, objective) -> int:
     if args.max_seq_len is not None:
         raise RecordError(f"--max-seq-len: {objective.RECORDS.name} are scored at the run's own data.max_seq_len")
     checkpoint = Path(args.checkpoint)
-    result = objective.score(owning_recipe(checkpoint), checkpoint, args.data, args.batch_size, args.device,
-                             scoring_network)
+    recipe = owning_recipe(checkpoint)
+    if recipe is not None:  # the objective reads the held-out records as the run's recipe says
+        recipe = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data,
+                                                                      on_bad_record=bad_record_choice(args, recipe)))
+    result = objective.score(recipe, checkpoint, args.data, args.batch_size, args.device, scoring_network)
     print(json.dumps(result) if args.json else objective.score_line(result))
     return 0
 

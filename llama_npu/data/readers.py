@@ -25,6 +25,7 @@ from .encodings import decode_file, text_lines
 from .errors import RecordError
 from .record_kind import RecordKind
 from .tables import ReadOptions, is_table, map_columns, table_records
+from .turn_tags import role_of, turn_keys, unknown_role
 
 # What a bad-record error ends with: how to train on the rest instead.
 SKIP_HINT = "data.on_bad_record=skip (prepare-data --on-bad-record skip) drops such records"
@@ -97,8 +98,8 @@ def _raw_records(path: Path, options: ReadOptions, first_line: int = 1) -> Itera
     row) `first_line` on, its keys mapped by data.columns."""
     if is_table(path):
         return ((row, record) for row, record in table_records(path, options) if row >= first_line)
-    return ((line, map_columns(raw, options.columns)) for line, raw in _json_records(path, options.encoding,
-                                                                                      first_line))
+    return ((line, map_columns(raw, options.columns, options.exclusive))
+            for line, raw in _json_records(path, options.encoding, first_line))
 
 
 def _json_records(path: Path, encoding: str, first_line: int = 1) -> Iterator[Tuple[int, object]]:
@@ -159,8 +160,10 @@ def _object(record: object, where: str, expected: str) -> dict:
 
 def _no_tools(record: dict, where: str) -> None:
     """LLaMA-Factory writes `tools` into the system prompt for function calling, which this
-    harness does not train: such a record is refused rather than trained without them."""
-    if record.get("tools") not in (None, "", [], {}):
+    harness does not train: such a record is refused rather than trained without them. The
+    JSON text "[]" is no tools (LLaMA-Factory's demo data writes it so)."""
+    tools = record.get("tools")
+    if tools not in (None, "", [], {}) and not (isinstance(tools, str) and tools.strip() in ("[]", "{}")):
         raise RecordError(f"{where}: field 'tools' holds tool definitions (function calling), which llama-npu does "
                           f"not train; remove the column or leave it empty", "tool definitions")
 
@@ -197,38 +200,47 @@ def alpaca_prompt(record: dict, where: str) -> List[Message]:
     return messages + _history(record, where) + [("user", prompt)]
 
 
-def parse_alpaca(record: object, where: str) -> Record:
+def parse_alpaca(record: object, where: str, options: ReadOptions = ReadOptions()) -> Record:
     record = _object(record, where, "'instruction' and 'output'")
     prompt = alpaca_prompt(record, where)
     answer = _string(record, "output", where, required=True, what="empty answer")
     return Record(where, messages=prompt + [("assistant", answer)])
 
 
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "system": "system"}
-
-
-def sharegpt_turns(record: dict, where: str, last: str = "assistant", why: str = "") -> List[Message]:
-    """The turns of a ShareGPT record's `conversations` or `messages`, each checked, the
-    last one `last`'s (a pair's history ends with the user's; `why` says so)."""
-    if "conversations" in record:
-        turns, role_key, text_key = record["conversations"], "from", "value"
-    elif "messages" in record:
-        turns, role_key, text_key = record["messages"], "role", "content"
-    else:
+def _turns_of(record: dict, where: str) -> Tuple[str, list]:
+    """(the turns' key, the turns) of a ShareGPT record: `conversations`, else `messages`
+    (data.columns maps LLaMA-Factory's `messages` column onto either: the turns' own keys, or
+    data.tags, decide how a turn is read, data/turn_tags.py)."""
+    key = "conversations" if "conversations" in record else "messages" if "messages" in record else None
+    if key is None:
         raise RecordError(f"{where}: expected a 'conversations' list of {{from, value}} or a 'messages' "
                           f"list of {{role, content}}", "missing 'conversations'")
-    if not isinstance(turns, list) or not turns:
-        field_name = "conversations" if role_key == "from" else "messages"
-        raise RecordError(f"{where}: '{field_name}' must be a non-empty list", "empty conversation")
+    if not isinstance(record[key], list) or not record[key]:
+        raise RecordError(f"{where}: '{key}' must be a non-empty list", "empty conversation")
+    return key, record[key]
+
+
+def read_turn(turn: object, where: str, tags: Dict[str, str]) -> Tuple[str, dict, str]:
+    """(our role, the turn, its text's key) of one turn; a function-calling turn is refused."""
+    role_key, text_key = turn_keys(turn if isinstance(turn, dict) else {}, tags)
+    turn = _object(turn, where, f"'{role_key}' and '{text_key}'")
+    role = role_of(turn.get(role_key), tags)
+    if role is None:
+        raise unknown_role(where, turn.get(role_key), tags)
+    if role == "tool":
+        raise RecordError(f"{where}: a {turn[role_key]!r} turn is function calling, which llama-npu does not "
+                          f"train", "function calling")
+    return role, turn, text_key
+
+
+def sharegpt_turns(record: dict, where: str, options: ReadOptions = ReadOptions(), last: str = "assistant",
+                   why: str = "") -> List[Message]:
+    """The turns of a ShareGPT record's `conversations` or `messages`, each checked, the
+    last one `last`'s (a pair's history ends with the user's; `why` says so)."""
+    _, turns = _turns_of(record, where)
     messages: List[Message] = []
     for i, turn in enumerate(turns):
-        turn = _object(turn, f"{where} turn {i + 1}", f"'{role_key}' and '{text_key}'")
-        name = turn.get(role_key)
-        if not isinstance(name, str) or name not in SHAREGPT_ROLES:
-            raise RecordError(f"{where} turn {i + 1}: unknown role {name!r}; expected one of "
-                              f"{', '.join(SHAREGPT_ROLES)}", "unknown role")
-        role = SHAREGPT_ROLES[name]
+        role, turn, text_key = read_turn(turn, f"{where} turn {i + 1}", options.tags)
         # An empty user turn would train the model to answer nothing in particular.
         content = _string(turn, text_key, f"{where} turn {i + 1}", required=role != "system",
                           what=f"empty {role} turn" if role == "user" else "empty answer", mapped=False)
@@ -246,12 +258,12 @@ def sharegpt_turns(record: dict, where: str, last: str = "assistant", why: str =
     return messages
 
 
-def parse_sharegpt(record: object, where: str) -> Record:
+def parse_sharegpt(record: object, where: str, options: ReadOptions = ReadOptions()) -> Record:
     record = _object(record, where, "'conversations' or 'messages'")
-    return Record(where, messages=sharegpt_turns(record, where))
+    return Record(where, messages=sharegpt_turns(record, where, options))
 
 
-def parse_text(record: object, where: str) -> Record:
+def parse_text(record: object, where: str, options: ReadOptions = ReadOptions()) -> Record:
     record = _object(record, where, "'text'")
     return Record(where, text=_string(record, "text", where, required=True))
 
@@ -337,7 +349,7 @@ def iter_records(paths, fmt: str, options: ReadOptions = ReadOptions(), kind: Op
             if isinstance(raw, dict):
                 unread.update(dict.fromkeys(key for key in raw if key not in reads))
             try:
-                yield parse(raw, f"{path}:{lineno}")
+                yield parse(raw, f"{path}:{lineno}", options)
             except RecordError as exc:
                 yield _wrong_format(raw, fmt, exc, kind)
         if count == 0:

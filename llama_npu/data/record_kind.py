@@ -20,7 +20,8 @@ def no_record(raw: object) -> bool:
 class RecordKind:
     # As messages name them ("SFT records", "preference pairs").
     name: str
-    # format -> parse(raw record, "file:line") -> the parsed record, or raises RecordError;
+    # format -> parse(raw record, "file:line", ReadOptions) -> the parsed record, or raises
+    # RecordError (the options: data.tags, data.label_values, the file's column names);
     # a format without a parser is one the objective does not read (its check refuses it).
     parsers: Dict[str, Callable]
     # format -> the keys (after data.columns) its parser reads; a file's other columns are
@@ -40,6 +41,9 @@ class RecordKind:
     # The other objectives' kinds, whose records this kind refuses with their `misread`
     # (objectives.records_of fills it from the registry).
     others: Tuple["RecordKind", ...] = ()
+    # Whether its records are LLaMA-Factory's ranking data (a dataset_info.json entry's
+    # `ranking: true`, data/dataset_info.py): an entry must say so exactly when it is.
+    ranking: bool = False
 
     def misread_error(self, raw: object, where: str) -> Optional[RecordError]:
         """The error for `raw` when it is another objective's record, else None."""

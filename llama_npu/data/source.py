@@ -8,35 +8,61 @@ from typing import Optional, Sequence, Union
 
 from ..common.console import note
 from .batches import ListSamples
+from .dataset_info import DataInput, eval_inputs, sampled, train_inputs
 from .mindrecord import MindRecordSamples
 from .packing import pack, padding_share
-from .readers import RecordError, read_dataset
+from .readers import RecordError, SkipReport, detect_format, good_records, read_dataset
 from .record_kind import RecordKind
 from .samples import Sample, tokenize_records
 from .tables import ReadOptions
 
 
-def read_records(recipe, files: Sequence[str], kind: Optional[RecordKind] = None) -> list:
-    """The good records of `files` of the objective's `kind`, read with the run's data.columns
-    and data.encoding; with data.on_bad_record: skip, the others noted."""
-    d = recipe.data
-    records, skipped = read_dataset(files, d.format, d.on_bad_record, ReadOptions.of(d.columns, d.encoding), kind)
-    if skipped.total:
-        note(f"data.on_bad_record=skip: skipped {skipped.total} of {len(records) + skipped.total} records of "
-             f"{', '.join(files)}: {skipped.describe()}")
+def read_records(recipe, inputs: Sequence[DataInput], kind: Optional[RecordKind] = None,
+                 rehearsing: bool = False) -> list:
+    """The good records of `inputs` (data/dataset_info.py: data.train_files, or data.dataset's
+    entries) of the objective's `kind`, each read with its own options (data.columns, tags,
+    encoding; an entry's num_samples and data.max_samples applied); with data.on_bad_record:
+    skip, the others noted. `rehearsing`: a rehearsal's look at the lengths, skipping quietly."""
+    d, records = recipe.data, []
+    for data_input in inputs:
+        read, skipped = read_dataset(data_input.files, data_input.format, "skip" if rehearsing else d.on_bad_record,
+                                     data_input.options, kind)
+        if skipped.total and not rehearsing:
+            note(f"data.on_bad_record=skip: skipped {skipped.total} of {len(read) + skipped.total} records of "
+                 f"{data_input.describe()}: {skipped.describe()}")
+        records += sampled(read, data_input, d.max_samples, recipe.train.seed)
     return records
 
 
-def _raw_samples(recipe, tokenizer, files: Sequence[str], kind: Optional[RecordKind]):
+def read_files(files: Sequence[str], options: ReadOptions, on_bad_record: str, kind: Optional[RecordKind]) -> list:
+    """The good records of eval --data's files, each in the format its keys give, read as
+    train reads them (`options`: the run's); with on_bad_record skip, the others counted and
+    the first few named, as train does."""
+    records, skipped = [], SkipReport()
+    for path in files:
+        records += good_records([path], detect_format(Path(path), options), on_bad_record, skipped, options, kind)
+    if skipped.total:
+        note(f"--on-bad-record skip: skipped {skipped.total} of {len(records) + skipped.total} records of "
+             f"{', '.join(map(str, files))}: {skipped.describe()}")
+    return records
+
+
+def described(inputs: Sequence[DataInput]) -> str:
+    """The inputs as messages name them."""
+    return ", ".join(data_input.describe() for data_input in inputs)
+
+
+def _raw_samples(recipe, tokenizer, inputs: Sequence[DataInput], kind: Optional[RecordKind]):
     # A sample holds max_seq_len + 1 tokens: the model sees max_seq_len positions, each
     # predicting the next token.
-    return tokenize_records(tokenizer, read_records(recipe, files, kind), recipe.data.max_seq_len + 1,
+    return tokenize_records(tokenizer, read_records(recipe, inputs, kind), recipe.data.max_seq_len + 1,
                             recipe.data.train_on_prompt)
 
 
 def eval_samples(recipe, tokenizer, kind: Optional[RecordKind] = None) -> list[Sample]:
-    """The held-out samples of data.eval_files ([] without any)."""
-    return _raw_samples(recipe, tokenizer, recipe.data.eval_files, kind)[0] if recipe.data.eval_files else []
+    """The held-out samples of data.eval_files or data.eval_dataset ([] without any)."""
+    inputs = eval_inputs(recipe)
+    return _raw_samples(recipe, tokenizer, inputs, kind)[0] if inputs else []
 
 
 def training_source(recipe, tokenizer, kind: Optional[RecordKind] = None) -> Union[ListSamples, MindRecordSamples]:
@@ -48,10 +74,11 @@ def training_source(recipe, tokenizer, kind: Optional[RecordKind] = None) -> Uni
         source = MindRecordSamples(Path(d.prepared), d.max_seq_len + 1)
         note(f"{len(source)} {'packed rows' if source.packed else 'samples'} from {d.prepared}")
         return source
-    note(f"tokenizing {', '.join(d.train_files)}")
-    samples, report = _raw_samples(recipe, tokenizer, d.train_files, kind)
+    inputs = train_inputs(recipe)
+    note(f"tokenizing {described(inputs)}")
+    samples, report = _raw_samples(recipe, tokenizer, inputs, kind)
     if not samples:  # known only once tokenized: the pre-flight reads records, it does not tokenize them
-        raise RecordError(f"no training sample left in {', '.join(d.train_files)}: all {report.read} records were "
+        raise RecordError(f"no training sample left in {described(inputs)}: all {report.read} records were "
                           f"dropped, none has an answer token within {d.max_seq_len + 1} tokens; raise "
                           f"data.max_seq_len")
     note(f"{report.kept} training samples ({report.truncated} truncated, "

@@ -23,25 +23,44 @@ from .errors import RecordError
 
 DELIMITERS = {".csv": ",", ".tsv": "\t"}
 TABLE_SUFFIXES = (*DELIMITERS, ".xlsx", ".xls", ".parquet")
-# LLaMA-Factory's dataset_info.json `columns` names (its data/README.md) for the alpaca keys,
-# so that a map written for it works here too.
-ALIASES = {"prompt": "instruction", "query": "input", "response": "output"}
+# LLaMA-Factory's dataset_info.json `columns` names (its parser.py DatasetAttr) for our record
+# keys, so that a map written for it works here too; its other names (messages, system, tools,
+# history, chosen, rejected) are ours as well.
+ALIASES = {"prompt": "instruction", "query": "input", "response": "output", "kto_tag": "label"}
 # ShareGPT's turns and alpaca's history (LLaMA-Factory's): lists, as JSON text in a CSV cell
 TURN_KEYS = ("conversations", "messages", "history")
 
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """How a run's files are read: data.columns (record key -> the file's column) and
-    data.encoding ("": UTF-8, or UTF-16 by its BOM) of text files."""
+    """How a run's files are read: data.columns (record key -> the file's column), data.encoding
+    ("": UTF-8, or UTF-16 by its BOM) of text files, data.tags (LLaMA-Factory's role_tag ...
+    system_tag; empty: each turn's own keys decide, data/turn_tags.py) and data.label_values
+    (a KTO label's spellings, objectives/kto/records.py; empty: the defaults). `exclusive`: a
+    dataset_info.json entry's map, which leaves every column it does not name unread, as
+    LLaMA-Factory's parser.py does."""
     columns: Dict[str, str] = field(default_factory=dict)
     encoding: str = ""
+    tags: Dict[str, str] = field(default_factory=dict)
+    label_values: Dict[str, List[str]] = field(default_factory=dict)
+    exclusive: bool = False
 
     @classmethod
-    def of(cls, columns: Dict[str, str], encoding: str = "") -> "ReadOptions":
+    def of(cls, columns: Dict[str, str], encoding: str = "", tags: Dict[str, str] = None,
+           label_values: Dict[str, List[str]] = None, exclusive: bool = False) -> "ReadOptions":
         """The options of a recipe's data.columns and data.encoding (or prepare-data's
         --column and --encoding), LLaMA-Factory's names read as ours."""
-        return cls({ALIASES.get(key, key): column for key, column in columns.items()}, encoding)
+        return cls({ALIASES.get(key, key): column for key, column in columns.items()}, encoding, dict(tags or {}),
+                   dict(label_values or {}), exclusive)
+
+    @classmethod
+    def of_data(cls, d) -> "ReadOptions":
+        """The options of a recipe's data section (data.columns, encoding, tags, label_values)."""
+        return cls.of(d.columns, d.encoding, d.tags, d.label_values)
+
+    def column_of(self, key: str) -> str:
+        """The file's name of record key `key`."""
+        return self.columns.get(key, key)
 
 
 def parse_columns(pairs: List[str]) -> Dict[str, str]:
@@ -56,12 +75,12 @@ def is_table(path: Path) -> bool:
     return path.suffix.lower() in TABLE_SUFFIXES
 
 
-def map_columns(record: object, columns: Dict[str, str]) -> object:
+def map_columns(record: object, columns: Dict[str, str], exclusive: bool = False) -> object:
     """`record` with each mapped column under its record key (a key the map does not name
-    keeps its own name, so an unmapped file reads as before)."""
-    if not columns or not isinstance(record, dict):
+    keeps its own name, so an unmapped file reads as before; `exclusive`: is left out)."""
+    if not (columns or exclusive) or not isinstance(record, dict):
         return record
-    mapped = {key: value for key, value in record.items() if key not in columns.values()}
+    mapped = {} if exclusive else {key: value for key, value in record.items() if key not in columns.values()}
     mapped.update({key: record[column] for key, column in columns.items() if column in record})
     return mapped
 
@@ -211,5 +230,5 @@ def table_records(path: Path, options: ReadOptions) -> Iterator[Tuple[int, objec
                           f"{', '.join(map(_shown, header))}")
     for row, record in records:
         if not isinstance(record, RecordError):
-            record = _turns(map_columns(record, options.columns), f"{path}:{row}")
+            record = _turns(map_columns(record, options.columns, options.exclusive), f"{path}:{row}")
         yield row, record

@@ -15,7 +15,8 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from ..data.readers import RecordError, detect_format as record_format, read_dataset
+from ..data.readers import RecordError, detect_format as record_format
+from ..data.source import read_files
 from ..data.tables import ReadOptions
 from ..data.tokenizer import load_tokenizer
 from ..objectives import records_of, sft
@@ -33,12 +34,13 @@ def detect_format(path: Path, options: ReadOptions = ReadOptions()) -> str:
     return record_format(path, options)
 
 
-def read_eval_records(data_files, reading: ReadOptions) -> list:
+def read_eval_records(data_files, reading: ReadOptions, on_bad_record: str = "error") -> list:
     """The records of eval --data's files, each in the format its keys give, read by train's
-    readers with the run's data.columns and data.encoding (`reading`)."""
-    kind = records_of(sft)  # another objective's records (pairs) refused by name
-    return [r for f in data_files for r in read_dataset([f], detect_format(Path(f), reading), options=reading,
-                                                        kind=kind)[0]]
+    readers with the run's data.columns and data.encoding (`reading`); a bad record stops
+    the read (error) or is counted and named (skip)."""
+    for path in data_files:
+        detect_format(Path(path), reading)  # a directory is refused, naming --task
+    return read_files(data_files, reading, on_bad_record, records_of(sft))  # pairs refused by name
 
 
 DEFAULT_MAX_SEQ_LEN = 2048  # eval of a checkpoint that is not a run's (a run's is evaluated at its own)
@@ -78,7 +80,7 @@ class ChunkwiseLoss:
 
 
 def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: Optional[int] = None, batch_size: int = 4,
-                        device: str = "auto", weights: str = "stored") -> dict:
+                        device: str = "auto", weights: str = "stored", on_bad_record: str = "error") -> dict:
     """`max_seq_len` None: a run's checkpoint is evaluated at the run's data.max_seq_len, so its
     loss is the run's held-out loss on the same records; anything else at 2048."""
     from ..data.samples import tokenize_records  # imported here: --help imports this module; numpy, only to evaluate
@@ -94,7 +96,7 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: Optional[int]
     else:
         max_seq_len, length_from = DEFAULT_MAX_SEQ_LEN, "the default"
     tokenizer = load_tokenizer(source.tokenizer)
-    records = read_eval_records(data_files, source.reading)
+    records = read_eval_records(data_files, source.reading, on_bad_record)
     _, loss_cell, _ = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device, weights)
     samples, report = tokenize_records(tokenizer, records, max_seq_len + 1)
     samples.sort(key=lambda s: len(s.input_ids))  # batches of similar length pad little

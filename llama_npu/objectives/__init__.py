@@ -20,8 +20,8 @@ Its recipe section and checks
   resume is refused without --force (training/preflight.py).
 
 The records it reads and how they become batches
-- RECORDS: a data/record_kind.py RecordKind: its parser of each format (parse(raw, where)
-  -> record), the keys each reads (what the unread-column note leaves out; data.columns maps
+- RECORDS: a data/record_kind.py RecordKind: its parser of each format (parse(raw, where,
+  options) -> record), the keys each reads (what the unread-column note leaves out; data.columns maps
   a file's column onto a key before any parser runs, data/tables.py), the test that a raw
   record is of its kind and the line refusing it when another objective reads it (a pair
   given to SFT), and the reason and line of its own refusal of another kind's records.

@@ -44,6 +44,14 @@ class DataSection:
     # record key -> the column (or JSON key) holding it, e.g. {instruction: 指令, output: 输出} (data/tables.py)
     columns: Dict[str, str] = field(default_factory=dict)
     encoding: str = ""  # of CSV/TSV/JSON/JSONL files; "" reads UTF-8 (and UTF-16 by its BOM); e.g. gbk
+    # LLaMA-Factory's dataset_info.json, its tags and KTO's label values (data/dataset_info.py,
+    # data/turn_tags.py, objectives/kto/records.py; docs/recipes-and-data.md)
+    dataset_dir: str = "data"  # the folder holding dataset_info.json, as LLaMA-Factory's dataset_dir
+    dataset: List[str] = field(default_factory=list)  # its entries trained on ("a, b" is a and b), or train_files
+    eval_dataset: List[str] = field(default_factory=list)  # its held-out entries, or eval_files
+    max_samples: Optional[int] = None  # the first N records of each dataset (LLaMA-Factory's max_samples)
+    tags: Dict[str, str] = field(default_factory=dict)  # role_tag ... system_tag; {}: each turn's keys decide
+    label_values: Dict[str, List[str]] = field(default_factory=dict)  # {desirable: [...], undesirable: [...]}
 
 
 @dataclass
@@ -122,5 +130,6 @@ def with_absolute_paths(recipe: Recipe) -> Recipe:
         recipe, model=dataclasses.replace(recipe.model, checkpoint=absolute(recipe.model.checkpoint)),
         data=dataclasses.replace(d, train_files=[absolute(p) for p in d.train_files], prepared=absolute(d.prepared),
                                  eval_files=[absolute(p) for p in d.eval_files],
+                                 dataset_dir=absolute(d.dataset_dir) if d.dataset or d.eval_dataset else d.dataset_dir,
                                  tokenizer=d.tokenizer if d.tokenizer == "llama3.2" else absolute(d.tokenizer)))
 

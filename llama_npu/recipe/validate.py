@@ -12,6 +12,7 @@ from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
 from ..model.llama import MAX_POSITIONS
 from ..objectives import NAMES, OBJECTIVES
 from ..strategies import STRATEGIES
+from .data_sources import check_sources
 from .problems import Problems, RecipeError, choice, positive
 
 
@@ -27,6 +28,7 @@ def validate(recipe) -> None:
     for strategy in STRATEGIES:
         ready = all(passed[name] for name in strategy.CHECKED_AFTER)
         passed[strategy.KEY] = ready and problems.passes(strategy.check, recipe)
+    problems.check(check_sources, recipe)
     for objective in OBJECTIVES:  # each checks its section; the picked one what it refuses
         problems.check(objective.check, recipe)
     problems.raise_any()
@@ -54,9 +56,9 @@ def check_data(d) -> None:
     problems = Problems()
     problems.check(choice, "data.format", d.format, FORMATS)
     problems.check(choice, "data.on_bad_record", d.on_bad_record, ON_BAD_RECORD)
-    if bool(d.train_files) == bool(d.prepared):
-        problems.append("data: expected either data.train_files (raw files) or data.prepared (a "
-                        "prepare-data directory), not both or neither")
+    if not d.dataset and bool(d.train_files) == bool(d.prepared):
+        problems.append("data: expected either data.train_files (raw files), data.dataset (entries of a "
+                        "dataset_info.json) or data.prepared (a prepare-data directory), not both or neither")
     if d.encoding:
         try:
             codecs.lookup(d.encoding)

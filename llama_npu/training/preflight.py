@@ -22,6 +22,7 @@ from ..common.atomic import unwritable_reason
 from ..common.checksums import MANIFEST, check, listed
 from ..common.console import note
 from ..common.launcher import local_workers
+from ..data.dataset_info import eval_inputs, train_inputs
 from ..data.readers import RecordError, iter_records, with_skip_hint
 from ..data.record_kind import RecordKind
 from ..data.tables import ReadOptions
@@ -43,7 +44,7 @@ from ..weights.errors import ConvertError
 RESULT_KEYS = ("model.", "data.", "train.micro_batch_size", "train.global_batch_size", "train.seed",
                "strategies.lora.", "strategies.parallel.", "train.objective",
                *(f"{objective.NAME}." for objective in OBJECTIVES if objective.SECTION))
-NOT_RESULT_KEYS = ("data.eval_files",)  # what is evaluated, not what is trained
+NOT_RESULT_KEYS = ("data.eval_files", "data.eval_dataset")  # what is evaluated, not what is trained
 
 
 class RunDirError(RuntimeError):
@@ -141,14 +142,15 @@ def _file_bad_records(path: str, fmt: str, options: ReadOptions, kind: RecordKin
 
 
 def check_records(recipe: Recipe, tokenizer=None) -> list:
-    """Problems of data.train_files and data.eval_files: each bad record (the first
+    """Problems of the training and held-out data (data/dataset_info.py): each bad record (the first
     BAD_RECORDS_LISTED, then a count) unless data.on_bad_record is skip. An objective with a
     `preflight` (DPO: a prompt too long for a reply) checks its good records too, with `tokenizer`."""
     d, problems, bad = recipe.data, [], []
     objective = objective_of(recipe)
     kind, tokenized = records_of(objective), getattr(objective, "preflight", None)
-    for path in d.train_files + d.eval_files:
-        errors, good = _collect(problems, _file_bad_records, path, d.format, ReadOptions.of(d.columns, d.encoding),
+    inputs = _collect(problems, lambda: train_inputs(recipe) + eval_inputs(recipe)) or []
+    for data_input, path in ((i, path) for i in inputs for path in i.files):
+        errors, good = _collect(problems, _file_bad_records, path, data_input.format, data_input.options,
                                 kind) or ([], [])
         bad += errors + (tokenized(recipe, tokenizer, good) if tokenized and tokenizer else [])
     if d.on_bad_record == "error":

@@ -271,7 +271,7 @@ def _newest_step(run_dir: Path, verify: bool = False) -> Path:
 def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
     recipe = stored_recipe(run_dir)
     tokenizer, lora, length = recipe.data.tokenizer, recipe.strategies.lora, recipe.data.max_seq_len
-    reading = ReadOptions.of(recipe.data.columns, recipe.data.encoding)  # eval --data reads as the run did
+    reading = ReadOptions.of_data(recipe.data)  # eval --data reads as the run did
     if not lora.enabled:
         if not (step / CONFIG).is_file():
             raise CheckpointError(f"{step}: no {CONFIG} (a sharded run's shards need llama-npu merge-checkpoints)")

@@ -20,9 +20,10 @@ FOREIGN_NAMES = {"pref_beta": "dpo.beta", "pref_loss": "dpo.loss", "pref_ftx": "
 
 def samples(recipe, tokenizer, records):
     """(the training pairs as a source, no held-out samples: check refuses data.eval_files)."""
+    from ...data.dataset_info import train_inputs
     from .source import PairSource, pair_samples
 
-    return PairSource(pair_samples(recipe, tokenizer, recipe.data.train_files, records)), []
+    return PairSource(pair_samples(recipe, tokenizer, train_inputs(recipe), records)), []
 
 
 def preflight(recipe, tokenizer, records) -> list:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import List, Tuple
 
 from ...data.chat_template import Message
-from ...data.readers import (READ_KEYS, SHAREGPT_ROLES, RecordError, SkipReport, _object, _string, alpaca_prompt,
-                             read_dataset, sharegpt_turns)
+from ...data.readers import (READ_KEYS, RecordError, SkipReport, _object, _string, alpaca_prompt, read_dataset,
+                             sharegpt_turns)
 from ...data.record_kind import RecordKind
 from ...data.tables import ReadOptions
+from ...data.turn_tags import role_of, turn_keys
 
 # The keys that make a record a preference pair.
 PAIR_KEYS = ("chosen", "rejected")
@@ -33,14 +34,15 @@ class PairRecord:
     rejected: str
 
 
-def _reply(record: dict, key: str, where: str) -> str:
-    """record[key] as the reply's text: a string, or an assistant message."""
+def _reply(record: dict, key: str, where: str, tags: dict) -> str:
+    """record[key] as the reply's text: a string, or an assistant message (read by `tags`,
+    data/turn_tags.py)."""
     holder, text_key, at = record, key, where
     value = record.get(key)
     if isinstance(value, dict):
-        role_key, text_key = ("from", "value") if "from" in value or "value" in value else ("role", "content")
-        role = value.get(role_key, "assistant")  # a message without a role is the reply
-        if not isinstance(role, str) or SHAREGPT_ROLES.get(role) != "assistant":
+        role_key, text_key = turn_keys(value, tags)
+        role = value.get(role_key, tags.get("assistant_tag", "assistant"))  # a message without a role is the reply
+        if role_of(role, tags) != "assistant":
             raise RecordError(f"{where}: '{key}' is a message from {role!r}; expected the assistant's reply; "
                               f"{SKIP_HINT}", f"'{key}' not from the assistant")
         holder, at = value, f"{where} '{key}'"
@@ -50,8 +52,8 @@ def _reply(record: dict, key: str, where: str) -> str:
         raise RecordError(f"{exc}; {SKIP_HINT}", exc.reason) from None
 
 
-def _pair(record: dict, where: str, prompt: List[Message]) -> PairRecord:
-    chosen, rejected = _reply(record, "chosen", where), _reply(record, "rejected", where)
+def _pair(record: dict, where: str, prompt: List[Message], tags: dict) -> PairRecord:
+    chosen, rejected = _reply(record, "chosen", where, tags), _reply(record, "rejected", where, tags)
     if chosen.strip() == rejected.strip():
         raise RecordError(f"{where}: 'chosen' equals 'rejected'; a pair needs two different replies; {SKIP_HINT}",
                           "chosen equal to rejected")
@@ -66,14 +68,15 @@ def _pair_object(raw: object, where: str, prompt_keys: str) -> dict:
     return record
 
 
-def parse_alpaca_pair(raw: object, where: str) -> PairRecord:
+def parse_alpaca_pair(raw: object, where: str, options: ReadOptions = ReadOptions()) -> PairRecord:
     record = _pair_object(raw, where, "'instruction'")
-    return _pair(record, where, alpaca_prompt(record, where))
+    return _pair(record, where, alpaca_prompt(record, where), options.tags)
 
 
-def parse_sharegpt_pair(raw: object, where: str) -> PairRecord:
+def parse_sharegpt_pair(raw: object, where: str, options: ReadOptions = ReadOptions()) -> PairRecord:
     record = _pair_object(raw, where, "'conversations' or 'messages'")
-    return _pair(record, where, sharegpt_turns(record, where, "user", ", whom 'chosen' and 'rejected' answer"))
+    turns = sharegpt_turns(record, where, options, "user", ", whom 'chosen' and 'rejected' answer")
+    return _pair(record, where, turns, options.tags)
 
 
 def is_pair(raw: object) -> bool:
@@ -94,7 +97,7 @@ def none_in_file(path) -> str:
 PARSERS = {"alpaca": parse_alpaca_pair, "sharegpt": parse_sharegpt_pair}
 RECORDS = RecordKind("preference pairs", PARSERS,
                      {fmt: READ_KEYS[fmt] - {"output"} | set(PAIR_KEYS) for fmt in PARSERS},
-                     is_pair, misread, "not a pair", none_in_file)
+                     is_pair, misread, "not a pair", none_in_file, ranking=True)
 
 
 def read_pairs(paths, fmt: str, on_bad_record: str = "error",

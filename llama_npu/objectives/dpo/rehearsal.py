@@ -22,15 +22,16 @@ def _lengths(recipe) -> Optional[List[Tuple[int, int]]]:
     """(prompt tokens, longer row's tokens) of each readable training pair, or None when the
     files cannot be read: the rehearsal's pre-flight then says why, against its own recipe."""
     # imported here: tokenizing loads the tokenizer and numpy, needless for the SFT rehearsal
+    from ...data.dataset_info import train_inputs
     from ...data.readers import RecordError
-    from ...data.tables import ReadOptions
+    from ...data.source import read_records
     from ...data.tokenizer import load_tokenizer
     from .pairs import pair_lengths
-    from .records import read_pairs
+    from .records import RECORDS
 
     d = recipe.data
     try:
-        records = read_pairs(d.train_files, d.format, "skip", ReadOptions.of(d.columns, d.encoding))[0]
+        records = read_records(recipe, train_inputs(recipe), RECORDS, rehearsing=True)
         return pair_lengths(load_tokenizer(d.tokenizer), records) or None
     except (OSError, RecordError, ValueError):
         return None

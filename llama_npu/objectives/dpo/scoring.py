@@ -12,7 +12,8 @@ import numpy as np
 import mindspore as ms
 
 from ...common.console import note
-from ...data.readers import RecordError, detect_format
+from ...data.readers import RecordError
+from ...data.source import read_files
 from ...data.tables import ReadOptions
 from ...data.tokenizer import load_tokenizer
 from ...model.tokens import IGNORE_ID
@@ -20,7 +21,7 @@ from ..reference_pass import reference_log_probs
 from ..sequence_logps import SequenceLogProbs, WholeRowMeans
 from .loss import PairLoss, metric_names, pair_metrics
 from .pairs import tokenize_pairs
-from .records import read_pairs
+from .records import RECORDS
 from .section import LENGTH_NORMALISED, NAME
 
 def run_recipe(recipe, checkpoint: Path):
@@ -58,8 +59,8 @@ def evaluate_pairs(recipe, checkpoint: Path, data_files, batch_size: Optional[in
                           f"reference cannot be built again to score held-out pairs")
     length = recipe.data.max_seq_len + 1
     # read as the run read its training pairs: its data.columns and data.encoding
-    reading = ReadOptions.of(recipe.data.columns, recipe.data.encoding)
-    records = [r for f in data_files for r in read_pairs([f], detect_format(Path(f), reading), options=reading)[0]]
+    reading = ReadOptions.of_data(recipe.data)
+    records = read_files(data_files, reading, recipe.data.on_bad_record, RECORDS)
     pairs, report = tokenize_pairs(load_tokenizer(recipe.data.tokenizer), records, length, d.on_long_pair)
     note(report.describe(length))
     nll = None

@@ -85,9 +85,9 @@ def loss_checks(recipe) -> None:
     if d.reference == "adapters_off" and not recipe.strategies.lora.enabled:
         problems.append("dpo.reference=adapters_off needs strategies.lora.enabled=true (the reference is the "
                         "policy with its adapters off); use dpo.reference=precomputed for a full fine-tune")
-    if recipe.data.eval_files:
-        problems.append("data.eval_files with train.objective=dpo: a DPO run scores no held-out data in this version; "
-                        "leave data.eval_files empty")
+    if recipe.data.eval_files or recipe.data.eval_dataset:
+        problems.append("data.eval_files with train.objective=dpo (or data.eval_dataset): a DPO run scores no held-out "
+                        "data in this version; leave data.eval_files and data.eval_dataset empty")
     par = recipe.strategies.parallel
     if par.model > 1 or par.pipeline > 1:
         # Under semi-auto parallel the pair loss's ops split the batch axis only (InterleavedPairs'

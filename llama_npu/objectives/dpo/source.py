@@ -11,7 +11,8 @@ import numpy as np
 from ...common.console import note
 from ...data.readers import RecordError
 from ...data.record_kind import RecordKind
-from ...data.source import read_records
+from ...data.dataset_info import DataInput
+from ...data.source import described, read_records
 from ...model.tokens import PAD_ID
 from ..prompt_room import no_room_error
 from .pairs import PairSample, pad_pair_batch, tokenize_pairs
@@ -39,11 +40,11 @@ class PairSource:
         return ids, labels, reference
 
 
-def pair_samples(recipe, tokenizer, files: Sequence[str], kind: RecordKind = RECORDS) -> list[PairSample]:
-    """The preference pairs of `files`, tokenized to data.max_seq_len + 1 tokens as samples
+def pair_samples(recipe, tokenizer, inputs: Sequence[DataInput], kind: RecordKind = RECORDS) -> list[PairSample]:
+    """The preference pairs of `inputs`, tokenized to data.max_seq_len + 1 tokens as samples
     are; what dpo.on_long_pair cut or dropped is noted."""
-    d = recipe.data
-    pairs, report = tokenize_pairs(tokenizer, read_records(recipe, files, kind), d.max_seq_len + 1,
+    d, files = recipe.data, [described(inputs)]
+    pairs, report = tokenize_pairs(tokenizer, read_records(recipe, inputs, kind), d.max_seq_len + 1,
                                    recipe.dpo.on_long_pair)
     if report.no_room and d.on_bad_record == "error":  # the pre-flight lists them all
         raise no_room_error(*report.no_room[0], d.max_seq_len, SKIP_HINT)

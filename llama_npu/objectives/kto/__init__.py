@@ -20,9 +20,10 @@ FOREIGN_NAMES = {"kto_chosen_weight": "kto.desirable_weight", "kto_rejected_weig
 
 def samples(recipe, tokenizer, records):
     """(the labelled replies as a source, no held-out samples: check refuses data.eval_files)."""
+    from ...data.dataset_info import train_inputs
     from .replies import KtoSource, reply_samples
 
-    return KtoSource(reply_samples(recipe, tokenizer, recipe.data.train_files, records)), []
+    return KtoSource(reply_samples(recipe, tokenizer, train_inputs(recipe), records)), []
 
 
 def preflight(recipe, tokenizer, records) -> list:

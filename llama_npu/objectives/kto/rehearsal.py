@@ -17,15 +17,16 @@ def _lengths(recipe) -> Optional[List[Tuple[int, int]]]:
     """(prompt tokens, row tokens) of each readable training record, or None when the files
     cannot be read: the rehearsal's pre-flight then says why, against its own recipe."""
     # imported here: tokenizing loads the tokenizer and numpy, needless for the SFT rehearsal
-    from ...data.readers import RecordError, read_dataset
-    from ...data.tables import ReadOptions
+    from ...data.dataset_info import train_inputs
+    from ...data.readers import RecordError
+    from ...data.source import read_records
     from ...data.tokenizer import load_tokenizer
     from .records import RECORDS
     from .replies import reply_span, tokenize_kto
 
     d = recipe.data
     try:
-        records = read_dataset(d.train_files, d.format, "skip", ReadOptions.of(d.columns, d.encoding), RECORDS)[0]
+        records = read_records(recipe, train_inputs(recipe), RECORDS, rehearsing=True)
         samples = tokenize_kto(load_tokenizer(d.tokenizer), records, 1 << 30, bar=False)[0]
     except (OSError, RecordError, ValueError):
         return None

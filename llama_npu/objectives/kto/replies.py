@@ -17,7 +17,8 @@ from ...data.chat_template import assemble_chat, role_headers
 from ...data.errors import RecordError
 from ...data.record_kind import RecordKind
 from ...data.samples import TOKENIZE_BATCH, Sample, pad_batch
-from ...data.source import read_records
+from ...data.dataset_info import DataInput
+from ...data.source import described, read_records
 from ...model.tokens import IGNORE_ID, PAD_ID
 from ..prompt_room import no_room_error
 from .records import RECORDS, SKIP_HINT, KtoRecord
@@ -71,10 +72,10 @@ def tokenize_kto(tokenizer, records: Sequence[KtoRecord], max_len: int,
     return samples, report
 
 
-def reply_samples(recipe, tokenizer, files: Sequence[str], kind: RecordKind = RECORDS) -> List[KtoSample]:
-    """The labelled replies of `files`, tokenized to data.max_seq_len + 1 tokens as samples are."""
-    d = recipe.data
-    samples, report = tokenize_kto(tokenizer, read_records(recipe, files, kind), d.max_seq_len + 1)
+def reply_samples(recipe, tokenizer, inputs: Sequence[DataInput], kind: RecordKind = RECORDS) -> List[KtoSample]:
+    """The labelled replies of `inputs`, tokenized to data.max_seq_len + 1 tokens as samples are."""
+    d, files = recipe.data, [described(inputs)]
+    samples, report = tokenize_kto(tokenizer, read_records(recipe, inputs, kind), d.max_seq_len + 1)
     if report.no_room and d.on_bad_record == "error":  # the pre-flight lists them all
         raise no_room_error(*report.no_room[0], d.max_seq_len, SKIP_HINT)
     note(f"{', '.join(files)}: {report.describe(d.max_seq_len + 1)}")

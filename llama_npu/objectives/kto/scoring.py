@@ -13,7 +13,8 @@ import numpy as np
 import mindspore as ms
 
 from ...common.console import note
-from ...data.readers import RecordError, detect_format, read_dataset
+from ...data.readers import RecordError
+from ...data.source import read_files
 from ...data.tables import ReadOptions
 from ...data.tokenizer import load_tokenizer
 from ..reference_pass import reference_log_probs
@@ -43,9 +44,8 @@ def evaluate_replies(recipe, checkpoint: Path, data_files, batch_size: Optional[
                           f"reference cannot be built again to score held-out replies")
     batch_size = batch_size or recipe.train.micro_batch_size
     length = recipe.data.max_seq_len + 1
-    reading = ReadOptions.of(recipe.data.columns, recipe.data.encoding)  # as the run read its training replies
-    records = [r for f in data_files for r in read_dataset([f], detect_format(Path(f), reading), "error", reading,
-                                                           RECORDS)[0]]
+    reading = ReadOptions.of_data(recipe.data)  # as the run read its training replies
+    records = read_files(data_files, reading, recipe.data.on_bad_record, RECORDS)
     samples, report = tokenize_kto(load_tokenizer(recipe.data.tokenizer), records, length)
     note(report.describe(length))
     if len(samples) < 2:

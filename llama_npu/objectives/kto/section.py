@@ -48,9 +48,10 @@ def check(recipe) -> None:
                                     "give the labelled replies as data.train_files"),
                        (d.train_on_prompt, "data.train_on_prompt: true with train.objective: kto; only the reply "
                                            "tokens are scored: set data.train_on_prompt: false"),
-                       (bool(d.eval_files), "data.eval_files with train.objective=kto: a KTO run scores no held-out "
-                                            "data while training in this version; score it after with llama-npu "
-                                            "eval --checkpoint RUN --data FILE")):
+                       (bool(d.eval_files or d.eval_dataset),
+                        "data.eval_files with train.objective=kto (or data.eval_dataset): a KTO run scores no held-out "
+                        "data while training in this version; score it after with llama-npu eval --checkpoint RUN "
+                        "--data FILE")):
         if wrong:
             problems.append(why)
     par = recipe.strategies.parallel
