@@ -258,3 +258,156 @@ def test_eval_of_a_run_with_a_truncated_newest_step_says_which_step_it_scored(si
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("using step_3, not the newest step: step_6 skipped (model.ckpt has 100 bytes") == 1
     assert json.loads(proc.stdout.strip().splitlines()[-1])["loss"] > 0
+
+
+# ---------------------------------------------------------------- #59: every read covered, every sidecar bounded
+
+def damaged_run(six_step_run, tmp_path, how, *args):
+    """A copy of the shared run whose step_6 is damaged by step_damage.`how`(*args)."""
+    import step_damage
+
+    run = step_damage.copy_run(six_step_run[0], tmp_path / "run")
+    getattr(step_damage, how)(run / "checkpoints" / "step_6", *args)
+    return run, run / "checkpoints" / "step_6"
+
+
+def limited_memory():
+    """preexec_fn: a reader that reads a sidecar without bound fails at 4 GiB of address
+    space (MemoryError) rather than taking the machine's memory."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def passed_over(proc, run, why):
+    """A run directory given: exit 0, and one warning naming step_6 skipped and why."""
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(f"{run}: using step_3, not the newest step: step_6 skipped (") == 1, proc.stderr[-3000:]
+    assert why in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_file_whose_entry_was_dropped_from_checksums_json_is_damage(six_step_run, tmp_path):
+    """model.ckpt's entry dropped, the manifest resealed, a byte of model.ckpt flipped: main
+    exported it with exit 0 ("read unverified")."""
+    run, step = damaged_run(six_step_run, tmp_path, "unlisted_and_flipped", "model.ckpt")
+    proc = run_cli("convert", "ms-to-hf", "--src", step, "--dst", tmp_path / "hf")
+    one_error_line(proc, f"{step / 'model.ckpt'} is not listed in checksums.json")
+    assert not (tmp_path / "hf").exists()
+    proc = run_cli("convert", "ms-to-hf", "--src", run, "--dst", tmp_path / "hf")
+    passed_over(proc, run, "model.ckpt is not listed in checksums.json")
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_an_unlisted_damaged_optimizer_ckpt_is_refused_by_a_reader_of_the_weights(six_step_run, tmp_path):
+    """The docs say a step is checked whole: eval reads no optimizer.ckpt, yet refuses the step."""
+    _, step = damaged_run(six_step_run, tmp_path, "unlisted_and_flipped", "optimizer.ckpt")
+    proc = run_cli("eval", "--checkpoint", step, "--data", REPO / "data" / "zh_instruct_eval.jsonl")
+    one_error_line(proc, f"{step / 'optimizer.ckpt'} is not listed in checksums.json")
+
+
+@pytest.mark.parametrize("name", ["model.ckpt", "optimizer.ckpt", "state.json", "config.json"])
+def test_every_file_a_reader_reads_must_be_listed_even_intact(six_step_run, tmp_path, name):
+    from llama_npu.checkpoints.files import CheckpointError, inspect, problem, verify_read
+    import step_damage
+
+    step = copy(six_step_run[0] / "checkpoints" / "step_6", tmp_path / "checkpoints" / "step_6")
+    record = step_damage.manifest(step)
+    del record["files"][name]
+    step_damage.reseal(step, record)
+    expected = f"{step / name} is not listed in checksums.json"
+    assert problem(step).startswith(expected)
+    assert inspect(step, verify=True)[1].startswith(expected)
+    with pytest.raises(CheckpointError, match=expected):
+        verify_read([step / "config.json", step / "model.ckpt"])
+
+
+def test_state_json_linked_to_dev_zero_is_a_damaged_step(six_step_run, tmp_path):
+    """main read it whole: its memory grew until a limit ended it (MemoryError, exit 1)."""
+    run, step = damaged_run(six_step_run, tmp_path, "linked_to_dev_zero", "state.json")
+    proc = run_cli("generate", "--checkpoint", step, "--prompt", "你好", "--max-new-tokens", "2",
+                   preexec_fn=limited_memory)
+    one_error_line(proc, f"{step} is not a complete checkpoint (sidecar state.json unreadable (not a regular file))")
+    proc = run_cli("convert", "ms-to-hf", "--src", run, "--dst", tmp_path / "hf", preexec_fn=limited_memory)
+    passed_over(proc, run, "step_6 skipped (sidecar state.json unreadable (not a regular file))")
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("checksums.json", "is damaged or unreadable (not a regular file)"),
+    ("config.json", "is not a regular file (checksums.json lists it)")])
+def test_other_sidecars_linked_to_dev_zero_are_damage(six_step_run, tmp_path, name, expected):
+    """A manifest that is not a regular file is damage, not a directory without one."""
+    import step_damage
+    from llama_npu.checkpoints.files import problem
+
+    step = copy(six_step_run[0] / "checkpoints" / "step_6", tmp_path / "checkpoints" / "step_6")
+    step_damage.linked_to_dev_zero(step, name)
+    assert problem(step) == f"{step / name} {expected}"
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("files.optimizer.ckpt", float("inf"), "'optimizer.ckpt': inf}, expected file name -> its byte count"),
+    ("files.model.ckpt", -1, "expected file name -> its byte count"),
+    ("files.model.ckpt", 1.5, "expected file name -> its byte count"),
+    ("crc32.model.ckpt", float("nan"), "crc32 is {'model.ckpt': nan"),
+    ("rng.seed", "0", "rng is {'seed': '0', 'data_epoch': 0}, expected {seed: a whole number"),
+    ("rng.data_epoch", float("inf"), "rng is {'seed': 0, 'data_epoch': inf}"),
+    ("rng", None, "rng is None"),
+    ("samples_consumed", float("-inf"), "samples_consumed is -inf, expected a whole number"),
+])
+def test_every_number_of_a_sidecar_is_checked(six_step_run, tmp_path, key, value, expected):
+    """Infinity in files: main's int(size) raised OverflowError in every reader."""
+    import step_damage
+    from llama_npu.checkpoints.files import inspect
+
+    step = copy(six_step_run[0] / "checkpoints" / "step_6", tmp_path / "checkpoints" / "step_6")
+    step_damage.sidecar_number(step, key, value)
+    state, why = inspect(step, verify=True)
+    assert state is None and why.startswith("sidecar state.json: ") and expected in why, why
+
+
+def test_an_infinite_size_in_state_json_is_one_line_or_passed_over(six_step_run, tmp_path):
+    run, step = damaged_run(six_step_run, tmp_path, "sidecar_number", "files.optimizer.ckpt", float("inf"))
+    proc = run_cli("train", "--output-dir", run, "--resume", step)
+    one_error_line(proc, f"--resume {step}: not a complete checkpoint directory (sidecar state.json: files is ")
+    proc = run_cli("convert", "ms-to-hf", "--src", run, "--dst", tmp_path / "hf")
+    passed_over(proc, run, "step_6 skipped (sidecar state.json: files is {")
+
+
+def test_resume_auto_passes_over_a_step_with_an_infinite_size(six_step_run, tmp_path):
+    run, step = damaged_run(six_step_run, tmp_path, "sidecar_number", "files.optimizer.ckpt", float("inf"))
+    proc = run_cli("train", "--output-dir", run, "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"skipping checkpoint {step}: sidecar state.json: files is " in proc.stderr
+    assert f"resumed from {run / 'checkpoints' / 'step_3'} at step 3" in proc.stdout
+
+
+def test_a_step_missing_a_file_its_manifest_lists_is_refused_by_every_reader(six_step_run, tmp_path):
+    """main resumed from it (exit 0) and ms-to-hf gave the merge-checkpoints hint."""
+    run, step = damaged_run(six_step_run, tmp_path, "listed_and_missing", "config.json")
+    missing = f"{step / 'config.json'} is missing (checksums.json lists it)"
+    proc = run_cli("train", "--output-dir", run, "--resume", step)
+    one_error_line(proc, f"--resume {step}: not a complete checkpoint directory ({missing})")
+    proc = run_cli("convert", "ms-to-hf", "--src", step, "--dst", tmp_path / "hf")
+    assert "merge-checkpoints" not in one_error_line(proc, missing)
+    proc = run_cli("convert", "ms-to-hf", "--src", run, "--dst", tmp_path / "hf")
+    passed_over(proc, run, f"step_6 skipped ({missing})")
+
+
+def test_checksums_that_disagree_are_damage(six_step_run, tmp_path):
+    """model.ckpt flipped and checksums.json resealed over it: state.json's CRC-32 still
+    records the save; with both rewritten, MindSpore's own trailer does."""
+    import step_damage
+    from llama_npu.checkpoints.files import inspect
+    from llama_npu.common.checksums import file_crc32
+
+    step = copy(six_step_run[0] / "checkpoints" / "step_6", tmp_path / "checkpoints" / "step_6")
+    step_damage.flip(step / "model.ckpt")
+    record = step_damage.manifest(step)
+    record["files"]["model.ckpt"]["crc32"] = file_crc32(step / "model.ckpt")
+    step_damage.reseal(step, record)
+    assert inspect(step)[1] == (f"{step / 'model.ckpt'}: checksums.json and state.json record different checksums "
+                                f"for it (one of them was rewritten since the save)")
+    step_damage.sidecar_number(step, "crc32.model.ckpt", file_crc32(step / "model.ckpt"))
+    assert inspect(step)[1] is None  # every record agrees: only reading the bytes can tell
+    assert inspect(step, verify=True)[1] == (f"{step / 'model.ckpt'} is damaged or unreadable (its CRC-32 differs "
+                                             f"from the one its MindSpore trailer recorded)")

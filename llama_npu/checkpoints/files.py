@@ -26,11 +26,15 @@ from typing import Optional
 
 from ..common.atomic import staged_directory
 from ..common.console import warn
-from ..common.checksums import MANIFEST, Verdict, check, file_crc32, read_manifest, write_manifest
+from ..common.checksums import MANIFEST, Verdict, check, file_crc32, listed, read_sidecar, write_manifest
 
 WEIGHTS = "model.ckpt"
 OPTIMIZER = "optimizer.ckpt"
 SIDECAR = "state.json"
+CONFIG = "config.json"
+# What the readers read of a step: eval, generate and ms-to-hf the weights and config.json,
+# train --resume the weights, optimizer.ckpt and state.json.
+STEP_FILES = (WEIGHTS, OPTIMIZER, SIDECAR, CONFIG)
 SET_ASIDE = "set_aside"  # <root>/set_aside/after_step_<N>[_<k>]/step_<M>: an abandoned branch
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _ABANDONED_SAVE = re.compile(r"^\.step_\d+\.partial-(\d+)$")  # atomic.staged_directory's staging name
@@ -123,7 +127,7 @@ def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state
         ms.save_checkpoint(_named(model_params), str(partial / WEIGHTS), crc_check=True)
         ms.save_checkpoint(_named(optimizer_params), str(partial / OPTIMIZER), crc_check=True)
         if model_description is not None:
-            (partial / "config.json").write_text(json.dumps(model_description, indent=2), encoding="utf-8")
+            (partial / CONFIG).write_text(json.dumps(model_description, indent=2), encoding="utf-8")
         for name in (WEIGHTS, OPTIMIZER):
             with open(partial / name, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -140,50 +144,73 @@ def save_checkpoint(root: Path, step: int, model_params, optimizer_params, state
 
 
 def inspect(path: Path, verify: bool = False) -> tuple[Optional[dict], Optional[str]]:
-    """(sidecar, None) for a complete checkpoint, else (None, why it is not). `verify` also
-    reads every file against its CRC-32 (checksums.json's, or an older step's sidecar's)."""
+    """(sidecar, None) for a complete checkpoint, else (None, why it is not): a sidecar
+    whose every value is what a resume can use, files of the sizes it records, and, with a
+    checksums.json, every file a reader reads listed there and every file listed there
+    present. `verify` also reads every such file against its CRC-32s (checksums.json's,
+    state.json's, MindSpore's own trailer)."""
     path = Path(path)
-    try:
-        state = json.loads((path / SIDECAR).read_text(encoding="utf-8"))
-        sizes = {name: int(size) for name, size in state.get("files", {}).items()}
-    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as exc:
-        return None, f"sidecar {SIDECAR} unreadable ({exc})"
+    state, unreadable = _sidecar(path)
+    if unreadable:
+        return None, unreadable
     wrong = _sidecar_problem(path, state)
     if wrong:  # a damaged sidecar is named as such, with what to do, when checksums.json knows it
         verdict = _verdict(path, [SIDECAR])
         if verdict.problem:
             return None, f"{verdict.problem}; {_remedy(path, verdict)}"
         return None, f"sidecar {SIDECAR}: {wrong}"
-    for name, size in sizes.items():
-        actual = (path / name).stat().st_size if (path / name).exists() else -1
+    for name, size in state.get("files", {}).items():
+        actual = (path / name).stat().st_size if (path / name).is_file() else -1
         if actual != size:
             return None, f"{name} has {actual} bytes, expected {size}"
-    if verify:
-        names = [p.name for p in sorted(path.iterdir()) if p.is_file()]
-        problem_found = check(path, names, recorded_checksums(state)).problem
-        if problem_found:
-            return None, problem_found
+    names = [name for name in STEP_FILES if os.path.lexists(path / name)]
+    problem_found = check(path, sorted({*names, *listed(path)}), recorded_checksums(state), read=verify).problem
+    if problem_found:
+        return None, problem_found
     return state, None
 
 
-def _sidecar_problem(path: Path, state: dict) -> Optional[str]:
-    """What a resume would read wrongly from the sidecar's values (the step it continues at,
-    the samples to skip, the loss scale), or None."""
-    def count(value) -> bool:
-        return type(value) is int and value >= 0
+def _sidecar(path: Path) -> tuple[Optional[dict], Optional[str]]:
+    """(the step's state.json object, None), or (None, why it cannot be read): read within
+    a bound, and only as a regular file (a link to /dev/zero is not read for ever)."""
+    try:
+        state = json.loads(read_sidecar(path / SIDECAR))
+    except (OSError, ValueError, RecursionError) as exc:
+        return None, f"sidecar {SIDECAR} unreadable ({exc})"
+    if not isinstance(state, dict):
+        return None, f"sidecar {SIDECAR} unreadable (a JSON {type(state).__name__}, expected an object)"
+    return state, None
 
+
+def _count(value) -> bool:
+    """A whole number from 0, as a step, a size or a count must be (not a bool, NaN or infinity)."""
+    return type(value) is int and value >= 0
+
+
+def _counts(value) -> bool:
+    """A JSON object of file name -> whole number (sizes, CRC-32s)."""
+    return isinstance(value, dict) and all(_count(v) for v in value.values())
+
+
+def _sidecar_problem(path: Path, state: dict) -> Optional[str]:
+    """What a resume or a reader would read wrongly from the sidecar's values (the step it
+    continues at, the samples to skip, the loss scale, the data order, the files' sizes and
+    CRC-32s), or None."""
     step = state.get("step")
     named = _STEP_DIR.match(path.name)
-    if not count(step) or (named and step != int(named.group(1))):
+    if not _count(step) or (named and step != int(named.group(1))):
         return f"step is {step!r}, expected {named.group(1) if named else 'a whole number'}"
-    crcs = state.get("crc32", {})
-    if not isinstance(crcs, dict) or not all(count(crc) for crc in crcs.values()):
-        return f"crc32 is {crcs!r}, expected file name -> CRC-32"
-    if "samples_consumed" in state and not count(state["samples_consumed"]):  # a shard or selftest step has none
+    for key, what in (("files", "its byte count"), ("crc32", "CRC-32")):
+        if not _counts(state.get(key, {})):
+            return f"{key} is {state[key]!r}, expected file name -> {what}"
+    if "samples_consumed" in state and not _count(state["samples_consumed"]):  # a shard or selftest step has none
         return f"samples_consumed is {state.get('samples_consumed')!r}, expected a whole number"
-    scale = state.get("loss_scale", {"scale": 1.0, "clean_steps": 0})  # a selftest's shards save none
+    rng = state.get("rng", {"seed": 0, "data_epoch": 0})  # a selftest's shards save none
+    if not (isinstance(rng, dict) and type(rng.get("seed")) is int and _count(rng.get("data_epoch"))):
+        return f"rng is {rng!r}, expected {{seed: a whole number, data_epoch: a whole number from 0}}"
+    scale = state.get("loss_scale", {"scale": 1.0, "clean_steps": 0})
     if not (isinstance(scale, dict) and isinstance(scale.get("scale"), (int, float)) and not isinstance(
-            scale["scale"], bool) and 0 < scale["scale"] < float("inf") and count(scale.get("clean_steps"))):
+            scale["scale"], bool) and 0 < scale["scale"] < float("inf") and _count(scale.get("clean_steps"))):
         return f"loss_scale is {scale!r}, expected {{scale: a number above 0, clean_steps: a whole number}}"
     return None
 
@@ -199,7 +226,7 @@ def recorded_checksums(state: dict) -> dict:
 
 def _verdict(directory: Path, names) -> Verdict:
     try:
-        state = json.loads((directory / SIDECAR).read_text(encoding="utf-8")) if (directory / SIDECAR).is_file() else {}
+        state = json.loads(read_sidecar(directory / SIDECAR)) if os.path.lexists(directory / SIDECAR) else {}
         recorded = recorded_checksums(state) if isinstance(state, dict) else {}
     except (OSError, ValueError, RecursionError):
         recorded = {}  # a damaged sidecar: the manifest names it, or it stays unverified
@@ -209,14 +236,15 @@ def _verdict(directory: Path, names) -> Verdict:
 def _read_together(paths) -> dict:
     """directory -> the names to check when `paths` are read: a directory is checked whole,
     every file its manifest lists (a damaged optimizer.ckpt means the save that wrote the
-    step went wrong, even where only model.ckpt is read), and a step's sidecar always."""
+    step went wrong, even where only model.ckpt is read), a sidecar always, and a step's
+    every file any reader reads, which its manifest must list."""
     by_dir: dict = {}
     for path in map(Path, paths):
         by_dir.setdefault(path.parent, []).append(path.name)
     for directory, names in by_dir.items():
-        manifest, _ = read_manifest(directory)  # a damaged manifest is named by check() itself
-        listed = sorted(manifest["files"]) if manifest else []
-        names.extend(n for n in [*listed, SIDECAR] if n not in names and (n in listed or (directory / n).is_file()))
+        whole = STEP_FILES if _STEP_DIR.match(directory.name) else (SIDECAR,)
+        present = [n for n in whole if os.path.lexists(directory / n)]
+        names.extend(n for n in dict.fromkeys([*listed(directory), *present]) if n not in names)
     return by_dir
 
 

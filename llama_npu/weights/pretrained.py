@@ -25,6 +25,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..checkpoints.files import CheckpointError, damage, problem, step_dirs_newest_first, verify_read, warn_once
+from ..common.checksums import SIDECAR_BYTES, read_sidecar
 from ..data.tables import ReadOptions
 from ..model.architecture import LARGEST, PRESETS, LlamaShape, resolve_shape, shape_problem
 from ..recipe.problems import RecipeError
@@ -65,7 +66,7 @@ def read_checkpoint_dir(src: Path) -> tuple[LlamaShape, dict]:
     path = Path(src) / CONFIG
     if not path.is_file():
         raise ConvertError(f"{src}: no {CONFIG}; expected a directory written by llama-npu convert hf-to-ms")
-    meta = json_object(path)
+    meta = json_object(path, SIDECAR_BYTES)
     if meta.get("format") != "llama-npu":
         hint = (" (a Hugging Face directory: convert it first with llama-npu convert hf-to-ms --src "
                 f"{src} --dst DIR)" if meta.get("model_type") else "")
@@ -78,10 +79,12 @@ def read_checkpoint_dir(src: Path) -> tuple[LlamaShape, dict]:
     return LlamaShape(**shape), meta
 
 
-def json_object(path: Path) -> dict:
-    """A config.json's object, or one line naming the file."""
+def json_object(path: Path, limit: int = 1 << 26) -> dict:
+    """A JSON file's object (a config.json; a tokenizer.json is 17 MB), or one line naming the
+    file. Read within `limit` bytes and only as a regular file: a link to /dev/zero is refused,
+    not read for ever."""
     try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
+        value = json.loads(read_sidecar(Path(path), limit))
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: thousands of nested brackets
         raise ConvertError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(value, dict):
