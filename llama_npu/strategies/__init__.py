@@ -7,7 +7,7 @@ Each module owns its effect on the network (strategies/network.py composes them)
   else another strategy's KEY);
 - plan_settings(recipe): its keys of the planner's Strategy, and its planner terms.
 Where it has them: resolve(recipe, workers) completes its section when the recipe loads;
-rehearse(rehearsal) shrinks its keys for a CPU rehearsal; extra_flops(shape, params, s) is
+rehearse(rehearsal) shrinks its keys for a CPU rehearsal; extra_flops(shape, params, s), FLOPs a token, is
 the work it adds to a step; PROFILE_SWITCH, or profile_overrides / profile_value_ok /
 PROFILE_EXPECTED, make it an axis of `llama-npu profile`.
 The recipe, the planner, rehearse and the profile go through STRATEGIES.
