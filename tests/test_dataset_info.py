@@ -180,13 +180,15 @@ def test_tools_as_empty_json_text_is_no_tools_and_function_calling_stays_a_bad_r
     chat = [{"from": "human", "value": "几点了？"}, {"from": "gpt", "value": "三点。"}]
     call = [{"from": "human", "value": "查天气"}, {"from": "function_call", "value": "{}"},
             {"from": "observation", "value": "晴"}, {"from": "gpt", "value": "晴天。"}]
+    openai_call = [{"role": "user", "content": "查天气"},
+                   {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "weather"}}]}]
     rows = [{"conversations": chat, "tools": "[]"}, {"conversations": chat, "tools": '[{"name": "clock"}]'},
-            {"conversations": call, "tools": "[]"}]
+            {"conversations": call, "tools": "[]"}, {"messages": openai_call}]
     r, path = sharegpt_recipe(tmp_path, rows, "data.on_bad_record=skip")
     assert [rec.where for rec in records(r)] == [f"{path}:1"]
     noted = capsys.readouterr().out
-    assert f"skipped 2 of 3 records of {path}: 1 x tool definitions (first at {path}:2); 1 x function calling " \
-           f"(first at {path}:3 turn 2)" in noted
+    assert f"skipped 3 of 4 records of {path}: 1 x tool definitions (first at {path}:2); 2 x function calling " \
+           f"(first at {path}:3 turn 2, {path}:4 turn 2)" in noted
 
 
 def kto_rows(*labels):

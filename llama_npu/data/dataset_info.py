@@ -80,13 +80,21 @@ def recipe_column_keys(read_keys) -> List[str]:
     return sorted(set(read_keys) | {alias for alias, key in ALIASES.items() if key in read_keys})
 
 
+def _kind(path: Path) -> str:
+    """"file", "dir" or "" (absent, or a name no file can have: a NUL byte)."""
+    try:
+        return "file" if path.is_file() else "dir" if path.is_dir() else ""
+    except (OSError, ValueError):
+        return ""
+
+
 def load_info(dataset_dir: str) -> dict:
     path = Path(dataset_dir) / DATA_CONFIG
-    if not path.is_file():
+    if _kind(path) != "file":
         raise RecordError(f"data.dataset_dir={dataset_dir}: no {DATA_CONFIG} in it")
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, OSError) as exc:
         raise RecordError(f"{path}: not a JSON object of dataset entries ({exc})") from None
     if not isinstance(info, dict) or not all(isinstance(entry, dict) for entry in info.values()):
         raise RecordError(f"{path}: expected a JSON object of dataset entries, each an object")
@@ -99,9 +107,9 @@ def entry_files(dataset_dir: str, name: str, file_name: object) -> Tuple[str, ..
     if not isinstance(file_name, str) or not file_name:
         raise RecordError(f"{where}: no file_name (a file or folder in {dataset_dir}); llama-npu reads local files only")
     path = Path(dataset_dir) / file_name
-    if path.is_dir():
+    if _kind(path) == "dir":
         files = sorted(str(p) for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-    elif path.is_file():
+    elif _kind(path) == "file":
         files = [str(path)]
     else:
         raise RecordError(f"{where}: file_name {file_name}: {path} not found")

@@ -227,9 +227,9 @@ def read_turn(turn: object, where: str, tags: Dict[str, str]) -> Tuple[str, dict
     role = role_of(turn.get(role_key), tags)
     if role is None:
         raise unknown_role(where, turn.get(role_key), tags)
-    if role == "tool":
-        raise RecordError(f"{where}: a {turn[role_key]!r} turn is function calling, which llama-npu does not "
-                          f"train", "function calling")
+    if role == "tool" or turn.get("tool_calls"):  # tool_calls: an OpenAI assistant turn calling a function
+        raise RecordError(f"{where}: a {turn[role_key]!r} turn {'calling a tool ' if role != 'tool' else ''}is "
+                          f"function calling, which llama-npu does not train", "function calling")
     return role, turn, text_key
 
 
