@@ -38,14 +38,14 @@ def kernel_problem() -> str:
     else what is wrong (one clause)."""
     try:
         import numba
-
-        from . import host_kernel
     except Exception as exc:  # noqa: BLE001 -- a broken install raises anything on import
         return f"numba does not import ({type(exc).__name__}: {exc})".replace("\n", " ")
     found = getattr(numba, "__version__", "unknown")
-    if release(found) != release(NUMBA_VERSION):
+    if release(found) != release(NUMBA_VERSION):  # before the kernels' import, which another release may break
         return f"numba is {found}, not {NUMBA_VERSION}"
     try:
+        from . import host_kernel
+
         one_update(host_kernel.adamw)
     except Exception as exc:  # noqa: BLE001 -- a compile or run failure of the kernel, whatever its kind
         return f"its fused AdamW kernel fails on this host ({type(exc).__name__}: {exc})".replace("\n", " ")
