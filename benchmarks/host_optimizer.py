@@ -6,7 +6,8 @@ the bandwidth).
 1. Bandwidth: a streaming add (c = a + b, 12 bytes an element) and a copy (8 bytes) over
    fp32 tensors of `--params` elements, on `--threads` threads; the faster is the reference.
 2. Kernels over `--params` fp32 parameters: our HostAdamW.update (training/host_optimizer.py:
-   torch's fused CPU AdamW), torch.optim.AdamW(foreach=True), MindSpore's CPU
+   numba's fused loop, training/host_kernel.py; benchmarks/host_adamw_kernel.py sets it beside
+   torch's fused kernel), torch.optim.AdamW(foreach=True), MindSpore's CPU
    FusedCastAdamWeightDecay (mindspore/ops/operations/inner_ops.py: fp32 weights and moments,
    fp16 gradient) and nn.Adam(use_offload=True) (AdamNoUpdateParam on the CPU). Each one's
    parameters/s, and its bytes/s at the bytes a parameter it must read and write (28: w, g, m,
@@ -71,7 +72,7 @@ def host_adamw(n: int, threads: int):
 
     card = [Parameter(Tensor(np.random.default_rng(0).random((n // 1024, 1024), np.float32)), name="w")]
     host = HostAdamW(card, OptimizerSection(name="adamw", lr=1e-4, weight_decay=0.1), threads, ms.float32)
-    host.accumulators[0].copy_(host.weights[0] * 1e-3)
+    host.sums[0][...] = host.weights[0] * 1e-3
     return lambda: host.update(1e-4)
 
 
@@ -219,7 +220,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     copies = streams(n)
-    kernels = {"HostAdamW (torch fused, ours)": (host_adamw(n, args.threads), 28),
+    kernels = {"HostAdamW (numba fused, ours)": (host_adamw(n, args.threads), 28),
                "torch AdamW foreach": (torch_foreach(n), 28),
                "MindSpore FusedCastAdamWeightDecay": (mindspore_fused_cast(n), 26),
                "MindSpore nn.Adam(use_offload=True)": (mindspore_adam_offload(n), 28)}
@@ -233,7 +234,7 @@ def main() -> None:
         rates[name] = n / seconds[name]
         print(f"{name:<38} {rates[name]:>12,.0f} parameters/s  {rates[name] * per_param / 1e9:6.1f} GB/s  "
               f"{rates[name] * per_param / reference:.2f} of the bandwidth")
-    ours = rates["HostAdamW (torch fused, ours)"]
+    ours = rates["HostAdamW (numba fused, ours)"]
     print(f"ratio ours / the best other kernel: {ours / max(v for k, v in rates.items() if 'ours' not in k):.1f}x; "
           f"ours at {ours * 28 / reference:.2f} of the host's memory bandwidth (goal >= 0.8)")
 

@@ -8,7 +8,7 @@ args=()
 for arg in "$@"; do
     if [ "$arg" = "--quick" ]; then args+=(-m quick); else args+=("$arg"); fi
 done
-"$ROOT/scripts/setup_env.sh"
+"$ROOT/scripts/setup_env.sh" test  # torch, trl, pytest and the offload extra's kernel
 cd "$ROOT"
 # Two pytest processes (TEST_WORKERS; 0 runs the tests in this one): the suite's time goes
 # mostly to single-threaded start-up and graph compiles, so one process keeps about one core

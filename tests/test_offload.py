@@ -292,6 +292,29 @@ def test_train_refuses_bad_offload_threads_in_one_line_before_writing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("shadow, said", [
+    ("raise ImportError('a broken install')", "numba does not import (ImportError: a broken install)"),
+    ("__version__ = '0.67.0'", "numba is 0.67.0, not 0.68.1"),
+], ids=["unimportable", "another-release"])
+def test_train_refuses_a_host_without_the_offload_kernel_in_one_line_before_writing(tmp_path, shadow, said):
+    """A numba that fails to import, or of another release, shadowing the installed one
+    (PYTHONPATH comes before site-packages): train refuses in pre-flight, before tokenizing,
+    with the install command, and writes nothing."""
+    import os
+
+    from conftest import run_cli
+
+    (tmp_path / "shadow" / "numba").mkdir(parents=True)
+    (tmp_path / "shadow" / "numba" / "__init__.py").write_text(shadow + "\n")
+    proc = run_cli("train", SMOKE, "--output-dir", tmp_path / "run", "--set", HOST,
+                   env={"PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path / "shadow")])})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"llama-npu: error: strategies.offload.optimizer=host: the host's AdamW kernel cannot run here: {said}; "
+        f"install it: pip install 'numba==0.68.1' (the offload extra: pip install -e '.[offload]')")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_rehearsal_keeps_the_host_optimizer_on_at_most_this_machines_cores():
     from llama_npu.training.rehearse import rehearse
 

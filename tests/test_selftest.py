@@ -68,25 +68,22 @@ def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
     assert check.figure > check.tolerance
 
 
-def test_host_optimizer_fails_when_the_host_update_lets_torchs_step_counter_advance(ms, monkeypatch):
-    """The host update broken from outside the check: torch's fused AdamW's step counter advancing
-    after each call, as torch.optim.AdamW advances it, so its bias correction is no longer the
-    one training/host_optimizer.py undoes. The check's three steps then leave the graph's
+def test_host_optimizer_fails_when_the_host_kernel_swaps_the_moments_rates(ms, monkeypatch):
+    """The host update broken from outside the check: the fused AdamW kernel
+    (training/host_kernel.py) called with beta1 and beta2 swapped, so its first steps move each
+    weight by about 1e-3 of what the graph's do. The check's three steps then leave the graph's
     weights by far more than its tolerance (and the same check passes in the full CPU run,
     test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason)."""
-    import torch
-
     from llama_npu.selftest import run as selftest
     from llama_npu.selftest.host_optimizer import TOLERANCE
+    from llama_npu.training import host_kernel
 
-    fused = torch._fused_adamw_
+    fused = host_kernel.adamw
 
-    def advancing(params, grads, exp_avgs, exp_avg_sqs, maxes, steps, **options):
-        fused(params, grads, exp_avgs, exp_avg_sqs, maxes, steps, **options)
-        for step in steps:
-            step += 1
+    def swapped(w, g, m, v, lr, beta1, beta2, *rest):
+        fused(w, g, m, v, lr, beta2, beta1, *rest)
 
-    monkeypatch.setattr(torch, "_fused_adamw_", advancing)
+    monkeypatch.setattr(host_kernel, "adamw", swapped)
     check = selftest.check_host_optimizer(selftest.Context("cpu", "cpu"))
     assert check.status == "fail" and check.tolerance == TOLERANCE
     assert check.figure > 100 * TOLERANCE, check.figure

@@ -25,7 +25,7 @@ TEXT: Dict[str, Dict[str, str]] = {
         "cann": "CANN           {version} (MindSpore 2.9.0 expects one of {expected}; read from {path})",
         "no_cann": "CANN           not found: ASCEND_HOME_PATH is not set (source CANN's set_env.sh); "
                    "MindSpore 2.9.0 expects one of {expected}",
-        "mismatch": "DOES NOT MATCH: install a CANN MindSpore 2.9.0 supports",
+        "mismatch": "DOES NOT MATCH: install a CANN MindSpore 2.9.0 supports (docs/ascend.md, section \"Supported versions\": the versions, the driver and the images by chip)",
         "driver": "NPU driver     {version} ({path}); it must be the driver version the CANN release names",
         "no_driver": "NPU driver     not found ({path})",
         "overflow": "overflow mode  MS_ASCEND_CHECK_OVERFLOW_MODE={mode}",
@@ -43,7 +43,7 @@ TEXT: Dict[str, Dict[str, str]] = {
         "cann": "CANN           {version}（MindSpore 2.9.0 需要 {expected} 之一；读自 {path}）",
         "no_cann": "CANN           未找到：没有设置 ASCEND_HOME_PATH（请 source CANN 的 set_env.sh）；"
                    "MindSpore 2.9.0 需要 {expected} 之一",
-        "mismatch": "不匹配：请安装 MindSpore 2.9.0 支持的 CANN",
+        "mismatch": "不匹配：请安装 MindSpore 2.9.0 支持的 CANN（见 docs/ascend.zh-CN.md 的“支持的版本”一节：版本、驱动以及各芯片的镜像）",
         "driver": "NPU driver     {version}（{path}）；它必须是该 CANN 版本说明中指定的驱动版本",
         "no_driver": "NPU driver     未找到（{path}）",
         "overflow": "overflow mode  MS_ASCEND_CHECK_OVERFLOW_MODE={mode}",

@@ -24,11 +24,13 @@ STEPS = 3
 
 
 def spec(ctx: Context) -> Spec:
+    from ..training.host_kernel_check import INSTALL
+
     skip = ""
     try:
-        import torch  # noqa: F401 -- the host kernel's library (the offload extra)
+        import numba  # noqa: F401 -- the host kernel's library (the offload extra)
     except ImportError:
-        skip = "torch is not installed: the host update needs the offload extra (pip install -e '.[offload]')"
+        skip = f"numba is not installed: the host update needs it: {INSTALL}"
     return Spec("host_optimizer", "offload", f"losses and weights of {STEPS} fp32 AdamW steps with the optimizer on "
                                              f"the host against in the graph, largest relative difference; the "
                                              f"device-to-host and host-to-device copy bandwidth",

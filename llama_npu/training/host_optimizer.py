@@ -1,31 +1,25 @@
 """AdamW on the host (strategies/offload.py): the fp32 master weights, the moments and the fp32
-gradient accumulators in host memory, the update by torch's fused CPU AdamW kernel.
+gradient accumulators in host memory, the update by our fused CPU kernel (training/host_kernel.py,
+numba: CPU-only wheels on x86_64 and aarch64).
 
 The formula is the one the same recipe runs in the graph, MindSpore's nn.AdamWeightDecay
-(mindspore/nn/optim/adam.py _update_run_op: no bias correction, decoupled decay on the
-matrices only, training/optimizer.py), with g the unscaled, clipped gradient:
+(mindspore/nn/optim/adam.py: no bias correction, decoupled decay on the matrices only,
+training/optimizer.py), with g the unscaled, clipped gradient:
 
     m <- b1 m + (1 - b1) g
     v <- b2 v + (1 - b2) g^2
     w <- w - lr (m / (sqrt(v) + eps) + wd w)
 
-torch's AdamW (aten _fused_adamw_, its CPU kernel) corrects the bias at step t with
-c1 = 1 - b1^t, c2 = 1 - b2^t and decays with its own lr and wd:
-
-    w <- w (1 - lr' wd') - (lr' / c1) m / (sqrt(v) / sqrt(c2) + eps')
-
-Its step counter is held at t = 1 (the kernel reads it, torch.optim increments it, we do
-not), so c1 = 1 - b1 and c2 = 1 - b2 are fixed, and we pass
-
-    lr' = lr c1 / sqrt(c2),   eps' = eps / sqrt(c2),   wd' = lr wd / lr'
-
-which gives (lr' / c1) m / (sqrt(v) / sqrt(c2) + eps') = lr m / (sqrt(v) + eps) and
-1 - lr' wd' = 1 - lr wd: MindSpore's update, rounded in another order (fp32, about 1e-7).
+written directly in fp32, in the order of the fp32 CPU kernel the graph runs
+(nnacl/fp32/adam_fp32.c AdamWeightDecayFp32's scalar loop): m += (g - m)(1 - b1),
+v += (g g - v)(1 - b2), w -= lr (m / (sqrt(v) + eps) + wd w). The unscale-and-clip factor
+multiplies each accumulator element as the kernel reads it (one fp32 product, as the separate
+in-place multiply before it gave), so the step makes one pass over the states.
 
 The states are MindSpore Parameters named as the in-graph optimizer names them (the master
 by the weight's name, `adam_m.`/`adam_v.` + name, `global_step`, `learning_rate`), held by
 this Cell, so checkpoints/files.py saves them as it does the in-graph ones and a run resumes
-across the switch; the torch tensors are views of their host memory. No graph ever reads
+across the switch; the kernels work on flat numpy views of their host memory. No graph ever reads
 them: the card's Parameters keep only the compute-dtype copy this pushes to them. Under data
 parallel each rank holds only its range of them (training/host_shards.py): a Parameter of a
 tensor cut across ranks is its flat range, the ranks gather the whole tensors to save, and a
@@ -35,31 +29,22 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
-import torch
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn
 
 from ..recipe.schema import OptimizerSection
 from ..weights.tensor_files import to_float32
+from . import host_kernel
 from .host_shards import CardExchange, ShardLayout, is_matrix
 
-BIAS_STEP = 1.0  # the step torch's kernel corrects the bias for: see the module's docstring
 
-
-def _flat(param) -> torch.Tensor:
-    """A flat torch view of a host Parameter's memory (asnumpy shares a CPU tensor's memory)."""
-    return torch.from_numpy(param.asnumpy()).reshape(-1)
-
-
-def _torch(tensor) -> torch.Tensor:
-    """A card output in torch, without a copy: MindSpore gives bfloat16 as ml_dtypes' numpy
-    bfloat16, which torch.from_numpy refuses, so its bits go through as uint16."""
-    values = tensor.asnumpy()
-    if tensor.dtype == ms.bfloat16:
-        return torch.from_numpy(values.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(values)
+def _flat(tensor) -> np.ndarray:
+    """A flat numpy view of a host Parameter's or Tensor's memory (asnumpy shares a CPU
+    tensor's memory)."""
+    return tensor.asnumpy().reshape(-1)
 
 
 class WholeStates(nn.Cell):
@@ -104,9 +89,11 @@ class HostAdamW(nn.Cell):
         self.moments1, self.moments2 = held("adam_m.", zeros), held("adam_v.", zeros)
         self.global_step = Parameter(Tensor([0], ms.int32), name="global_step", requires_grad=False)
         self.learning_rate = Parameter(Tensor(section.lr, ms.float32), name="learning_rate", requires_grad=False)
-        self.accumulators = [torch.zeros(b - a, dtype=torch.float32) for _, a, b in self.layout.pieces]
-        self.steps = [torch.tensor(BIAS_STEP) for _ in self.layout.pieces]
-        torch.set_num_threads(threads)
+        # Host Tensors sharing their numpy arrays' memory (the kernels add into `self.sums`).
+        self.accumulators = [Tensor.from_numpy(np.zeros(b - a, np.float32)) for _, a, b in self.layout.pieces]
+        self.sums = [_flat(acc) for acc in self.accumulators]
+        # numba's pool has one thread a core (NUMBA_NUM_THREADS): a recipe's larger count runs on it.
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         self.bind()
 
     def _piece_shape(self, index: int, start: int, stop: int) -> tuple:
@@ -132,7 +119,7 @@ class HostAdamW(nn.Cell):
         return sum(p.size for p in self.masters)
 
     def bind(self) -> None:
-        """Flat torch views of the states' host memory."""
+        """Flat numpy views of the states' host memory."""
         self.weights = [_flat(p) for p in self.masters]
         self.exp_avgs = [_flat(p) for p in self.moments1]
         self.exp_avg_sqs = [_flat(p) for p in self.moments2]
@@ -152,7 +139,7 @@ class HostAdamW(nn.Cell):
 
         for (index, _, _), master in zip(self.layout.pieces, self.weights):
             if not self.sharded or index not in self.layout.offsets:  # whole on this rank
-                to_card(index, master.numpy())
+                to_card(index, master)
         if self.sharded:
             if self.exchange is None:  # the matrices in the compute dtype before a graph assigns them
                 for index in self.layout.matrices:
@@ -161,7 +148,7 @@ class HostAdamW(nn.Cell):
             own = np.zeros(self.layout.shard, np.float32)
             matrices = [w for (index, _, _), w in zip(self.layout.pieces, self.weights) if index in self.layout.offsets]
             if matrices:
-                torch.cat(matrices, out=torch.from_numpy(own[:sum(w.numel() for w in matrices)]))
+                np.concatenate(matrices, out=own[:sum(w.size for w in matrices)])
             self.exchange(Tensor(own, dtype=self.card_dtypes[self.layout.matrices[0]]))
 
     def loaded(self) -> None:
@@ -185,7 +172,7 @@ class HostAdamW(nn.Cell):
             for (index, start, stop), target in zip(self.layout.pieces, targets):
                 stored = source[prefix + self.card[index].name]
                 whole = stored.read().reshape(-1)[start:stop]
-                target.copy_(torch.from_numpy(to_float32(whole, stored.code)))
+                target[...] = to_float32(whole, stored.code)
         self.global_step.asnumpy()[...] = states["global_step"].read().reshape(self.global_step.shape)
         self.learning_rate.asnumpy()[...] = states["learning_rate"].read().reshape(self.learning_rate.shape)
         return []
@@ -200,7 +187,7 @@ class HostAdamW(nn.Cell):
         for prefix, held in (("", self.weights), ("adam_m.", self.exp_avgs), ("adam_v.", self.exp_avg_sqs)):
             for (index, _, _), piece in zip(self.layout.pieces, held):
                 if index not in self.layout.offsets:
-                    values[prefix + self.card[index].name] = piece.numpy().copy()
+                    values[prefix + self.card[index].name] = piece.copy()
             self.layout.gather(held, lambda index, whole, p=prefix: values.__setitem__(p + self.card[index].name, whole))
         whole = WholeStates(self.card, values, self.global_step, self.learning_rate)
         return list(whole.masters), whole
@@ -211,24 +198,23 @@ class HostAdamW(nn.Cell):
         gradient (one card: under data parallel the card added them before the all-reduce),
         added at the rows of `tokens` (B, T) in fp32, as the in-graph step adds them into fp32
         gradients."""
-        for (index, _, _), acc in zip(self.layout.pieces, self.accumulators):
-            acc.add_(_torch(grads[index]).reshape(-1))
+        for (index, _, _), acc in zip(self.layout.pieces, self.sums):
+            host_kernel.accumulate(acc, grads[index].asnumpy())
         if rows is not None:
             width = rows.shape[-1]
-            index = torch.from_numpy(tokens.reshape(-1).astype(np.int64))
-            added = _torch(rows).reshape(-1, width).to(torch.float32)
+            added = rows.asnumpy().reshape(-1, width).astype(np.float32)  # exact from fp16 and bf16
             piece = [i for i, (p, _, _) in enumerate(self.layout.pieces) if p == embedding_index][0]
-            self.accumulators[piece].view(-1, width).index_add_(0, index, added)
+            host_kernel.add_rows(self.sums[piece].reshape(-1, width), tokens.reshape(-1).astype(np.int64), added)
 
     def square_sum(self) -> float:
         """The sum of squares of this rank's accumulators, in fp32 tensor by tensor in the
         parameters' order as the in-graph step sums (training/step.py _self_dot, then AddN);
         under data parallel the vectors, which every rank holds, only on rank 0, so that the
         ranks' sums add up to the whole."""
-        total = torch.zeros((), dtype=torch.float32)
-        for (index, _, _), acc in zip(self.layout.pieces, self.accumulators):
+        total = np.float32(0.0)
+        for (index, _, _), acc in zip(self.layout.pieces, self.sums):
             if self.layout.rank == 0 or index in self.layout.offsets:
-                total += torch.dot(acc, acc)
+                total += np.dot(acc, acc)  # fp32 (BLAS sdot)
         return float(total)
 
     def step(self, lr: float, scale: float, grad_clip: float, overflow: bool, square_sum: float) -> float:
@@ -242,25 +228,18 @@ class HostAdamW(nn.Cell):
             factor = f32(1.0) / f32(scale)
             if grad_clip > 0 and norm > f32(grad_clip):
                 factor = factor * (f32(grad_clip) / (norm + f32(1e-6)))
-            for acc in self.accumulators:
-                acc.mul_(float(factor))
-            self.update(lr)
+            self.update(lr, factor)
             self.push()
-        for acc in self.accumulators:
-            acc.zero_()
+        for acc in self.sums:
+            acc.fill(0.0)
         return float(norm)
 
-    def update(self, lr: float) -> None:
+    def update(self, lr: float, scale: float = 1.0) -> None:
+        """The fused AdamW (training/host_kernel.py) over each piece, the gradient its
+        accumulator times `scale`; weight decay on the matrices only."""
         o = self.section
-        c1, c2 = 1.0 - o.beta1 ** BIAS_STEP, 1.0 - o.beta2 ** BIAS_STEP
-        lr_t, eps_t = lr * c1 / math.sqrt(c2), o.eps / math.sqrt(c2)
-        for decayed in (True, False):
-            chosen = [n for n, (i, _, _) in enumerate(self.layout.pieces) if is_matrix(self.card[i]) == decayed]
-            if not chosen:
-                continue
-            decay = lr * (o.weight_decay if decayed else 0.0) / lr_t if lr_t else 0.0
-            pick = lambda tensors: [tensors[n] for n in chosen]  # noqa: E731
-            torch._fused_adamw_(pick(self.weights), pick(self.accumulators), pick(self.exp_avgs),
-                                pick(self.exp_avg_sqs), [], pick(self.steps), lr=lr_t, beta1=o.beta1,
-                                beta2=o.beta2, weight_decay=decay, eps=eps_t, amsgrad=False, maximize=False)
+        for (index, _, _), w, g, m, v in zip(self.layout.pieces, self.weights, self.sums, self.exp_avgs,
+                                              self.exp_avg_sqs):
+            decay = o.weight_decay if is_matrix(self.card[index]) else 0.0
+            host_kernel.adamw(w, g, m, v, lr, o.beta1, o.beta2, o.eps, decay, scale)
         self.global_step.asnumpy()[...] += 1

@@ -119,6 +119,20 @@ def check_host_memory(recipe: Recipe) -> list:
             f"memory, use more data-parallel ranks (each holds 1/N), or set strategies.offload.optimizer: device"]
 
 
+def check_host_kernel(recipe: Recipe) -> list:
+    """With the optimizer on the host: its AdamW kernel importable, at the offload extra's
+    release, and right on this host (one tiny update), so that a host without it refuses
+    before tokenizing, not when the session builds the host optimizer."""
+    from ..strategies.offload import on_host
+    from .host_kernel_check import INSTALL, kernel_problem
+
+    if not on_host(recipe):
+        return []
+    problem = kernel_problem()
+    return [f"strategies.offload.optimizer=host: the host's AdamW kernel cannot run here: {problem}; "
+            f"install it: {INSTALL}"] if problem else []
+
+
 # ---------------------------------------------------------------- data
 
 BAD_RECORDS_LISTED = 20
@@ -329,8 +343,9 @@ def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], ov
     """(every problem that would stop this run, one line each, [] when it can start;
     the checkpoints to resume from, newest first). Without a run_dir the output directory
     is not judged (`validate RECIPE` alone)."""
-    # Without the device, the host is not the one that will train (a login node): its memory is not judged.
-    problems = check_device(recipe) or check_host_memory(recipe)
+    # Without the device, the host is not the one that will train (a login node): its memory and
+    # its kernel for the optimizer on the host are not judged.
+    problems = check_device(recipe) or check_host_memory(recipe) + check_host_kernel(recipe)
     _collect(problems, check_workers, recipe.strategies.parallel, workers)
     problems += check_data(recipe, rehearsal) + check_weights(recipe)
     if run_dir is None:

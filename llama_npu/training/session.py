@@ -79,10 +79,12 @@ def host_optimizer(recipe: Recipe, params: list, world: Optional[World] = None):
     if not on_host(recipe):
         return None
     try:
-        from .host_optimizer import HostAdamW  # imported here: it loads torch, which no other run needs
+        from .host_optimizer import HostAdamW  # imported here: it loads numba, which no other run needs
     except ImportError as exc:
-        raise RecipeError(f"strategies.offload.optimizer=host: the host update runs torch's fused AdamW, which "
-                          f"is not installed ({exc}); install the offload extra: pip install -e '.[offload]'") from None
+        from .host_kernel_check import INSTALL
+
+        raise RecipeError(f"strategies.offload.optimizer=host: the host update's kernel does not import ({exc}); "
+                          f"install it: {INSTALL}") from None
 
     compute = model_dtypes(recipe.strategies.precision)["compute_dtype"]
     threads, world = host_threads(recipe.strategies.offload), world or World()
