@@ -161,13 +161,13 @@ def excess(given: tuple, graph: tuple, host: tuple, decayed: dict, lr: float, se
     as a fraction of training/update_bound.py's bound."""
     from ..training.update_bound import adamw_difference_bound
 
-    worst = 0.0
+    worst = []
     for name in graph[0]:
         bounds = adamw_difference_bound([s[name] for s in given], [s[name] for s in graph], lr, section,
                                         decayed[name], rho)
         for h, g, bound in zip(host, graph, bounds):
-            worst = max(worst, float(np.max(np.abs(h[name].astype(np.float64) - g[name]) / np.maximum(bound, 1e-45))))
-    return worst
+            worst.append(np.max(np.abs(h[name].astype(np.float64) - g[name]) / np.maximum(bound, 1e-45)))
+    return float(np.max(worst))  # np.max, not max: a NaN (a broken update) must not compare away
 
 
 class Lockstep:
@@ -208,7 +208,7 @@ class Lockstep:
         if got.overflow:
             return got, want, seconds, figure, skipped(number, before, after, given, host)
         rho = clip_factor_difference(got.grad_norm, want.grad_norm, self.train.grad_clip)
-        figure = max(figure, excess(given, graph, host, self.decayed, LR, self.train.optimizer, rho))
+        figure = float(np.max([figure, excess(given, graph, host, self.decayed, LR, self.train.optimizer, rho)]))
         return got, want, seconds, figure, read_back(number, before, after, host[0], graph[0])
 
 
@@ -232,8 +232,7 @@ def check_host_optimizer(ctx: Context, fault=None) -> Check:
     steps = [lockstep(number, batch, 2 * LR if fault else LR) for number in range(1, STEPS + 1)]
     host, graph = [s[0] for s in steps], [s[1] for s in steps]
     problems = overflow_problems(host, graph) + [p for s in steps for p in s[4]]
-    # np.max, not max: a NaN (an update from overflowed gradients) must not compare away
-    figure = float(np.max([s[3] for s in steps]))
+    figure = float(np.max([s[3] for s in steps]))  # np.max: a NaN must not compare away
     copies = copy_bandwidth()
     measured = {"to_device_gbs": copies["to_device"], "to_host_gbs": copies["to_host"]}
     if ctx.speed:  # the update alone, on the accumulators as they are, against a whole step (the compiled ones)
