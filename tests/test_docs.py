@@ -6,6 +6,7 @@ GitHub's slug rules, must lead somewhere.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -136,3 +137,46 @@ def test_the_two_node_checklist_is_numbered_steps_whose_commands_parse(page):
     assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in section
     assert "HCCL_SOCKET_IFNAME==" in section and "HCCL_IF_IP=" in section
     assert section.count("kill -9") == 1  # said once
+
+
+def first_run_section(page: Path) -> str:
+    text = page.read_text(encoding="utf-8")
+    start = text.index("## First run on a new card" if page.name == "ascend.md" else "## 新卡上的第一次运行")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+@pytest.mark.parametrize("page", ["ascend.md", "ascend.zh-CN.md"])
+@pytest.mark.quick
+def test_the_first_run_protocol_is_five_numbered_commands_in_order_that_parse(page):
+    """On a new card, in both languages: doctor, selftest, validate, the rehearsal, then 20 steps
+    of the 3B offload recipe, each a numbered step whose command parses."""
+    import shlex
+
+    from llama_npu.cli import build_parser
+
+    steps = re.findall(r"^(\d+)\. \*\*`(llama-npu [^`]+)`\*\*", first_run_section(REPO / "docs" / page), re.M)
+    assert [number for number, _ in steps] == ["1", "2", "3", "4", "5"]
+    commands = [shlex.split(command)[1:] for _, command in steps]
+    assert [c[0] for c in commands] == ["doctor", "selftest", "validate", "train", "train"]
+    recipe = "recipes/llama3_2_3b_zh_full_offload_910a.yaml"
+    assert commands[3] == ["train", recipe, "--rehearse"]
+    assert commands[4][:4] == ["train", recipe, "--set", "train.max_steps=20"]
+    for command in commands:
+        build_parser().parse_args(command)  # exits (2) on an unknown option
+
+
+def test_the_first_run_comparison_reads_a_real_runs_metrics(six_step_run, tmp_path):
+    """The page's script (the same in both languages) on a real run's metrics.jsonl: the median
+    over the steps after the first that did not overflow, the peak against the planned peak."""
+    import subprocess
+    import sys
+
+    scripts = {re.search(r"python - <<'PY'\n(.*?)\nPY\n", first_run_section(REPO / "docs" / page), re.S).group(1)
+               for page in ("ascend.md", "ascend.zh-CN.md")}
+    assert len(scripts) == 1
+    script = scripts.pop().replace("runs/first_run", str(six_step_run[0]))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    records = [json.loads(line) for line in (six_step_run[0] / "metrics.jsonl").read_text().splitlines()]
+    timed = sum(not r["overflow"] for r in records[1:])
+    assert re.fullmatch(rf"median step [\d.]+ s over {timed} steps\npeak [\d.]+ GiB \(host_rss\), planned [\d.]+ GiB\n"
+                        r"host resident [\d.]+ GiB\n", out), out

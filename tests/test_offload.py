@@ -112,20 +112,6 @@ def test_fp32_adamw_on_the_host_equals_the_graph_over_10_steps(ms, shape):
     assert_same_weights(got_w, want_w, 1e-6)
 
 
-def states(params, moments1, moments2) -> tuple:
-    """({name: fp32 numpy} of the masters, first and second moments), moments keyed by the weight."""
-    named = lambda ps, prefix: {p.name[len(prefix):]: p.asnumpy().astype(np.float32) for p in ps}  # noqa: E731
-    return named(params, ""), named(moments1, "adam_m."), named(moments2, "adam_v.")
-
-
-def set_host_states(host, given: tuple) -> None:
-    """The host's masters and moments set to `given` (states()), pushed to the card."""
-    for held, values, prefix in zip((host.masters, host.moments1, host.moments2), given, ("", "adam_m.", "adam_v.")):
-        for p in held:
-            p.asnumpy()[...] = values[p.name[len(prefix):]]
-    host.push()
-
-
 def test_o2_fp16_one_host_update_lands_within_the_derived_rounding_bound_of_the_graphs(ms):
     """O2 fp16, dynamic loss scale, k = 4, full recompute, chunked CE, clipping: each step starts
     the host from the graph's state, so both take one update from the same masters, moments and
@@ -135,6 +121,7 @@ def test_o2_fp16_one_host_update_lands_within_the_derived_rounding_bound_of_the_
     4-step weights differed by 1.08e-5 relative where a Xeon gave less than 1e-5.) The injected
     overflow is skipped on both, the card's weights untouched; the compiled host graph holds no
     fp32 master and no moments."""
+    from llama_npu.selftest.host_optimizer import set_host_states, states  # selftest's host_optimizer steps so too
     from llama_npu.training.optimizer import lr_at
     from llama_npu.training.update_bound import (adamw_difference_bound, clip_factor_difference,
                                                  float16_neighbours, loss_difference_bound)

@@ -115,6 +115,7 @@ def test_3b_full_finetune_does_not_fit_one_910a_and_fit_finds_a_runnable_plan(tm
     # still a full fine-tune: the optimizer moves to the host before anyone is sent to LoRA
     assert best["fits"] and best["total_bytes"] <= best["device_bytes"] and best["strategy"]["lora"] is False
     assert best["strategy"]["offload"] is True and best["components"]["optimizer_states"] == 0
+    assert best["never_run_on_card"] == ["optimizer on the host"]  # named, and still recommended over LoRA
     assert best["host"]["components"]["moments"] == 8 * P["llama3.2-3b"]
     recipe = load_recipe(out)  # the written plan validates as a recipe
     assert not recipe.strategies.lora.enabled and recipe.strategies.offload.optimizer == "host"
@@ -140,6 +141,7 @@ def test_fit_prefers_a_layout_run_on_an_npu_to_one_never_run_there():
     best = json.loads(proc.stdout)["recommended"]
     assert best["fits"] and best["strategy"]["lora"] is False and best["never_run_on_npu"] == []
     assert best["strategy"]["offload"] is True and best["strategy"]["data"] == 8
+    assert best["never_run_on_card"] == ["optimizer on the host"]
     proc = run_cli("plan", "--model", "llama3.2-3b", "--device", "910b", "--devices", "8", "--fit", "--no-offload",
                    "--json")
     best = json.loads(proc.stdout)["recommended"]
@@ -152,6 +154,26 @@ def test_fit_prefers_a_layout_run_on_an_npu_to_one_never_run_there():
     proc = run_cli("plan", "--model", "llama3.2-1b", "--device", "910b", "--fit", "--maximize", "speed", "--json")
     best = json.loads(proc.stdout)["recommended"]
     assert best["strategy"]["offload"] is False and best["host"] is None
+
+
+@pytest.mark.quick
+def test_plan_names_the_host_optimizer_never_run_on_a_card_and_fit_keeps_the_recipe():
+    """The 910A offload recipe: never_run_on_npu stays empty (its reason is semi-auto parallel,
+    and it is --fit's first ranking key), never_run_on_card names the optimizer on the host,
+    and the text says so on its own line with what has been proven instead. --fit keeps the
+    recipe, which fits, and a recipe with the optimizer on the card names nothing."""
+    recipe = REPO / "recipes" / "llama3_2_3b_zh_full_offload_910a.yaml"
+    result = json.loads(run_cli("plan", recipe, "--json", check=True).stdout)
+    assert (result["never_run_on_npu"], result["never_run_on_card"]) == ([], ["optimizer on the host"])
+    lines = [line for line in run_cli("plan", recipe, check=True).stdout.splitlines() if "never run" in line]
+    assert len(lines) == 1 and lines[0].startswith("  never run on a card: optimizer on the host (no card in CI; "
+                                                   "proven instead on the CPU: a host step from the in-graph step's "
+                                                   "state lands within fp32 rounding of it")
+    assert lines[0].endswith("run `llama-npu selftest` (host_optimizer) on the card first")
+    fit = json.loads(run_cli("plan", recipe, "--fit", "--json", check=True).stdout)
+    assert fit["unchanged"] and fit["recommended"]["never_run_on_card"] == ["optimizer on the host"]
+    on_card = json.loads(run_cli("plan", REPO / "recipes" / "llama3_2_1b_zh_full_910a.yaml", "--json").stdout)
+    assert (on_card["strategy"]["offload"], on_card["never_run_on_card"]) == (False, [])
 
 
 def test_the_host_line_divides_the_states_among_data_parallel_ranks():

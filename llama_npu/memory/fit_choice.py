@@ -34,6 +34,13 @@ def never_run_on_npu(s: Strategy) -> List[str]:
     return parts + (["optimizer sharding"] if s.optimizer_shard else [])
 
 
+def never_run_on_card(s: Strategy) -> List[str]:
+    """The parts of a plan that have never run on a card for another reason than
+    never_run_on_npu's (no NPU in CI, not semi-auto parallel), and are proven on the CPU
+    instead. No ranking key: --fit recommends such a plan as before."""
+    return ["optimizer on the host"] if s.offload else []
+
+
 def changed_fields(base: Strategy, s: Strategy) -> List[str]:
     return [f.name for f in fields(Strategy) if getattr(base, f.name) != getattr(s, f.name)]
 

@@ -26,7 +26,7 @@ from ..recipe.schema import Recipe
 from ..strategies import offload, parallel, precision
 from .devices import DEVICE_TARGETS, GB, MAX_DEVICES, get_device, parse_bytes
 from .parameter_count import cached_parameter_count
-from .fit_choice import change_list, never_run_on_npu, recommend
+from .fit_choice import change_list, never_run_on_card, never_run_on_npu, recommend
 from .planner import (Plan, Strategy, estimate, estimate_inference, fit_inference, gb, scales_out_of_place,
                       strategy_from_recipe)
 from .step_time import DEFAULT_MFU, Rates, format_step_time, step_time
@@ -34,6 +34,9 @@ from .step_time import DEFAULT_MFU, Rates, format_step_time, step_time
 MODELS = ("llama3.2-1b", "llama3.2-3b")
 NEVER_RUN_NOTE = ("never run on an NPU: {parts} (semi_auto_parallel: no NPU in CI and the CPU backend "
                   "cannot run it); try a short run first")
+NEVER_RUN_ON_CARD_NOTE = ("never run on a card: {parts} (no card in CI; proven instead on the CPU: a host step from "
+                          "the in-graph step's state lands within fp32 rounding of it, the card's weights its masters "
+                          "cast exactly); run `llama-npu selftest` (host_optimizer) on the card first")
 
 
 def apply_strategy(recipe: Recipe, s: Strategy) -> Recipe:
@@ -123,6 +126,7 @@ def plan_json(plan: Plan, preset: str, rates: Rates = Rates()) -> dict:
             "phases": dict(plan.phases), "peak_phase": plan.peak_phase,
             "total_bytes": plan.total_bytes, "fits": plan.fits, "strategy": asdict(plan.strategy),
             "notes": plan_notes(plan), "never_run_on_npu": never_run_on_npu(plan.strategy),
+            "never_run_on_card": never_run_on_card(plan.strategy),
             "host": host_figures(plan, rates.host_bandwidth),
             "step_time": step_time(plan, rates) if plan.shape else None}
 
@@ -163,6 +167,8 @@ def format_plan(plan: Plan, preset: str, title: str = "", rates: Rates = Rates()
                      f"pool, where {gb(d.hbm_bytes - d.usable_bytes)} GiB are left")
     if never_run_on_npu(s):
         lines.append("  " + NEVER_RUN_NOTE.format(parts=", ".join(never_run_on_npu(s))))
+    if never_run_on_card(s):
+        lines.append("  " + NEVER_RUN_ON_CARD_NOTE.format(parts=", ".join(never_run_on_card(s))))
     return "\n".join(lines)
 
 
