@@ -136,3 +136,12 @@ def test_the_two_node_checklist_is_numbered_steps_whose_commands_parse(page):
     assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in section
     assert "HCCL_SOCKET_IFNAME==" in section and "HCCL_IF_IP=" in section
     assert section.count("kill -9") == 1  # said once
+
+
+@pytest.mark.quick
+def test_the_directories_the_docs_have_users_write_are_ignored_by_git():
+    # the docs put runs under runs/ and converted weights under weights/: neither belongs in a commit
+    written = {m.group(1) for page in PAGES for m in re.finditer(r"(?<![\w/.])(runs|weights)/\w",
+                                                                  page.read_text(encoding="utf-8"))}
+    ignored = {line.strip().rstrip("/") for line in (REPO / ".gitignore").read_text().splitlines()}
+    assert written == {"runs", "weights"} and written <= ignored

@@ -105,3 +105,13 @@ def test_every_foreign_name_points_to_a_key_the_recipe_takes():
         return head in fields and (not rest or has(getattr(cls(), head).__class__, rest))
     meant = {target.split(" ")[0] for target in FOREIGN_NAMES.values() if not target.startswith("the ")}
     assert sorted(key for key in meant if not has(Recipe, key)) == []
+
+
+@pytest.mark.parametrize("recipe", ["cpu_smoke", "cpu_dpo_smoke", "cpu_kto_smoke"])
+@pytest.mark.parametrize("degree, line", [("0", "expected a value > 0, got 0"), ("-1", "expected a value > 0, got -1"),
+                                          ("1.5", "expected an integer, got 1.5")])
+def test_a_data_degree_below_1_is_one_line_for_every_objective(recipe, degree, line, tmp_path):
+    # KTO's batch check divided the global batch by it first: "internal error ... ZeroDivisionError"
+    proc = run_cli("train", REPO / "recipes" / f"{recipe}.yaml", "--set", f"strategies.parallel.data={degree}",
+                   "--output-dir", tmp_path / "run")
+    assert (proc.returncode, proc.stderr.strip()) == (2, f"llama-npu: error: strategies.parallel.data: {line}")

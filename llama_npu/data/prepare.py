@@ -83,19 +83,23 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
         files = [name for part in written for name in part.files]
         rows = sum(part.rows for part in written)
         if not rows:
-            why = ""
-            if skipped.by_reason:  # the commonest reason, e.g. a ShareGPT file read as alpaca
-                reason, entry = max(skipped.by_reason.items(), key=lambda item: item[1]["count"])
-                why = f"; most skipped as {reason} (first at {entry['first'][0]})"
-            raise RecordError(f"no sample left to write from {', '.join(map(str, inputs))} "
-                              f"(read {fit.read + skipped.total}, skipped {skipped.total}, "
-                              f"dropped {fit.dropped_no_answer}){why}")
+            raise _nothing_left(inputs, fit, skipped)
         meta = _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, rows,
                      len(placement))
         meta["files"] = files
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
         write_manifest(staging, "prepare-data")  # train checks every file by it before reading a row
     return meta
+
+
+def _nothing_left(inputs, fit: FitReport, skipped: SkipReport) -> RecordError:
+    why = ""
+    if skipped.by_reason:  # the commonest reason, e.g. a ShareGPT file read as alpaca
+        reason, entry = max(skipped.by_reason.items(), key=lambda item: item[1]["count"])
+        why = f"; most skipped as {reason} (first at {entry['first'][0]})"
+    return RecordError(f"no sample left to write from {', '.join(map(str, inputs))} "
+                       f"(read {fit.read + skipped.total}, skipped {skipped.total}, "
+                       f"dropped {fit.dropped_no_answer}){why}")
 
 
 def _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, rows, packed_rows):

@@ -12,6 +12,7 @@ from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
 from ..model.llama import MAX_POSITIONS
 from ..objectives import NAMES, OBJECTIVES
 from ..strategies import STRATEGIES
+from ..strategies.parallel import check_degrees
 from .problems import Problems, RecipeError, choice, positive
 
 
@@ -27,8 +28,10 @@ def validate(recipe) -> None:
     for strategy in STRATEGIES:
         ready = all(passed[name] for name in strategy.CHECKED_AFTER)
         passed[strategy.KEY] = ready and problems.passes(strategy.check, recipe)
-    for objective in OBJECTIVES:  # each checks its section; the picked one what it refuses
-        problems.check(objective.check, recipe)
+    # each checks its section; the picked one what it refuses, dividing the batch by the layout's degrees
+    if problems.passes(check_degrees, recipe):
+        for objective in OBJECTIVES:
+            problems.check(objective.check, recipe)
     problems.raise_any()
 
 
