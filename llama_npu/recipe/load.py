@@ -16,7 +16,7 @@ import yaml
 
 from ..strategies import STRATEGIES
 from .coerce import coerce
-from .foreign_names import key_elsewhere
+from .foreign_names import key_elsewhere, leaves, named_config
 from .problems import Problems, RecipeError
 from .schema import Recipe
 from .validate import validate
@@ -40,6 +40,21 @@ def _unknown_key(key: str, candidates) -> RecipeError:
     return RecipeError(f"unknown key '{key}'{hint}")
 
 
+def _unknown_keys(key: str, value: Any, candidates) -> List[str]:
+    """The lines for an unknown key: under a mapping (a DeepSpeed section) or a JSON file it
+    names (`deepspeed: ds_z3.json`), one for each key at any depth that names one of ours,
+    else the key's own line."""
+    named = named_config(value)
+    inside = value if isinstance(value, dict) else named or {}
+    lines = []
+    for path in leaves(inside):
+        meant = key_elsewhere(f"{key}.{path}")
+        if meant:
+            where = f"'{key}' ({value} sets {path})" if named else f"'{key}.{path}'"
+            lines.append(f"unknown key {_printable(where)}; use {meant}")
+    return lines if lines and not named else [str(_unknown_key(key, candidates))] + lines
+
+
 def _build(cls, data: Any, prefix: str, problems: Problems):
     """Build dataclass `cls` from a mapping; an unknown key or a wrong type is a problem,
     and the key keeps its default so the rest can still be checked."""
@@ -54,7 +69,7 @@ def _build(cls, data: Any, prefix: str, problems: Problems):
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
-            problems.append(str(_unknown_key(full, fields)))
+            problems += _unknown_keys(full, value, fields)
             continue
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
