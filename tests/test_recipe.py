@@ -165,3 +165,11 @@ def test_a_deepspeed_config_pasted_in_or_named_gets_a_line_for_each_key_naming_o
     for key, ours in DEEPSPEED_LINES:
         assert any(line.startswith(f"llama-npu: error: unknown key 'deepspeed' ({config} sets {key}); use {ours}")
                    for line in lines), key
+
+
+def test_max_steps_and_epochs_both_given_is_one_line(tmp_path):
+    proc = run_cli("train", SMOKE, "--set", "train.epochs=2", "--output-dir", tmp_path / "run")
+    assert (proc.returncode, proc.stderr.strip()) == (
+        2, "llama-npu: error: train.max_steps=80 and train.epochs=2.0: give one of them (--set train.max_steps=null "
+           "to count the run in epochs)")
+    assert not (tmp_path / "run").exists()

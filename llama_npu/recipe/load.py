@@ -18,7 +18,7 @@ from ..strategies import STRATEGIES
 from .coerce import coerce
 from .foreign_names import key_elsewhere, leaves, named_config
 from .problems import Problems, RecipeError
-from .schema import Recipe
+from .schema import DEFAULT_MAX_STEPS, Recipe
 from .validate import validate
 
 
@@ -137,6 +137,17 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
     return recipe_from_dict(tree, overrides, workers)
 
 
+def _steps_or_epochs(train) -> None:
+    """The run's length in one of two ways: train.max_steps (DEFAULT_MAX_STEPS when neither is
+    given) or train.epochs (steps counted from the data when it is read, training/schedule.py);
+    the other stays null, and so a run's recipe.yaml records which the user gave."""
+    if train.max_steps is not None and train.epochs is not None:
+        raise RecipeError(f"train.max_steps={train.max_steps} and train.epochs={train.epochs}: give one of them "
+                          f"(--set train.max_steps=null to count the run in epochs)")
+    if train.max_steps is None and train.epochs is None:
+        train.max_steps = DEFAULT_MAX_STEPS
+
+
 def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers: Optional[int] = None) -> Recipe:
     """Build and validate a recipe from a mapping (changed in place by `overrides`, --set's
     KEY=VALUE assignments); `workers` as for load_recipe."""
@@ -144,6 +155,7 @@ def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers:
     for assignment in overrides or []:
         problems.check(_apply_override, tree, assignment)
     recipe = _build(Recipe, tree, "", problems)
+    problems.check(_steps_or_epochs, recipe.train)
     # A key refused above keeps its default, so the checks below still see well-typed values.
     for strategy in STRATEGIES:
         if hasattr(strategy, "resolve"):

@@ -80,7 +80,10 @@ def check_sizes(recipe) -> None:
     if not 0 < recipe.data.max_seq_len <= MAX_POSITIONS:  # the planner and the model's RoPE table stop there
         problems.append(f"data.max_seq_len: expected 1 to {MAX_POSITIONS} (Llama 3.2's context), got "
                         f"{recipe.data.max_seq_len}")
-    problems.check(positive, "train.max_steps", t.max_steps)
+    if t.max_steps is not None:
+        problems.check(positive, "train.max_steps", t.max_steps)
+    if t.epochs is not None:
+        problems.check(positive, "train.epochs", t.epochs)
     problems.check(positive, "train.micro_batch_size", t.micro_batch_size)
     problems.check(positive, "train.global_batch_size", t.global_batch_size, True)
     problems.check(positive, "train.warmup_steps", t.warmup_steps, True)
