@@ -173,3 +173,26 @@ def test_max_steps_and_epochs_both_given_is_one_line(tmp_path):
         2, "llama-npu: error: train.max_steps=80 and train.epochs=2.0: give one of them (--set train.max_steps=null "
            "to count the run in epochs)")
     assert not (tmp_path / "run").exists()
+
+
+def test_prepared_data_names_its_template_and_another_one_is_refused(tmp_path):
+    import json
+
+    from llama_npu.common.checksums import write_manifest
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join((REPO / "data" / "zh_instruct_train.jsonl").read_text().splitlines(True)[:8]))
+    prepared = tmp_path / "prepared"
+    run_cli("prepare-data", "--format", "alpaca", "--input", src, "--output", prepared, "--max-seq-len", "64",
+            check=True)
+    meta = json.loads((prepared / "meta.json").read_text())
+    assert meta["template"] == "llama3"
+    args = ["validate", SMOKE, "--set", "data.train_files=[]", "--set", f"data.prepared={prepared}", "--set",
+            "data.max_seq_len=64"]
+    assert run_cli(*args).returncode == 0
+    meta["template"] = "qwen"  # a directory made in another template, with its checksums whole
+    (prepared / "meta.json").write_text(json.dumps(meta))
+    write_manifest(prepared, "prepare-data")
+    proc = run_cli(*args)
+    assert (proc.returncode, proc.stderr.strip()) == (
+        2, f"llama-npu: error: data.prepared={prepared} was prepared in the qwen chat template, but "
+           f"data.template=llama3; prepare it again, or set data.template: qwen")

@@ -17,6 +17,7 @@ import numpy as np
 from ..common.atomic import check_writable, staged_directory
 from ..common.checksums import write_manifest
 from ..common.console import progress_bar
+from .chat_template import TEMPLATES
 from .mindrecord import META_FILE
 from .packing import assign_rows, padding_share
 from .prepare_parts import Job, Parts, count_records, spans, tokenize_part, write_packed
@@ -107,7 +108,7 @@ def _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, ski
     lengths = np.asarray(fit.lengths) if len(fit.lengths) else np.zeros(1, np.int64)
     tokens = int(kept.sum())
     return {
-        "format": fmt, "max_seq_len": max_seq_len, "packed": packed, "train_on_prompt": train_on_prompt,
+        "format": fmt, "template": TEMPLATES[0], "max_seq_len": max_seq_len, "packed": packed, "train_on_prompt": train_on_prompt,
         "counts": {"read": fit.read + skipped.total, "written": fit.kept, "skipped": skipped.total,
                    "dropped_no_answer": fit.dropped_no_answer, "truncated": fit.truncated, "rows": rows,
                    "tokens": tokens},

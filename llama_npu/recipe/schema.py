@@ -44,6 +44,9 @@ class DataSection:
     # record key -> the column (or JSON key) holding it, e.g. {instruction: 指令, output: 输出} (data/tables.py)
     columns: Dict[str, str] = field(default_factory=dict)
     encoding: str = ""  # of CSV/TSV/JSON/JSONL files; "" reads UTF-8 (and UTF-16 by its BOM); e.g. gbk
+    # issue 56, LLaMA-Factory's habits: the chat template (LLaMA-Factory's `template`), named
+    # in prepared data's meta.json too; llama3 is the one there is (data/chat_template.py)
+    template: str = "llama3"
 
 
 @dataclass

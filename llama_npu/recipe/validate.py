@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import re
 
+from ..data.chat_template import TEMPLATES
 from ..data.formats import FORMATS, ON_BAD_RECORD
 from ..memory.devices import DEVICE_TARGETS
 from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
@@ -57,6 +58,7 @@ def check_data(d) -> None:
     problems = Problems()
     problems.check(choice, "data.format", d.format, FORMATS)
     problems.check(choice, "data.on_bad_record", d.on_bad_record, ON_BAD_RECORD)
+    problems.check(choice, "data.template", d.template, TEMPLATES)
     if bool(d.train_files) == bool(d.prepared):
         problems.append("data: expected either data.train_files (raw files) or data.prepared (a "
                         "prepare-data directory), not both or neither")
