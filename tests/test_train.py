@@ -132,6 +132,7 @@ def test_epochs_count_the_steps_and_a_longer_resume_keeps_the_schedule_at_its_fl
     proc = run_cli("train", SMOKE, "--output-dir", out, *by_epochs, "--set", "train.epochs=0.05", check=True)
     said = re.search(r"train\.epochs: 0\.05 epochs = (\d+) steps of 2 x 32 tokens \((\d+) training rows, (\d+) steps an "
                      r"epoch\)", proc.stdout)
+    assert "first training example: " in proc.stdout  # every run prints it at its start (data/example.py)
     steps, rows, per_epoch = map(int, said.groups())  # 2 rows a step (TINY_RUN), as the Hugging Face Trainer counts
     assert (per_epoch, steps) == (rows // 2, math.ceil(0.05 * (rows // 2)))
     assert [r["step"] for r in read_metrics(out)] == list(range(1, steps + 1))

@@ -58,6 +58,14 @@ def started_with(run_dir: Path, candidates: Optional[list], rows: int) -> Option
     return with_steps(stored, rows).train.max_steps if stored is not None else None
 
 
+def first_example(recipe: Recipe, train_source) -> str:
+    """The first training example decoded, its scored tokens marked (data/example.py)."""
+    from ..data.example import describe_first_example  # imported here: as the tokenizer below
+    from ..data.tokenizer import load_tokenizer
+
+    return describe_first_example(train_source, load_tokenizer(recipe.data.tokenizer))
+
+
 def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Optional[str] = None,
                  overwrite: bool = False, force: bool = False, rehearsal: Optional[dict] = None) -> dict:
     """Check everything, then train. Nothing is written, deleted (--overwrite) or built
@@ -72,6 +80,8 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     objective = objective_of(recipe)
     if rehearsal is not None and hasattr(objective, "rehearsal_source"):  # DPO: a reference pass as short as it
         train_source = objective.rehearsal_source(train_source, recipe)
+    if rank == 0:
+        print(first_example(recipe, train_source), flush=True)
     counted = with_steps(recipe, len(train_source), say=rank == 0)  # train.epochs as steps
     if rehearsal is None and rank == 0:  # a rehearsal's few short steps say nothing of the recipe's schedule
         warn_data_size(counted, len(train_source))
