@@ -60,7 +60,7 @@ def started_with(run_dir: Path, candidates: Optional[list], rows: int) -> Option
 
 def first_example(recipe: Recipe, train_source) -> str:
     """The first training example decoded, its scored tokens marked (data/example.py)."""
-    from ..data.example import describe_first_example  # imported here: as the tokenizer below
+    from ..data.example import describe_first_example  # imported here: with the tokenizers library, after the checks
     from ..data.tokenizer import load_tokenizer
 
     return describe_first_example(train_source, load_tokenizer(recipe.data.tokenizer))
