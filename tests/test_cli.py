@@ -1,11 +1,12 @@
 """The command line as a user first meets it: --help."""
 import argparse
+import json
 
 import pytest
 
 from llama_npu.cli import build_parser
 
-from conftest import run_cli
+from conftest import REPO, SMOKE, run_cli
 
 
 @pytest.mark.quick
@@ -94,3 +95,15 @@ def test_the_readmes_own_data_check_passes_after_the_smoke_run(tmp_path):
     proc = run_cli(*validate[1:], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert validate[validate.index("--output-dir") + 1] == train[train.index("--output-dir") + 1]
+
+
+def test_print_example_shows_the_first_example_with_its_scored_tokens_marked_and_trains_nothing(tmp_path):
+    record = json.loads((REPO / "data" / "zh_instruct_train.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    prompt = "\n\n".join(filter(None, [record["instruction"], record.get("input")]))
+    out = tmp_path / "run"
+    proc = run_cli("train", SMOKE, "--print-example", "--output-dir", out)
+    assert proc.returncode == 0, proc.stderr
+    # the prompt unscored, the reply and its closing <|eot_id|> scored, as the chat format says
+    assert (f"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n{prompt}<|eot_id|><|start_header_id|>"
+            f"assistant<|end_header_id|>\n\n⟦{record['output']}<|eot_id|>⟧") in proc.stdout
+    assert not out.exists()

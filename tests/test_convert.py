@@ -306,7 +306,7 @@ def test_a_lora_run_exports_merged_weights_and_its_tokenizer(ms, hf_dir, convers
         text, add_special_tokens=False).ids
 
     run_cli("convert", "ms-to-hf", "--src", conversions["float32"], "--weights", step, "--merge-lora",
-            "--dst", tmp_path / "merged", check=True)
+            "--dst", tmp_path / "merged", "--dtype", "float32", check=True)
     assert (tmp_path / "merged" / "model.safetensors").read_bytes() == (export / "model.safetensors").read_bytes()
 
 
@@ -396,3 +396,41 @@ def test_a_lora_run_prints_no_framework_info_lines(shrunk_run):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [line for line in proc.stdout.splitlines() if line.startswith("[INFO]")] == []
     assert proc.stdout.splitlines()[-1].startswith("not rehearsed")  # the summary ends stdout
+
+
+def exported_dtypes(export) -> tuple:
+    """(the dtype codes of the export's tensors, its config.json's torch_dtype)."""
+    tensors = read_safetensors(export / "model.safetensors")
+    return {code for code, _ in tensors.values()}, json.loads((export / "config.json").read_text())[
+        "torch_dtype"]
+
+
+def test_a_runs_export_is_in_the_dtype_it_started_from_else_the_one_it_computed_in(shrunk_run, hf_dir, tmp_path):
+    """LLaMA-Factory's export writes the model config's torch_dtype, a half dtype when that is
+    fp32 (train/tuner.py): a run's fp32 master weights are no reason to write fp32."""
+    import shutil
+
+    import yaml
+    run, proc = shrunk_run(LORA_RECIPE, "float32")  # O2 float16 over an fp32 source
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli("convert", "ms-to-hf", "--src", run, "--dst", tmp_path / "computed", check=True)
+    assert exported_dtypes(tmp_path / "computed") == ({"F16"}, "float16")
+    assert ("in float16 (the run started from a float32 model, so the dtype it computed in (strategies.precision "
+            "amp_level O2, dtype float16); --dtype writes another)") in proc.stdout
+    proc = run_cli("convert", "ms-to-hf", "--src", run, "--dst", tmp_path / "asked", "--dtype", "float32", check=True)
+    assert exported_dtypes(tmp_path / "asked") == ({"F32"}, "float32") and "in float32 (--dtype)" in proc.stdout
+    # the same run, had it started from a bf16 model (its config's torch_dtype, kept by hf-to-ms): bf16
+    source = tmp_path / "bf16-source"
+    shutil.copytree(hf_dir[0], source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16", "dtype": "bfloat16"}))
+    run_cli("convert", "hf-to-ms", "--src", source, "--dst", tmp_path / "bf16-ms", check=True)
+    assert json.loads((tmp_path / "bf16-ms" / "config.json").read_text())["hf_config"]["torch_dtype"] == "bfloat16"
+    started = tmp_path / "run"
+    shutil.copytree(run, started)
+    recipe = yaml.safe_load((started / "recipe.yaml").read_text())
+    recipe["model"]["checkpoint"] = str(tmp_path / "bf16-ms")
+    (started / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    proc = run_cli("convert", "ms-to-hf", "--src", started, "--dst", tmp_path / "started", check=True)
+    assert exported_dtypes(tmp_path / "started") == ({"BF16"}, "bfloat16")
+    assert f"in bfloat16 (the dtype of the model the run started from ({tmp_path / 'bf16-ms'}: bfloat16))" in proc.stdout

@@ -7,6 +7,7 @@ GitHub's slug rules, must lead somewhere.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -180,3 +181,45 @@ def test_the_first_run_comparison_reads_a_real_runs_metrics(six_step_run, tmp_pa
     timed = sum(not r["overflow"] for r in records[1:])
     assert re.fullmatch(rf"median step [\d.]+ s over {timed} steps\npeak [\d.]+ GiB \(host_rss\), planned [\d.]+ GiB\n"
                         r"host resident [\d.]+ GiB\n", out), out
+
+@pytest.mark.quick
+def test_the_directories_the_docs_have_users_write_are_ignored_by_git():
+    # the docs put runs under runs/ and converted weights under weights/: neither belongs in a commit,
+    # while the package's own llama_npu/weights/ does
+    import subprocess
+
+    written = {m.group(1) for page in PAGES for m in re.finditer(r"(?<![\w/.])(runs|weights)/\w",
+                                                                  page.read_text(encoding="utf-8"))}
+    assert written == {"runs", "weights"}
+
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=REPO).returncode == 0
+    assert [ignored(f"{name}/x/model.ckpt") for name in sorted(written)] == [True, True]
+    assert not ignored("llama_npu/weights/convert.py")
+
+
+def doc_block_after(page: Path, marker: str) -> list[str]:
+    """The commands of the first ```bash block after `marker` in `page`."""
+    text = page.read_text(encoding="utf-8")
+    block = text[text.index("```bash", text.index(marker)) + len("```bash"):]
+    return [line for line in block[:block.index("```")].splitlines() if line.strip()]
+
+
+def test_the_tiny_checkpoint_rehearsal_runs_as_the_doc_prints_it(tmp_path):
+    """docs/recipes-and-data.md's three commands, word for word (both languages print the same),
+    in a working directory holding the checkout's recipes, data and scripts."""
+    import shlex
+    import subprocess
+    import sys
+
+    commands = doc_block_after(REPO / "docs" / "recipes-and-data.md", "**Rehearsing with another model's checkpoint.**")
+    assert commands == doc_block_after(REPO / "docs" / "recipes-and-data.zh-CN.md", "**用另一个模型的 checkpoint 演练。**")
+    for name in ("recipes", "data", "scripts"):
+        (tmp_path / name).symlink_to(REPO / name)
+    programs = {"python": [sys.executable], "llama-npu": [sys.executable, "-m", "llama_npu"]}
+    for command in commands:
+        words = shlex.split(command)
+        proc = subprocess.run(programs[words[0]] + words[1:], cwd=tmp_path, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert proc.returncode == 0, f"{command}\n{proc.stderr[-2000:]}"
+    assert (tmp_path / "runs" / "llama3_2_3b_zh_lora_910a-rehearsal" / "checkpoints" / "step_3").is_dir()

@@ -302,8 +302,10 @@ BAD = {
     "answer letter": ("ceval", lambda tmp: broken_copy(tmp, "ceval", "val/basic_medicine_val.csv",
                                                        lambda ls: ls.__setitem__(1, ls[1].rsplit(",", 2)[0] + ",E,")), [],
                       "{data}/val/basic_medicine_val.csv:2: answer 'E' is not one of A, B, C, D"),
+    # a .jsonl or .csv file is read as your own exam: instruction records are not questions
     "jsonl file": ("ceval", lambda tmp: REPO / "data" / "zh_instruct_eval.jsonl", [],
-                   "--data {data}: a file; --task ceval reads a directory in C-Eval's layout"),
+                   "{data}:1: no question, A, B, C, D, answer column; your own exam has the columns question, A, B, "
+                   "C, D, answer (and subject); a benchmark is a directory in C-Eval's layout"),
     "no dev split": ("mmlu", lambda tmp: broken_copy(tmp, "mmlu", "dev/astronomy_dev.csv", None), [],
                      "{data}/dev/astronomy_dev.csv: missing; --shots 5 takes its examples from the dev split"),
     "columns": ("cmmlu", lambda tmp: broken_copy(tmp, "cmmlu", "dev/computer_science.csv",
@@ -525,3 +527,39 @@ def test_graphs_of_several_widths_score_as_op_by_op(ms, conversions):
     for execution in ("static", "dynamic"):
         assert np.abs(np.array(scores[execution])[:, 0] - np.array(scores["eager"])[:, 0]).max() < 1e-4
         assert [g for _, g in scores[execution]] == [g for _, g in scores["eager"]]
+
+
+def test_your_own_exam_is_scored_as_the_tasks_subjects_are_and_printed_beside_them(hf_dir, tmp_path):
+    """C-Eval's basic_medicine questions as a user's own CSV (subject named as C-Eval names it) and
+    JSONL (its subject the file's name): the same prompts, so the same log-likelihoods, as the
+    benchmark's own subject; each a row beside C-Eval's subjects, outside its categories and overall."""
+    from llama_npu.evaluation.exams.report import format_summary
+
+    with open(SAMPLES["ceval"] / "val" / "basic_medicine_val.csv", encoding="utf-8", newline="") as fh:
+        rows = [{k: v for k, v in row.items() if k in ("question", "A", "B", "C", "D", "answer")}
+                for row in csv.DictReader(fh)]
+    own_csv = tmp_path / "my_exam.csv"
+    with open(own_csv, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.DictWriter(fh, ["subject", "Question", "A", "B", "C", "D", "Answer"])
+        writer.writeheader()
+        writer.writerows({"subject": "基础医学", "Question": r["question"], **{k: r[k] for k in "ABCD"},
+                          "Answer": r["answer"]} for r in rows)
+    own_jsonl = tmp_path / "基础医学.jsonl"
+    own_jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "scores.jsonl"
+    proc = run_cli("eval", "--task", "ceval", "--checkpoint", hf_dir[0], "--data", SAMPLES["ceval"], own_csv,
+                   own_jsonl, "--shots", 0, "--json", "--output", out, check=True)
+    summary = json.loads(proc.stdout)
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    by_subject = {}
+    for record in records:
+        by_subject.setdefault(record["subject"], []).append(record)
+    benchmark = by_subject["basic_medicine"]
+    for own in ("基础医学 (my_exam.csv)", "基础医学 (基础医学.jsonl)"):
+        assert [r["prompt_ids"] for r in by_subject[own]] == [r["prompt_ids"] for r in benchmark]
+        assert [r["logprobs"] for r in by_subject[own]] == pytest.approx([r["logprobs"] for r in benchmark], abs=1e-5)
+        assert summary["own"][own] == summary["subjects"]["basic_medicine"]
+    assert summary["overall"]["n"] == sum(len(rs) for s, rs in by_subject.items() if s in summary["subjects"])
+    lines = format_summary(summary).splitlines()
+    assert "beside its subjects, your own exams" in lines[0]
+    assert any(line.startswith("基础医学 (my_exam.csv)") for line in lines)

@@ -62,3 +62,19 @@ def test_validating_a_recipe_loads_no_mindspore_or_numpy():
     out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+LONGEST_FUNCTION = 60  # lines, decorators and docstring included: the project's own bound
+
+
+@pytest.mark.quick
+def test_no_function_of_the_package_is_longer_than_60_lines():
+    longer = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                if node.end_lineno - first + 1 > LONGEST_FUNCTION:
+                    longer.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} "
+                                  f"({node.end_lineno - first + 1} lines)")
+    assert longer == []

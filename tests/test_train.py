@@ -120,3 +120,46 @@ def test_the_smoke_recipe_fits_a_small_ci_runner(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["memory_source"] == "host_rss" and summary["eval_tokens"] > 0
     assert summary["peak_memory_bytes"] < 4 * 2**30, f"{summary['peak_memory_bytes'] / 2**30:.2f} GiB"
+
+
+def test_epochs_count_the_steps_and_a_longer_resume_keeps_the_schedule_at_its_floor(tmp_path):
+    import math
+    import re
+
+    import yaml
+    out = tmp_path / "run"
+    by_epochs = [*TINY_RUN, "--set", "train.save_every=2", "--set", "train.max_steps=null"]
+    proc = run_cli("train", SMOKE, "--output-dir", out, *by_epochs, "--set", "train.epochs=0.05", check=True)
+    said = re.search(r"train\.epochs: 0\.05 epochs = (\d+) steps of 2 x 32 tokens \((\d+) training rows, (\d+) steps an "
+                     r"epoch\)", proc.stdout)
+    assert "first training example: " in proc.stdout  # every run prints it at its start (data/example.py)
+    steps, rows, per_epoch = map(int, said.groups())  # 2 rows a step (TINY_RUN), as the Hugging Face Trainer counts
+    assert (per_epoch, steps) == (rows // 2, math.ceil(0.05 * (rows // 2)))
+    assert [r["step"] for r in read_metrics(out)] == list(range(1, steps + 1))
+    stored = yaml.safe_load((out / "recipe.yaml").read_text())["train"]
+    assert (stored["max_steps"], stored["epochs"]) == (None, 0.05)  # which the user gave: a resume is not refused
+    # more epochs on resume, from the run's own recipe.yaml: the schedule keeps its length, then its floor
+    proc = run_cli("train", "--output-dir", out, "--resume", "auto", "--set", "train.epochs=0.1", check=True)
+    more = math.ceil(0.1 * (rows // 2))
+    assert f"training for {more - steps} of {more} steps left," in proc.stdout
+    assert (f"the learning-rate schedule keeps the {steps} steps the run started with and continues at its floor, "
+            f"0.0003, from step {steps} to {more}; --set train.reschedule=true stretches it to {more} steps "
+            f"instead") in proc.stdout
+    lrs = [r["lr"] for r in read_metrics(out)]
+    assert lrs[steps - 1:] == pytest.approx([3e-4] * (more - steps + 1), rel=1e-6)
+
+
+def test_reschedule_stretches_the_schedule_of_a_resumed_run(six_step_run, tmp_path):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(six_step_run[0], out)
+    proc = run_cli("train", SMOKE, "--output-dir", out, "--resume", "auto", *SIX_STEPS, "--set", "train.max_steps=8",
+                   "--set", "train.reschedule=true", check=True)
+    assert ("train.reschedule=true: the learning-rate schedule is stretched from the 6 steps the run started with "
+            "to 8") in proc.stdout
+    assert "training for 2 of 8 steps left," in proc.stdout
+    lrs = {r["step"]: r["lr"] for r in read_metrics(out)}
+    # warm-up 2, then cosine over 6 steps from 3e-3 to 3e-4: step 7's lr is on the stretched curve, above the floor
+    import math
+    assert lrs[7] == pytest.approx(3e-4 + 2.7e-3 * 0.5 * (1 + math.cos(math.pi * 5 / 6)), rel=1e-6)

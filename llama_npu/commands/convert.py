@@ -17,8 +17,10 @@ def add_parser(subparsers) -> None:
     convert.add_argument("--weights", help="ms-to-hf: a model.ckpt to export instead of --src's own "
                                            "(e.g. runs/x/checkpoints/step_N/model.ckpt)")
     convert.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
-                         help="dtype written; unset: float32 for hf-to-ms, the dtype the weights were converted "
-                              "from for ms-to-hf")
+                         help="dtype written; unset: float32 for hf-to-ms; for ms-to-hf, a run's checkpoint in the "
+                              "dtype of the model it started from (its torch_dtype), or, from random weights or an "
+                              "fp32 model, the dtype it computed in; a converted directory in the dtype it was "
+                              "converted from")
     convert.add_argument("--merge-lora", action="store_true",
                          help="ms-to-hf: --weights holds LoRA adapters; fold them into --src's base weights")
     convert.set_defaults(func=run)

@@ -13,6 +13,9 @@ from .arguments import add_run_arguments
 def add_parser(subparsers) -> None:
     train = subparsers.add_parser("train", help="fine-tune from a YAML recipe")
     add_run_arguments(train)
+    train.add_argument("--print-example", action="store_true",
+                       help="print the first training example decoded, the tokens the loss scores marked, and exit "
+                            "without training (every run prints it at its start)")
     train.set_defaults(func=run)
 
 
@@ -25,6 +28,11 @@ def run(args) -> int:
     from ..training.request import train_request
     from ..training.run import format_summary
 
+    if args.print_example:
+        from ..training.request import print_example
+
+        print(print_example(args))
+        return 0
     summary, stopped = train_request(args, signals)
     print(format_summary(summary))
     if stopped:

@@ -16,6 +16,7 @@ from typing import Dict, List, Sequence, Tuple
 from ..model.tokens import BOS_ID, EOT_ID, IGNORE_ID
 
 ROLES = ("system", "user", "assistant")
+TEMPLATES = ("llama3",)  # a recipe's data.template: this module's format, LLaMA-Factory's name for it
 
 Message = Tuple[str, str]  # (role, content)
 

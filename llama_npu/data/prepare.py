@@ -17,6 +17,7 @@ import numpy as np
 from ..common.atomic import check_writable, staged_directory
 from ..common.checksums import write_manifest
 from ..common.console import progress_bar
+from .chat_template import TEMPLATES
 from .mindrecord import META_FILE
 from .packing import assign_rows, padding_share
 from .prepare_parts import Job, Parts, count_records, spans, tokenize_part, write_packed
@@ -83,13 +84,7 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
         files = [name for part in written for name in part.files]
         rows = sum(part.rows for part in written)
         if not rows:
-            why = ""
-            if skipped.by_reason:  # the commonest reason, e.g. a ShareGPT file read as alpaca
-                reason, entry = max(skipped.by_reason.items(), key=lambda item: item[1]["count"])
-                why = f"; most skipped as {reason} (first at {entry['first'][0]})"
-            raise RecordError(f"no sample left to write from {', '.join(map(str, inputs))} "
-                              f"(read {fit.read + skipped.total}, skipped {skipped.total}, "
-                              f"dropped {fit.dropped_no_answer}){why}")
+            raise _nothing_left(inputs, fit, skipped)
         meta = _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, rows,
                      len(placement))
         meta["files"] = files
@@ -98,12 +93,22 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
     return meta
 
 
+def _nothing_left(inputs, fit: FitReport, skipped: SkipReport) -> RecordError:
+    why = ""
+    if skipped.by_reason:  # the commonest reason, e.g. a ShareGPT file read as alpaca
+        reason, entry = max(skipped.by_reason.items(), key=lambda item: item[1]["count"])
+        why = f"; most skipped as {reason} (first at {entry['first'][0]})"
+    return RecordError(f"no sample left to write from {', '.join(map(str, inputs))} "
+                       f"(read {fit.read + skipped.total}, skipped {skipped.total}, "
+                       f"dropped {fit.dropped_no_answer}){why}")
+
+
 def _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, rows, packed_rows):
     length = max_seq_len + 1
     lengths = np.asarray(fit.lengths) if len(fit.lengths) else np.zeros(1, np.int64)
     tokens = int(kept.sum())
     return {
-        "format": fmt, "max_seq_len": max_seq_len, "packed": packed, "train_on_prompt": train_on_prompt,
+        "format": fmt, "template": TEMPLATES[0], "max_seq_len": max_seq_len, "packed": packed, "train_on_prompt": train_on_prompt,
         "counts": {"read": fit.read + skipped.total, "written": fit.kept, "skipped": skipped.total,
                    "dropped_no_answer": fit.dropped_no_answer, "truncated": fit.truncated, "rows": rows,
                    "tokens": tokens},

@@ -38,16 +38,18 @@ def ready_to_train(recipe: Recipe) -> Tuple[Recipe, List[str]]:
     from ..objectives import run_samples
     from ..strategies.accumulation import step_rows
     from ..training.data_size import MAX_PASSES
+    from ..training.schedule import with_steps
 
     tree, changed = absolute_paths(recipe.to_dict()), []
     with contextlib.redirect_stdout(sys.stderr):  # the reading's notes; plan --json prints only its object
         rows = len(run_samples(recipe)[0])  # as validate counts them: tokenized, packed, pairs
     most = max(1, MAX_PASSES * rows // step_rows(recipe))
+    recipe = with_steps(recipe, rows)  # train.epochs counted
     if recipe.train.max_steps > most:
         changed.append(f"max_steps {recipe.train.max_steps} -> {most} ({rows} training rows, {step_rows(recipe)} a "
                        f"step: at most {MAX_PASSES} passes)")
         t, train = recipe.train, tree["train"]
-        train["max_steps"] = most
+        train["max_steps"], train["epochs"] = most, None
         train["save_every"] = min(t.save_every, most)
         # The schedule keeps its shape: a warm-up longer than the run would leave it at a
         # fraction of the peak lr with no cosine, and an eval_every past the end evaluates nothing.

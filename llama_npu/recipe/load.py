@@ -16,9 +16,9 @@ import yaml
 
 from ..strategies import STRATEGIES
 from .coerce import coerce
-from .foreign_names import key_elsewhere
+from .foreign_names import key_elsewhere, leaves, named_config
 from .problems import Problems, RecipeError
-from .schema import Recipe
+from .schema import DEFAULT_MAX_STEPS, Recipe
 from .validate import validate
 
 
@@ -40,6 +40,21 @@ def _unknown_key(key: str, candidates) -> RecipeError:
     return RecipeError(f"unknown key '{key}'{hint}")
 
 
+def _unknown_keys(key: str, value: Any, candidates) -> List[str]:
+    """The lines for an unknown key: under a mapping (a DeepSpeed section) or a JSON file it
+    names (`deepspeed: ds_z3.json`), one for each key at any depth that names one of ours,
+    else the key's own line."""
+    named = named_config(value)
+    inside = value if isinstance(value, dict) else named or {}
+    lines = []
+    for path in leaves(inside):
+        meant = key_elsewhere(f"{key}.{path}")
+        if meant:
+            where = f"'{key}' ({value} sets {path})" if named else f"'{key}.{path}'"
+            lines.append(f"unknown key {_printable(where)}; use {meant}")
+    return lines if lines and not named else [str(_unknown_key(key, candidates))] + lines
+
+
 def _build(cls, data: Any, prefix: str, problems: Problems):
     """Build dataclass `cls` from a mapping; an unknown key or a wrong type is a problem,
     and the key keeps its default so the rest can still be checked."""
@@ -54,7 +69,7 @@ def _build(cls, data: Any, prefix: str, problems: Problems):
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
-            problems.append(str(_unknown_key(full, fields)))
+            problems += _unknown_keys(full, value, fields)
             continue
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
@@ -122,6 +137,17 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
     return recipe_from_dict(tree, overrides, workers)
 
 
+def _steps_or_epochs(train) -> None:
+    """The run's length in one of two ways: train.max_steps (DEFAULT_MAX_STEPS when neither is
+    given) or train.epochs (steps counted from the data when it is read, training/schedule.py);
+    the other stays null, and so a run's recipe.yaml records which the user gave."""
+    if train.max_steps is not None and train.epochs is not None:
+        raise RecipeError(f"train.max_steps={train.max_steps} and train.epochs={train.epochs}: give one of them "
+                          f"(--set train.max_steps=null to count the run in epochs)")
+    if train.max_steps is None and train.epochs is None:
+        train.max_steps = DEFAULT_MAX_STEPS
+
+
 def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers: Optional[int] = None) -> Recipe:
     """Build and validate a recipe from a mapping (changed in place by `overrides`, --set's
     KEY=VALUE assignments); `workers` as for load_recipe."""
@@ -129,6 +155,7 @@ def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers:
     for assignment in overrides or []:
         problems.check(_apply_override, tree, assignment)
     recipe = _build(Recipe, tree, "", problems)
+    problems.check(_steps_or_epochs, recipe.train)
     # A key refused above keeps its default, so the checks below still see well-typed values.
     for strategy in STRATEGIES:
         if hasattr(strategy, "resolve"):

@@ -52,6 +52,9 @@ class DataSection:
     max_samples: Optional[int] = None  # the first N records of each dataset (LLaMA-Factory's max_samples)
     tags: Dict[str, str] = field(default_factory=dict)  # role_tag ... system_tag; {}: each turn's keys decide
     label_values: Dict[str, List[str]] = field(default_factory=dict)  # {desirable: [...], undesirable: [...]}
+    # issue 56, LLaMA-Factory's habits: the chat template (LLaMA-Factory's `template`), named
+    # in prepared data's meta.json too; llama3 is the one there is (data/chat_template.py)
+    template: str = "llama3"
 
 
 @dataclass
@@ -64,9 +67,13 @@ class OptimizerSection:
     eps: float = 1e-8
 
 
+DEFAULT_MAX_STEPS = 100
+
+
 @dataclass
 class TrainSection:
-    max_steps: int = 100
+    # optimizer steps; DEFAULT_MAX_STEPS when train.epochs is not given either (recipe/load.py)
+    max_steps: Optional[int] = None
     micro_batch_size: int = 4
     # Samples per optimizer step over all data-parallel ranks; 0 means micro_batch_size x data.
     global_batch_size: int = 0
@@ -82,6 +89,13 @@ class TrainSection:
     eval_every: int = 0  # 0: evaluate only at the end (when eval files are given)
     mode: str = "graph"  # graph | pynative
     objective: str = "sft"  # one of objectives/ NAMES; its section, if any, is the key of that name
+    # issue 56, LLaMA-Factory's habits (training/schedule.py):
+    # passes over the training data instead of max_steps (num_train_epochs): the steps follow
+    # from the data's rows and the global batch, as the Hugging Face Trainer counts them
+    epochs: Optional[float] = None
+    # on resume with another max_steps or epochs: true stretches the lr schedule to the new
+    # length; false keeps the schedule the run started with, then its floor past its end
+    reschedule: bool = False
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import codecs
 import re
 
+from ..data.chat_template import TEMPLATES
 from ..data.formats import FORMATS, ON_BAD_RECORD
 from ..memory.devices import DEVICE_TARGETS
 from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
 from ..model.llama import MAX_POSITIONS
 from ..objectives import NAMES, OBJECTIVES
 from ..strategies import STRATEGIES
+from ..strategies.parallel import check_degrees
 from .data_sources import check_sources
 from .problems import Problems, RecipeError, choice, positive
 
@@ -29,8 +31,10 @@ def validate(recipe) -> None:
         ready = all(passed[name] for name in strategy.CHECKED_AFTER)
         passed[strategy.KEY] = ready and problems.passes(strategy.check, recipe)
     problems.check(check_sources, recipe)
-    for objective in OBJECTIVES:  # each checks its section; the picked one what it refuses
-        problems.check(objective.check, recipe)
+    # each checks its section; the picked one what it refuses, dividing the batch by the layout's degrees
+    if problems.passes(check_degrees, recipe):
+        for objective in OBJECTIVES:
+            problems.check(objective.check, recipe)
     problems.raise_any()
 
 
@@ -56,6 +60,7 @@ def check_data(d) -> None:
     problems = Problems()
     problems.check(choice, "data.format", d.format, FORMATS)
     problems.check(choice, "data.on_bad_record", d.on_bad_record, ON_BAD_RECORD)
+    problems.check(choice, "data.template", d.template, TEMPLATES)
     if not d.dataset and bool(d.train_files) == bool(d.prepared):
         problems.append("data: expected either data.train_files (raw files), data.dataset (entries of a "
                         "dataset_info.json) or data.prepared (a prepare-data directory), not both or neither")
@@ -79,7 +84,10 @@ def check_sizes(recipe) -> None:
     if not 0 < recipe.data.max_seq_len <= MAX_POSITIONS:  # the planner and the model's RoPE table stop there
         problems.append(f"data.max_seq_len: expected 1 to {MAX_POSITIONS} (Llama 3.2's context), got "
                         f"{recipe.data.max_seq_len}")
-    problems.check(positive, "train.max_steps", t.max_steps)
+    if t.max_steps is not None:
+        problems.check(positive, "train.max_steps", t.max_steps)
+    if t.epochs is not None:
+        problems.check(positive, "train.epochs", t.epochs)
     problems.check(positive, "train.micro_batch_size", t.micro_batch_size)
     problems.check(positive, "train.global_batch_size", t.global_batch_size, True)
     problems.check(positive, "train.warmup_steps", t.warmup_steps, True)

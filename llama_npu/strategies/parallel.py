@@ -84,11 +84,18 @@ def resolve(recipe, workers: Optional[int]) -> None:
     par.data = workers // replica
 
 
+def check_degrees(recipe) -> None:
+    """The layout's counts, each 1 or more: what the objectives' batch checks divide by
+    (recipe/validate.py runs them only once this passed)."""
+    par = recipe.strategies.parallel
+    for name in ("data", "model", "pipeline", "micro_batches"):
+        positive(f"strategies.parallel.{name}", getattr(par, name))
+
+
 def check(recipe) -> None:
     """Every layout that cannot work is refused here, before anything is built."""
     par, shape, t = recipe.strategies.parallel, resolve_shape(recipe.model), recipe.train
-    for name in ("data", "model", "pipeline", "micro_batches"):
-        positive(f"strategies.parallel.{name}", getattr(par, name))
+    check_degrees(recipe)
     if shape.num_heads % par.model or shape.num_kv_heads % par.model:
         raise RecipeError(f"strategies.parallel.model={par.model} must divide the attention heads "
                           f"({shape.num_heads}) and KV heads ({shape.num_kv_heads})")

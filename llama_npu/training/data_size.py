@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..common.console import warn
 from ..objectives import run_samples
 from ..strategies.accumulation import step_rows
+from .schedule import with_steps
 
 MAX_PASSES = 20
 
@@ -35,4 +36,5 @@ def warn_data_size(recipe, rows: int) -> None:
 def check_data_size(recipe) -> None:
     """`validate`'s warning: the rows train would have, tokenized (and packed) as train does;
     an objective's items (DPO's pairs) where the batch sizes count those."""
-    warn_data_size(recipe, len(run_samples(recipe)[0]))
+    rows = len(run_samples(recipe)[0])
+    warn_data_size(with_steps(recipe, rows, say=True), rows)

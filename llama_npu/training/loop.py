@@ -36,7 +36,8 @@ def save(session: Session, step: int) -> Optional[Path]:
                          f"lower train.optimizer.lr and resume from it")
     state = {"samples_consumed": s.stream.samples_consumed,
              "rng": {"seed": t.seed, "data_epoch": s.stream.epoch},
-             "loss_scale": s.step_fn.loss_scale_state(), "recipe_hash": s.recipe.digest()}
+             "loss_scale": s.step_fn.loss_scale_state(), "recipe_hash": s.recipe.digest(),
+             "schedule_steps": s.schedule_steps}  # a resume keeps it (training/schedule.py)
     try:
         return s.checkpointer.save(step, params, optimizer, state)
     except OSError as exc:  # disk full, quota, read-only: say what survives, then stop
@@ -104,7 +105,8 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
     t, world, start_step = s.recipe.train, s.world, s.start_step
     streak = NonFiniteStreak(t.max_nonfinite_steps, s.scaler)
     k = accumulation_steps(s.recipe)
-    note(f"training for {t.max_steps} steps, {k} micro-batch(es) of {t.micro_batch_size} x "
+    left = f"{t.max_steps - start_step} of {t.max_steps} steps left" if start_step else f"{t.max_steps} steps"
+    note(f"training for {left}, {k} micro-batch(es) of {t.micro_batch_size} x "
          f"{s.recipe.data.max_seq_len + 1} tokens per step and rank; the first step compiles the graph")
     losses, timed_tokens, timed_seconds = [], 0, 0.0
     # Ranks reading the step's tokens apart: under full_batch every sharded rank reads the global batch.
@@ -115,7 +117,7 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
         for step in range(start_step + 1, t.max_steps + 1):
             begin = time.perf_counter()
             batches = s.objective.prepared([s.stream.next_batch() for _ in range(k)])
-            result = s.step_fn(batches, lr_at(step, t), stop_requested=signals.received is not None)
+            result = s.step_fn(batches, lr_at(step, t, s.schedule_steps), stop_requested=signals.received is not None)
             seconds = time.perf_counter() - begin
             streak.update(step, result.overflow, result.loss_scale)
             input_tokens = sum(int((batch[0] != s.net.config.pad_token_id).sum()) for batch in batches)

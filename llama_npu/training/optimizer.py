@@ -10,6 +10,7 @@ its own step counter, as MindFormers' optimizers do with their lr_schedule cells
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from mindspore import nn, ops
 from mindspore.common import dtype as mstype
@@ -18,13 +19,14 @@ from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 from ..recipe.schema import TrainSection
 
 
-def lr_at(step: int, train: TrainSection) -> float:
+def lr_at(step: int, train: TrainSection, steps: Optional[int] = None) -> float:
     """Learning rate of optimizer step `step` (1-based): linear warm-up, then cosine decay
-    to min_lr_ratio x lr at max_steps."""
+    to min_lr_ratio x lr at `steps` (max_steps; a resumed run's may differ,
+    training/schedule.py), then that floor."""
     base = train.optimizer.lr
     if train.warmup_steps and step <= train.warmup_steps:
         return base * step / train.warmup_steps
-    span = max(train.max_steps - train.warmup_steps, 1)
+    span = max((steps or train.max_steps) - train.warmup_steps, 1)
     progress = min(max(step - train.warmup_steps, 0) / span, 1.0)
     floor = base * train.min_lr_ratio
     return floor + (base - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -42,12 +44,12 @@ class WarmupCosineLR(LearningRateSchedule):
     where our first update already has lr / warmup_steps, and its cosine starts one step
     later; neither warmup_lr_init nor the step counts can shift it onto lr_at exactly."""
 
-    def __init__(self, train: TrainSection):
+    def __init__(self, train: TrainSection, steps: Optional[int] = None):
         super().__init__()
         self.base = float(train.optimizer.lr)
         self.floor = self.base * train.min_lr_ratio
         self.warmup = float(train.warmup_steps)
-        self.span = float(max(train.max_steps - train.warmup_steps, 1))
+        self.span = float(max((steps or train.max_steps) - train.warmup_steps, 1))
 
     def construct(self, global_step):
         step = ops.cast(global_step, mstype.float32) + 1.0
@@ -58,7 +60,7 @@ class WarmupCosineLR(LearningRateSchedule):
         return decayed
 
 
-def build_optimizer(params, train: TrainSection, schedule_in_graph: bool = False):
+def build_optimizer(params, train: TrainSection, schedule_in_graph: bool = False, schedule_steps: Optional[int] = None):
     """AdamW (moments kept in the parameters' dtype: fp32 under O0-O2) or plain SGD.
     Weight decay applies to matrices only, never to the RMSNorm gains.
 
@@ -66,7 +68,7 @@ def build_optimizer(params, train: TrainSection, schedule_in_graph: bool = False
     `schedule_in_graph` (the sharded layouts), WarmupCosineLR driven by the optimizer's
     global_step, which optimizer.ckpt carries so a resume continues it."""
     o = train.optimizer
-    lr = WarmupCosineLR(train) if schedule_in_graph else o.lr
+    lr = WarmupCosineLR(train, schedule_steps) if schedule_in_graph else o.lr
     if o.name == "sgd":
         return nn.SGD(params, learning_rate=lr, momentum=0.0, weight_decay=0.0)
     matrices = [p for p in params if len(p.shape) >= 2]

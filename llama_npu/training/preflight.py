@@ -196,6 +196,10 @@ def check_prepared(recipe: Recipe, rehearsal: bool = False) -> None:
     if meta["max_seq_len"] != d.max_seq_len and not (rehearsal and meta["max_seq_len"] > d.max_seq_len):
         raise RecipeError(f"data.prepared={d.prepared} was prepared with --max-seq-len {meta['max_seq_len']}, "
                           f"but data.max_seq_len={d.max_seq_len}")
+    # a directory prepared before meta.json named it was made in the one template there was
+    if meta.get("template", "llama3") != d.template:
+        raise RecipeError(f"data.prepared={d.prepared} was prepared in the {meta['template']} chat template, but "
+                          f"data.template={d.template}; prepare it again, or set data.template: {meta['template']}")
     if meta["tokenizer"]["sha256"] != tokenizer_identity(d.tokenizer)["sha256"]:
         raise RecipeError(f"data.prepared={d.prepared} was tokenized with {meta['tokenizer']['name']}, "
                           f"not data.tokenizer={d.tokenizer}")

@@ -126,6 +126,7 @@ def _shrink_data(r: Rehearsal) -> None:
 def _shrink_train(r: Rehearsal) -> None:
     r.change("train.micro_batch_size", 1)
     r.change("train.max_steps", STEPS)
+    r.change("train.epochs", None, f"{STEPS} steps instead")
     r.change("train.warmup_steps", min(r.recipe.train.warmup_steps, 1))
     r.change("train.save_every", STEPS)
     r.change("train.eval_every", 0, "evaluated once, at the end")

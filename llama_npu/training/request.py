@@ -9,13 +9,14 @@ from typing import Optional
 from ..common.console import note
 from ..common.launcher import launched_workers
 from ..common.stopping import StopSignals
+from ..objectives import run_samples
 from ..recipe.load import load_recipe
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe
 from ..recipe.stored import STORED_RECIPE, stored_recipe
 from .preflight import PreflightError, check_output_dir, check_rehearsed_recipe, preflight, resume_command
 from .rehearse import rehearse
-from .run import run_training
+from .run import first_example, run_training
 
 
 def default_run_dir(args) -> Path:
@@ -46,6 +47,13 @@ def run_request(args):
     problems = check_rehearsed_recipe(recipe)
     rehearsal, shrunk, not_rehearsed = rehearse(recipe, workers)
     return rehearsal, run_dir, {"shrunk": shrunk, "not_rehearsed": not_rehearsed}, problems
+
+
+def print_example(args) -> str:
+    """`train --print-example`: the recipe's first training example, its scored tokens marked;
+    nothing is checked beyond what reading the data needs, and nothing is written."""
+    recipe = run_request(args)[0]
+    return first_example(recipe, run_samples(recipe)[0])
 
 
 def train_request(args, signals: StopSignals) -> tuple[dict, str]:

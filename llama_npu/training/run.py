@@ -15,16 +15,18 @@ from typing import Optional
 
 import yaml
 
+from ..checkpoints.files import read_state
 from ..checkpoints.leftovers import repair_killed_saves
 from ..common.frameworks import quiet_frameworks
 from ..common.launcher import launched_rank, launched_workers
 from ..common.stopping import StopSignals
 from ..objectives import of as objective_of, run_samples
 from ..recipe.schema import Recipe, with_absolute_paths
-from ..recipe.stored import STORED_RECIPE
+from ..recipe.stored import STORED_RECIPE, stored_recipe
 from .data_size import warn_data_size
 from .preflight import checked_start
 from .runtime import init_runtime
+from .schedule import schedule_steps, with_steps
 
 
 def open_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool) -> bool:
@@ -43,6 +45,27 @@ def open_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool) -> bool:
     return created
 
 
+def started_with(run_dir: Path, candidates: Optional[list], rows: int) -> Optional[int]:
+    """The length of the lr schedule the resumed run had: its newest checkpoint's, else (a
+    checkpoint older than the key) its recipe.yaml's train.max_steps, or its epochs over `rows`;
+    None when no checkpoint is resumed."""
+    if not candidates:
+        return None
+    state = read_state(candidates[0]) or {}
+    if "schedule_steps" in state:
+        return state["schedule_steps"]
+    stored = stored_recipe(run_dir)
+    return with_steps(stored, rows).train.max_steps if stored is not None else None
+
+
+def first_example(recipe: Recipe, train_source) -> str:
+    """The first training example decoded, its scored tokens marked (data/example.py)."""
+    from ..data.example import describe_first_example  # imported here: with the tokenizers library, after the checks
+    from ..data.tokenizer import load_tokenizer
+
+    return describe_first_example(train_source, load_tokenizer(recipe.data.tokenizer))
+
+
 def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Optional[str] = None,
                  overwrite: bool = False, force: bool = False, rehearsal: Optional[dict] = None) -> dict:
     """Check everything, then train. Nothing is written, deleted (--overwrite) or built
@@ -57,8 +80,11 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     objective = objective_of(recipe)
     if rehearsal is not None and hasattr(objective, "rehearsal_source"):  # DPO: a reference pass as short as it
         train_source = objective.rehearsal_source(train_source, recipe)
+    if rank == 0:
+        print(first_example(recipe, train_source), flush=True)
+    counted = with_steps(recipe, len(train_source), say=rank == 0)  # train.epochs as steps
     if rehearsal is None and rank == 0:  # a rehearsal's few short steps say nothing of the recipe's schedule
-        warn_data_size(recipe, len(train_source))
+        warn_data_size(counted, len(train_source))
     # Under msrun only rank 0 clears and writes the run directory; the others read.
     with signals.creating_run_dir():
         created = open_run_dir(run_dir, recipe, overwrite) if rank == 0 else False
@@ -72,8 +98,10 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
         from .loop import run_loop
         from .session import setup
 
-        session = setup(recipe, run_dir, train_source, eval_samples, on_ascend, resume_candidates,
-                        warn_recipe_hash, rehearsal)
+        schedule = schedule_steps(counted.train, started_with(run_dir, resume_candidates, len(train_source)),
+                                  say=rank == 0)
+        session = setup(counted, run_dir, train_source, eval_samples, on_ascend, resume_candidates,
+                        warn_recipe_hash, rehearsal, schedule)
         return run_loop(session, signals)
     except BaseException:
         if created and not signals.training_started:

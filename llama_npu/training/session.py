@@ -63,6 +63,7 @@ class Session:
     planned_peak: int
     start_step: int = 0
     rehearsal: Optional[dict] = None  # what training.rehearse shrank and could not rehearse
+    schedule_steps: int = 0  # the lr schedule's length (training/schedule.py): max_steps unless resumed with another
 
 
 def model_description(recipe: Recipe, shape: LlamaShape, params: list, run_dir: Path, world: World) -> Optional[dict]:
@@ -99,10 +100,12 @@ def host_optimizer(recipe: Recipe, params: list, world: Optional[World] = None):
 
 def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRecordSamples],
           eval_samples: list[Sample], on_ascend: bool, resume_candidates: Optional[list] = None,
-          warn_recipe_hash: bool = False, rehearsal: Optional[dict] = None) -> Session:
+          warn_recipe_hash: bool = False, rehearsal: Optional[dict] = None,
+          schedule_steps: Optional[int] = None) -> Session:
     """Build the run, then resume (`resume_candidates`, newest first; None: no resume asked)
     and place the data stream and metrics at the step it starts from."""
     t, parallel = recipe.train, recipe.strategies.parallel
+    schedule_steps = schedule_steps or t.max_steps
     world = init_parallel(parallel, run_dir)
     note(describe_layout(recipe))
     batch_size, rank, ranks = stream_layout(parallel, world, t.micro_batch_size)
@@ -123,7 +126,7 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
         step_fn = HostStep(loss_cell, host, scaler, t.grad_clip, k, count=count)
     else:
         # Sharded layouts step through MindFormers' wrappers, which need the schedule in the graph.
-        optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded)
+        optimizer = build_optimizer(params, t, schedule_in_graph=world.sharded, schedule_steps=schedule_steps)
         step_fn = ShardedStep(net, optimizer, scaler, recipe, k, **(objective.sharded or {})) if world.sharded else TrainStep(
             loss_cell, optimizer, scaler, t.grad_clip, k, count=count)  # sharded: MindFormers' wrapper chain
     eval_cell, eval_batch = eval_layout(net, loss_cell, parallel, world, t.micro_batch_size)
@@ -141,4 +144,5 @@ def setup(recipe: Recipe, run_dir: Path, train_source: Union[ListSamples, MindRe
     note(f"model {recipe.model.preset} ({shape.describe()}); {sum(p.size for p in params):,} trainable "
          f"parameters{'' if world.size == 1 else f' (rank {world.rank} of {world.size})'}")
     return Session(recipe, run_dir, world, on_ascend, net, params, optimizer, scaler, objective, step_fn, stream,
-                   eval_cell, eval_batch, eval_samples, checkpointer, metrics, planned_peak, start_step, rehearsal)
+                   eval_cell, eval_batch, eval_samples, checkpointer, metrics, planned_peak, start_step, rehearsal,
+                   schedule_steps)

@@ -273,7 +273,7 @@ def run_settings(combo: Combo, base: Recipe, sets: List[str], steps: int) -> Lis
     # Timing needs no trained base: LoRA over random weights is measured as over real ones.
     random_base = [] if base.model.checkpoint else ["model.random_init=true"]
     return ["data.eval_files=[]", *sets, *random_base, *combo.overrides(base),
-            f"train.max_steps={steps + 1}", f"train.save_every={steps + 1}"]
+            "train.epochs=null", f"train.max_steps={steps + 1}", f"train.save_every={steps + 1}"]
 
 
 def run_profile(recipe_path: Path, combos_spec: Optional[str], steps: int, out_dir: Path, sets: List[str],

@@ -9,7 +9,7 @@ embedding) whatever the model's size, and neither imports MindSpore.
 
 Lossless conversions: a float32 checkpoint holds any source exactly; --dtype bfloat16 is
 exact for Hugging Face's bf16 weights (Llama 3.2's are), float16 for fp16 ones. ms-to-hf
-writes the dtype the weights were converted from unless --dtype says otherwise.
+writes the dtype weights/export_dtype.py picks unless --dtype says otherwise.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from ..common.console import note, tracked_items
 from ..data.tokenizer import default_tokenizer_path
 from ..model.architecture import VOCAB_SIZE, LlamaShape, shape_problem
 from ..model.llama import MAX_POSITIONS, RMS_NORM_EPS, ROPE_SCALING, ROPE_THETA
+from .export_dtype import export_dtype
 from .hf_export import write_model_files
 from .pretrained import (ResolvedWeights, checkpoint_tensors, json_object, read_adapters, read_checkpoint_dir,
                          resolve_weights, verify_tensors)
@@ -232,7 +233,7 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
     source = _export_source(src, weights, merge_lora)
     verify_read(source.files())
     shape, meta = read_checkpoint_dir(source.base)
-    dtype = dtype or {"BF16": "bfloat16", "F16": "float16"}.get((meta.get("source_dtypes") or ["F32"])[0], "float32")
+    dtype, why = export_dtype(dtype, meta, source.adapters or source.weights)
     stored = checkpoint_tensors(source.weights)
     if not merge_lora and any(name.endswith(LORA_A) for name in stored):
         raise ConvertError(f"{source.weights}: holds LoRA adapters, not a whole model; pass --merge-lora with "
@@ -242,7 +243,7 @@ def ms_to_hf(src: Path, dst: Path, weights: Path | None = None, dtype: str | Non
     hf_shapes = expected_shapes(shape)
     int8_cost = {"max_abs": 0.0} if source.base_int8 else None
     with staged_directory(dst) as staging:
-        note(f"writing {dst / HF_WEIGHTS}, one tensor at a time")
+        note(f"writing {dst / HF_WEIGHTS} in {dtype} ({why}), one tensor at a time")
         writer = SafetensorsWriter(staging / HF_WEIGHTS, [(name, CODES[dtype], dims) for name, dims in hf_shapes.items()])
         for hf_name, _ in tracked_items(hf_shapes, "convert"):
             writer.write(hf_name, _exported_blocks(stored, rename(hf_name, to_ms=True), CODES[dtype], adapters,

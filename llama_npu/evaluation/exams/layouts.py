@@ -16,7 +16,7 @@ import io
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...data.encodings import decode_file
 from ...data.readers import RecordError
@@ -71,6 +71,7 @@ class ExamData:
     split: str
     questions: Dict[str, List[Question]]  # subject -> scored questions, in file order
     shots: Dict[str, List[Question]] = field(default_factory=dict)  # subject -> dev questions
+    own: List[str] = field(default_factory=list)  # the subjects of the user's own exam files (own_exam.py)
 
 
 def check_directory(layout: Layout, root: Path, split: str) -> List[str]:
@@ -130,16 +131,24 @@ def _question(layout: Layout, subject: str, path: Path, lineno: int, row: List[s
         qid, question, choices, answer = str(index), row[0], row[1:5], row[5]
     else:
         qid, question, choices, answer = row[0], row[1], row[2:6], row[6]
+    return task_question(layout.task, subject, where, qid, question, choices, answer,
+                         row[7] if layout.task == "ceval" and len(row) > 7 else "")
+
+
+def task_question(task: str, subject: str, where: str, qid: str, question: str, choices, answer: str,
+                  explanation: str = "") -> Question:
+    """One question as the documents of `task`'s lm-eval definition hold it; RecordError
+    naming `where` (file:line) for an empty choice or an answer outside A-D."""
     answer = answer.strip()
     for letter, choice in zip(LETTERS, choices):
         if not choice.strip():
             raise RecordError(f"{where}: choice {letter} is empty; every question needs four choices A-D")
     if answer not in LETTERS:
         raise RecordError(f"{where}: answer {answer!r} is not one of A, B, C, D")
-    if layout.task == "ceval":  # ceval/ceval-exam's columns
+    if task == "ceval":  # ceval/ceval-exam's columns
         doc = {"id": qid, "question": question, **dict(zip(LETTERS, choices)), "answer": answer,
-               "explanation": row[7] if len(row) > 7 else ""}
-    elif layout.task == "cmmlu":  # haonan-li/cmmlu's
+               "explanation": explanation}
+    elif task == "cmmlu":  # haonan-li/cmmlu's
         doc = {"Question": question, **dict(zip(LETTERS, choices)), "Answer": answer}
     else:  # cais/mmlu's: the answer is the choice's index
         doc = {"question": question, "subject": subject, "choices": list(choices), "answer": LETTERS.index(answer)}
@@ -152,12 +161,25 @@ def read_subject(layout: Layout, root: Path, split: str, subject: str) -> List[Q
             for index, (lineno, row) in enumerate(_rows(layout, path))]
 
 
-def read_exam(task: str, root: Path, split: Optional[str], subjects: Optional[List[str]], shots: int) -> ExamData:
+def read_exam(task: str, root: Optional[Path], split: Optional[str], subjects: Optional[List[str]], shots: int,
+              own_files: Sequence[Path] = ()) -> ExamData:
     """Every question of the chosen subjects of `split`, and with shots > 0 their dev
-    examples; RecordError (one line naming the file and line) on anything malformed."""
+    examples, then those of the user's own exam files (none under `root` None); RecordError
+    (one line naming the file and line) on anything malformed."""
+    from .own_exam import read_own_exam
+
     layout = LAYOUTS[task]
     split = split or layout.default_split
-    root = Path(root)
+    own = {subject: questions for path in own_files for subject, questions in read_own_exam(task, path).items()}
+    if root is None:
+        return ExamData(layout, Path("."), split, own, own=list(own))
+    data = read_benchmark(layout, Path(root), split, subjects, shots)
+    data.questions.update(own)
+    data.own = list(own)
+    return data
+
+
+def read_benchmark(layout: Layout, root: Path, split: str, subjects: Optional[List[str]], shots: int) -> ExamData:
     present = check_directory(layout, root, split)
     chosen = subjects or present
     for subject in chosen:

@@ -30,10 +30,18 @@ def _compare_line(result: dict, other: dict) -> str:
             f"B {_format_name(other['chat'])}); without --compare-chat both are scored in one format")
 
 
+def _title(result: dict) -> str:
+    task, own = LAYOUTS[result["task"]].title, sum(row["n"] for row in result["own"].values())
+    if result["data"] is None:
+        return f"your own exams, scored as {task}'s subjects are, 0-shot, {own} questions"
+    title = f"{task} {result['split']}, {result['shots']}-shot, {result['overall']['n']} questions"
+    return title + (f"; beside its subjects, your own exams (0-shot: no dev examples; in no category and not in "
+                    f"overall), {own} questions" if own else "")
+
+
 def format_summary(result: dict) -> str:
     other = result.get("compare")
-    title = (f"{LAYOUTS[result['task']].title} {result['split']}, {result['shots']}-shot, "
-             f"{result['overall']['n']} questions")
+    title = _title(result)
     lines: List[str] = [title, _prompt_line(result, "A " if other else "")]
     if other:
         lines += [_prompt_line(other, "B "), _compare_line(result, other)]
@@ -52,6 +60,7 @@ def format_summary(result: dict) -> str:
                 f"{theirs['acc_norm'] - mine['acc_norm']:>+7.4f}")
 
     lines += [row(s, "subjects") for s in result["subjects"]]
+    lines += [row(s, "own") for s in result["own"]]
     if result["categories"]:
         lines.append("-" * len(header))
         lines += [row(c, "categories") for c in result["categories"]]

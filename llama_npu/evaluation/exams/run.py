@@ -64,8 +64,9 @@ def score(lm, tasks: dict, data: ExamData, shots: int, chat: bool) -> tuple[List
     fewer = cut = 0
     for subject, task in tasks.items():
         for index, (question, doc) in enumerate(zip(data.questions[subject], task.eval_docs)):
-            context, kept, was_cut = fit_context(lm, task, doc, shots, chat)
-            fewer += kept < shots
+            asked = shots if subject not in data.own else 0  # an own exam has no dev examples
+            context, kept, was_cut = fit_context(lm, task, doc, asked, chat)
+            fewer += kept < asked
             cut += was_cut
             instances = task.construct_requests(doc=doc, ctx=context, metadata=(subject, index, 1),
                                                 apply_chat_template=chat)
@@ -85,9 +86,10 @@ def score(lm, tasks: dict, data: ExamData, shots: int, chat: bool) -> tuple[List
     return records, {"fewer_shots": fewer, "truncated": cut}
 
 
-def summarize(task: str, records: List[Scored], configs: dict) -> dict:
+def summarize(task: str, records: List[Scored], configs: dict, own: List[str] = ()) -> dict:
     """acc / acc_norm and counts per subject, per category and overall (lm-eval's group mean,
-    weighted by size: the mean over the questions)."""
+    weighted by size: the mean over the questions). The user's `own` subjects are rows of
+    their own, in no category and not in the benchmark's overall (unless there is no benchmark)."""
     def mean(rows):
         return {"n": len(rows), "acc": sum(r.acc for r in rows) / len(rows),
                 "acc_norm": sum(r.acc_norm for r in rows) / len(rows)}
@@ -97,11 +99,13 @@ def summarize(task: str, records: List[Scored], configs: dict) -> dict:
         by_subject.setdefault(r.subject, []).append(r)
     by_category: Dict[str, list] = {name: [] for name in CATEGORY_ORDER[task]}
     for subject, rows in by_subject.items():
-        for name in categories_of(task, subject, configs[subject]):
+        for name in categories_of(task, subject, configs[subject]) if subject not in own else []:
             by_category[name] += rows
-    return {"subjects": {s: mean(rows) for s, rows in sorted(by_subject.items())},
+    benchmark = [r for r in records if r.subject not in own] or records
+    return {"subjects": {s: mean(rows) for s, rows in sorted(by_subject.items()) if s not in own},
+            "own": {s: mean(by_subject[s]) for s in own},
             "categories": {name: mean(rows) for name, rows in by_category.items() if rows},
-            "overall": mean(records)}
+            "overall": mean(benchmark)}
 
 
 def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, prompt_format: tuple,
@@ -128,17 +132,18 @@ def score_checkpoint(checkpoint: Path, data: ExamData, tasks: dict, shots: int, 
     return {"checkpoint": str(checkpoint), "chat": chat_on, "chat_reason": reason, **counts,
             "scoring_seconds": seconds, "questions_per_second": len(records) / seconds,
             "graphs_compiled": len(lm.compiled) - graphs, "compile_seconds": lm.compile_seconds - compiling,
-            **summarize(data.layout.task, records, {s: t.config.__dict__ for s, t in tasks.items()}),
+            **summarize(data.layout.task, records, {s: t.config.__dict__ for s, t in tasks.items()}, data.own),
             "records": records, "scorer": lm}
 
 
-def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split: Optional[str] = None,
+def run_exam(task: str, checkpoint: Path, data_dir: Optional[Path], shots: int = 5, split: Optional[str] = None,
              subjects: Optional[List[str]] = None, output: Optional[Path] = None, compare: Optional[Path] = None,
              chat: Optional[bool] = None, max_seq_len: int = 2048, batch_size: int = 4,
              device: str = "auto", compare_chat: Optional[bool] = None,
-             weights: str = "stored", execution: str = "auto") -> dict:
-    """The summary of `checkpoint` (and of `compare`, with deltas); every input is checked
-    before a model is built, and --output is written only once everything is scored."""
+             weights: str = "stored", execution: str = "auto", own_files: List[Path] = ()) -> dict:
+    """The summary of `checkpoint` (and of `compare`, with deltas) on the benchmark under
+    `data_dir` and the user's `own_files`; every input is checked before a model is built,
+    and --output is written only once everything is scored."""
 
     if shots < 0:
         raise RecordError(f"--shots {shots}: expected 0 or more")
@@ -147,11 +152,12 @@ def run_exam(task: str, checkpoint: Path, data_dir: Path, shots: int = 5, split:
     if output is not None:
         check_writable(Path(output), "--output")
     formats = prompt_formats(checkpoint, compare, chat, compare_chat)
-    data = read_exam(task, Path(data_dir), split, subjects, shots)
+    data = read_exam(task, Path(data_dir) if data_dir else None, split, subjects, shots, own_files)
     for path in [checkpoint] + ([compare] if compare is not None else []):
         checkpoint_tokenizer(Path(path))  # a checkpoint eval cannot read: one line, before any model is built
     tasks = build_tasks(data)
-    result = {"task": task, "split": data.split, "shots": shots, "data": str(data_dir), "max_seq_len": max_seq_len,
+    result = {"task": task, "split": data.split, "shots": shots, "data": str(data_dir) if data_dir else None,
+              "own_exams": [str(p) for p in own_files], "max_seq_len": max_seq_len,
               **score_checkpoint(checkpoint, data, tasks, shots, formats[0], max_seq_len, batch_size, device, weights,
                                  execution=execution)}
     records, scorer = result.pop("records"), result.pop("scorer")
@@ -178,7 +184,7 @@ def delta(first: dict, second: dict) -> dict:
         return {k: {"acc": b[k]["acc"] - a[k]["acc"], "acc_norm": b[k]["acc_norm"] - a[k]["acc_norm"]}
                 for k in a if k in b}
 
-    return {"subjects": rows(first["subjects"], second["subjects"]),
+    return {"subjects": rows(first["subjects"], second["subjects"]), "own": rows(first["own"], second["own"]),
             "categories": rows(first["categories"], second["categories"]),
             "overall": rows({"overall": first["overall"]}, {"overall": second["overall"]})["overall"],
             "changed": ["checkpoint"] + (["prompt format"] if first["chat"] != second["chat"] else [])}

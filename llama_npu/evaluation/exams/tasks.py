@@ -13,6 +13,7 @@ from typing import List
 
 from ...data.readers import RecordError
 from .layouts import ExamData, Question
+from .own_exam import TEMPLATE_SUBJECT, own_config
 
 # lm-eval imports `datasets`, which would otherwise look for the Hub; everything is local.
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -79,8 +80,12 @@ def build_tasks(data: ExamData) -> dict:
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its custom_dataset notice is for its CLI
     compile_templates_once()
     tasks = {}
+    task = data.layout.task
     for subject, questions in data.questions.items():
-        config = task_config(data.layout.task, subject, data.layout.file(data.root, data.split, subject))
+        if subject in data.own:  # scored as the task's subjects are: one of them's definition, renamed
+            config = own_config(task, subject, task_config(task, TEMPLATE_SUBJECT[task], Path(subject)))
+        else:
+            config = task_config(task, subject, data.layout.file(data.root, data.split, subject))
         splits = {"eval": _dataset(questions)}
         if data.shots.get(subject):
             splits["dev"] = _dataset(data.shots[subject])
