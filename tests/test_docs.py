@@ -182,6 +182,7 @@ def test_the_first_run_comparison_reads_a_real_runs_metrics(six_step_run, tmp_pa
     assert re.fullmatch(rf"median step [\d.]+ s over {timed} steps\npeak [\d.]+ GiB \(host_rss\), planned [\d.]+ GiB\n"
                         r"host resident [\d.]+ GiB\n", out), out
 
+
 @pytest.mark.quick
 def test_the_directories_the_docs_have_users_write_are_ignored_by_git():
     # the docs put runs under runs/ and converted weights under weights/: neither belongs in a commit,
