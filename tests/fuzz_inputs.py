@@ -812,7 +812,7 @@ def resume_and_export(case: dict, work: Path) -> None:
     if chosen is not None:
         state = inspect(chosen)[0]
         # what resume reads of it
-        int(state["step"]), int(state["samples_consumed"]), float(state.get("loss_scale", {"scale": 1})["scale"])
+        int(state["step"]), int(state.get("samples_consumed", 0)), float(state.get("loss_scale", {"scale": 1})["scale"])
     _quiet(ms_to_hf, run, work / "exported")
 
 

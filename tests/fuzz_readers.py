@@ -76,6 +76,8 @@ def one_case(number: int, seed: int, source: Path, work: Path, readers, counts: 
     run = step_damage.copy_run(source, work / "run")
     done, refuse = step_damage.damage_at_random(run / "checkpoints" / "step_6", run / "checkpoints" / "step_3", rng)
     target = rng.choice([run, run / "checkpoints" / "step_6"])
+    where = "the run directory" if target == run else "the step"
+    seen = []
     for reader in readers:
         shutil.rmtree(work / "hf", ignore_errors=True)
         argv = [sys.executable, "-m", "llama_npu", *map(str, _argv(reader, target, run, work))]
@@ -87,11 +89,12 @@ def one_case(number: int, seed: int, source: Path, work: Path, readers, counts: 
             proc, column = exc, "hang"
         counts[reader]["tried"] += 1
         counts[reader][column] += 1
+        seen.append(f"{reader} {column}")
         if column in DEFECTS and (reader, column) not in shown:
             shown.add((reader, column))
-            where = "the run directory" if target == run else "the step"
             tail = "\n".join(str(proc.stderr or "").strip().splitlines()[-12:])
             print(f"--- readers: {reader}: {column}: case {number} ({done}, given {where})\n{tail}", file=sys.stderr)
+    print(f"case {number}: {done}, given {where}: {', '.join(seen)}", file=sys.stderr, flush=True)
     shutil.rmtree(work / "run")
 
 

@@ -31,3 +31,20 @@ def test_malformed_input_is_refused_cleanly_or_accepted(kind):
             assert attempt(kind, case, Path(work)) in ("accepted", "refused")
 
     one()
+
+
+def test_the_readers_kind_runs_a_reader_on_damaged_steps_and_counts_no_defect(six_step_run, tmp_path):
+    """scripts/fuzz.py --kind readers (#59), at its smallest: two damaged copies of the shared
+    run, ms-to-hf (the reader without MindSpore) in its own limited process on each."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz.py"), "--kind", "readers", "--cases", "2",
+                           "--reader", "convert", "--run", str(six_step_run[0])],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    row = proc.stdout.strip().splitlines()[-1].split()
+    assert row[0] == "convert" and row[1] == "2" and int(row[2]) + int(row[3]) + int(row[4]) == 2, proc.stdout
+    assert proc.stderr.count("case ") == 2 and "given the " in proc.stderr

@@ -336,3 +336,28 @@ def test_a_config_json_nested_thousands_deep(tmp_path):
     src = _tiny_hf(tmp_path, config__json=b"[" * 20_000)
     with pytest.raises(ConvertError, match=r"config.json: not readable JSON \(maximum recursion depth exceeded"):
         checked_hf_model(src)
+
+
+def _tiny_run(tmp_path, files: dict):
+    for name, body in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(body)
+
+
+def test_a_refused_repair_of_killed_saves_changes_nothing(tmp_path):
+    # The partial save of step_3 was removed before the incomplete old copy of step_9 was
+    # judged and refused: the refusal left the run changed.
+    from fuzz_inputs import DEAD_PID, snapshot, tiny_run_files
+    from llama_npu.checkpoints.files import CheckpointError
+    from llama_npu.checkpoints.leftovers import repair_killed_saves
+
+    files = tiny_run_files()
+    files[f"checkpoints/.step_3.partial-{DEAD_PID}/model.ckpt"] = files["checkpoints/step_3/model.ckpt"]
+    files[f"checkpoints/.step_9.old-{DEAD_PID}/model.ckpt"] = files["checkpoints/step_6/model.ckpt"]
+    _tiny_run(tmp_path, files)
+    before = snapshot(tmp_path)
+    with pytest.raises(CheckpointError, match=rf"\.step_9\.old-{DEAD_PID} \(the old copy of step_9, whose re-save was "
+                                              r"killed\) is not complete \(sidecar state.json unreadable"):
+        repair_killed_saves(tmp_path)
+    assert snapshot(tmp_path) == before
+

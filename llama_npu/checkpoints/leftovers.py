@@ -40,12 +40,22 @@ def _claimed(path: Path) -> bool:
     return True
 
 
-def _restore(root: Path, retired: Path, name: str, pid: int) -> None:
-    """Rename the old copy of an interrupted re-save back to step_<N>."""
-    reason = inspect(retired)[1]
+def _refusal(root: Path, path: Path, name: str, kind: str, pid: int) -> None:
+    """Raise when the leftover `path` cannot be repaired: a re-save still under way whose
+    step is gone, or the old copy of a killed re-save that is itself not complete."""
+    if kind != "old" or (root / name).exists():
+        return
+    if process_alive(pid) and pid != os.getpid():
+        raise CheckpointError(f"resume: {name} is being re-saved by process {pid}, still alive ({path}); stop "
+                              f"the run that writes {root} first")
+    reason = inspect(path)[1]
     if reason is not None:
-        raise CheckpointError(f"resume: {retired} (the old copy of {name}, whose re-save was killed) is not complete "
+        raise CheckpointError(f"resume: {path} (the old copy of {name}, whose re-save was killed) is not complete "
                               f"({reason}) and {root / name} is missing; move it away to resume from an older step")
+
+
+def _restore(root: Path, retired: Path, name: str, pid: int) -> None:
+    """Rename the old copy of an interrupted re-save back to step_<N> (_refusal checked it)."""
     try:
         os.rename(retired, root / name)
     except FileNotFoundError:  # another rank restored it first
@@ -56,9 +66,6 @@ def _restore(root: Path, retired: Path, name: str, pid: int) -> None:
 
 def _repair(root: Path, path: Path, name: str, kind: str, pid: int) -> None:
     if process_alive(pid) and pid != os.getpid():
-        if kind == "old" and not (root / name).exists():
-            raise CheckpointError(f"resume: {name} is being re-saved by process {pid}, still alive ({path}); stop "
-                                  f"the run that writes {root} first")
         return  # a save still under way; not a leftover
     if kind == "old" and not (root / name).exists():
         _restore(root, path, name, pid)
@@ -68,11 +75,10 @@ def _repair(root: Path, path: Path, name: str, kind: str, pid: int) -> None:
 
 
 def repair_killed_saves(run_dir: Path) -> None:
-    """Clear what killed saves left under every checkpoint root of `run_dir` (see above)."""
-    for root in [checkpoint_root(run_dir), *rank_roots(run_dir)]:
-        if not root.is_dir():
-            continue
-        for path in sorted(root.iterdir()):
-            match = _LEFTOVER.match(path.name)
-            if match is not None:
-                _repair(root, path, match.group(1), match.group(2), int(match.group(3)))
+    """Clear what killed saves left under every checkpoint root of `run_dir` (see above).
+    Every leftover is judged before any is touched, so a refusal leaves the run as it was."""
+    found = [(root, path, match) for root in [checkpoint_root(run_dir), *rank_roots(run_dir)] if root.is_dir()
+             for path in sorted(root.iterdir()) if (match := _LEFTOVER.match(path.name))]
+    for repair in (_refusal, _repair):
+        for root, path, match in found:
+            repair(root, path, match.group(1), match.group(2), int(match.group(3)))
