@@ -74,6 +74,8 @@ class TrainSection:
     eval_every: int = 0  # 0: evaluate only at the end (when eval files are given)
     mode: str = "graph"  # graph | pynative
     objective: str = "sft"  # one of objectives/ NAMES; its section, if any, is the key of that name
+    # RUN/images/*.png at each checkpoint, the end and a stop (llama_npu/report/); false draws none
+    plots: bool = True
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
 
 
