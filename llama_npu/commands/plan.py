@@ -2,6 +2,10 @@
 estimates and writes it)."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+from ..common.atomic import check_writable
 from ..memory.devices import DEVICE_TARGETS
 from ..memory.fit_choice import MAXIMIZE
 from ..memory.plan_report import run_plan
@@ -57,10 +61,18 @@ def add_parser(subparsers) -> None:
                            f"update gets, in 10^9 bytes/s, for its time a step (default {DEFAULT_HOST_BANDWIDTH:g}: "
                            "a 2-core x86_64 host's streaming add; benchmarks/host_optimizer.py measures yours)")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument("--plot", metavar="FILE.png", help="also draw the plan: each phase's memory by component "
+                                                         "against the usable memory (llama_npu/report/plan_picture.py)")
     plan.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.plot:
+        check_writable(Path(args.plot), "--plot")
     output, code = run_plan(args)
     print(output)
+    if args.plot:
+        from ..report.plan_picture import draw_plan  # imported here: matplotlib, only to draw
+
+        print(draw_plan(args), file=sys.stderr if args.json else sys.stdout)
     return code
