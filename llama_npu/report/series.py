@@ -84,12 +84,6 @@ def stored_choices(run_dir: Path) -> dict:
     return recipe if isinstance(recipe, dict) else {}
 
 
-def _number(value) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def curves_of(records: List[dict]) -> Dict[str, Tuple[List[int], List[float]]]:
     """name -> (steps, values) for every number the records hold (NOT_CURVES aside), in step order."""
     curves: Dict[str, Tuple[List[int], List[float]]] = {}
@@ -98,12 +92,12 @@ def curves_of(records: List[dict]) -> Dict[str, Tuple[List[int], List[float]]]:
         if not isinstance(step, int):
             continue
         for name, value in record.items():
-            number = _number(value)
-            if name in NOT_CURVES or number is None:
+            # a number (not a bool, whose type is not int's) and finite; this loop runs a million times a long run
+            if name in NOT_CURVES or type(value) not in (int, float) or not math.isfinite(value):
                 continue
             steps, values = curves.setdefault(name, ([], []))
             steps.append(step)
-            values.append(number)
+            values.append(float(value))
     curves.setdefault("loss", ([], []))
     return curves
 
