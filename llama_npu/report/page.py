@@ -16,7 +16,7 @@ from .series import RunReadError, Series, run_series
 STYLE = """body{font-family:sans-serif;margin:2em;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.2em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;
 font-size:13px;vertical-align:top}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;margin:4px 0}
-.note{color:#a60}.bad{color:#b00}.ok{color:#070}h2{border-bottom:1px solid #ccc;margin-top:2em}"""
+.grid img{width:49%}.note{color:#a60}.bad{color:#b00}.ok{color:#070}h2{border-bottom:1px solid #ccc;margin-top:2em}"""
 GIB = 2 ** 30
 
 
@@ -148,7 +148,7 @@ def write_report(paths: List[Path], out: Path) -> str:
     body = [f"<h1>llama-npu report: {html.escape(', '.join(labels))}</h1>",
             table(COMPARED, [[html.escape(c) for c in row] for row in rows]),
             "<h2>Curves, every run on one axis</h2>"]
-    body += [img(png, title) for title, png in overlays(runs, labels).items()]
+    body += ['<div class="grid">', *[img(png, title) for title, png in overlays(runs, labels).items()], "</div>"]
     body += [run_section(s, label, c) for s, label, c in zip(runs, labels, saved)]
     page = (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>llama-npu report</title>'
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
