@@ -88,7 +88,7 @@ def planned_step_seconds(run_dir: Path) -> Optional[float]:
 
     try:
         output, _ = run_plan(build_parser().parse_args(["plan", str(run_dir / "recipe.yaml"), "--json"]))
-        total = json.loads(output).get("step_time", {}).get("total_seconds")
+        total = (json.loads(output).get("step_time") or {}).get("total_seconds")
     except Exception:  # noqa: BLE001 -- a recipe plan cannot take (moved data, an older key) has no prediction
         return None
     return float(total) if isinstance(total, (int, float)) else None
