@@ -14,8 +14,8 @@ import argparse
 import signal
 import sys
 
-from .commands import (convert, doctor, evaluate, generate, merge_checkpoints, plan, prepare_data, quantize, selftest,
-                       strategy_profile, train, validate)
+from .commands import (convert, doctor, evaluate, generate, merge_checkpoints, plan, prepare_data, quantize, report,
+                       selftest, strategy_profile, train, validate)
 from .commands.arguments import BAD_INPUT
 from .common.stopping import RunFailure
 from .memory.devices import DeviceError
@@ -23,7 +23,7 @@ from .recipe.problems import RecipeError
 
 # In the order --help lists them.
 COMMANDS = (train, validate, plan, convert, evaluate, generate, quantize, doctor, selftest, strategy_profile,
-            merge_checkpoints, prepare_data)
+            merge_checkpoints, prepare_data, report)
 
 
 def _fail(message: str) -> int:

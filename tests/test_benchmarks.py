@@ -36,6 +36,8 @@ from conftest import REPO
      "ratio measured / predicted, the whole offload step: "),
     # the host collective KTO's KL estimate sums every step: one cell a process, under msrun
     ("host_collective.py", ["--calls", "2"], "ratio a new cell / one cell, a call: "),
+    # #58: the pictures' cost, the same run with train.plots on and off
+    ("plot_cost.py", ["--steps", "2", "--save-every", "1", "--long", "5000"], "ratio plots on / off: wall "),
 ])
 def test_benchmark_runs_and_prints_its_result(script, args, result):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],

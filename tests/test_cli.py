@@ -37,6 +37,7 @@ def test_help_shows_defaults_and_is_written_for_users():
     ["plan", "--model", "llama3.2-1b", "--device", "910b", "--fit", "--data", "data/zh_instruct_train.jsonl",
      "--write-recipe"],
     ["profile", "recipes/cpu_smoke.yaml", "--out"],
+    ["report", "runs/x", "--output"],
 ])
 def test_a_destination_that_cannot_be_written_is_one_line_before_any_work(command, tmp_path):
     blocker = tmp_path / "a-file"

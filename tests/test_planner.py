@@ -704,3 +704,54 @@ def test_maximize_speed_takes_fewer_micro_batches_with_the_optimizer_on_the_host
     assert given["strategy"]["micro_batch"] == 1 and best["micro_batch"] > 1 and best["offload"] is True
     assert best["global_batch"] == 8 and given["recommended"]["fits"]
     assert given["recommended"]["step_time"]["total_seconds"] < given["step_time"]["total_seconds"]
+
+
+# ---------------------------------------------------------------- plan --plot
+
+SHIPPED = sorted((REPO / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_plot_phase_terms_add_up_to_plans_phases(path):
+    """The components --plot stacks for each phase are the planner's own: they sum to plan's
+    phase peaks, to the byte, for every shipped recipe."""
+    from llama_npu.report.plan_picture import terms
+
+    plan = json.loads(run_cli("plan", path, "--json").stdout)
+    stacked = terms(plan)
+    assert {phase: sum(alive.values()) for phase, alive in stacked.items()} == plan["phases"]
+    assert {"weights", "activations", "logits_loss"} <= stacked["forward"].keys()
+    assert "communication_buffers" not in {name for alive in stacked.values() for name in alive}  # drawn apart
+
+
+def test_plot_draws_every_shipped_recipe_and_the_host_panel_for_offload(tmp_path, capsys):
+    from matplotlib.image import imread
+
+    from llama_npu.cli import main
+
+    heights = {}
+    for path in SHIPPED:
+        out = tmp_path / f"{path.stem}.png"
+        assert main(["plan", str(path), "--plot", str(out)]) == 0
+        assert capsys.readouterr().out.rstrip().endswith(f"wrote {out}")
+        pixels = imread(out)
+        assert pixels.std() > 0.01, path.name
+        heights[path.stem] = pixels.shape[0]
+    offload = "llama3_2_3b_zh_full_offload_910a"
+    # the host's bytes are a second panel: only the offload recipe's picture has it
+    assert heights[offload] > max(h for name, h in heights.items() if name != offload)
+    # --fit: the recipe as given beside the recommended plan, each phase by phase
+    from llama_npu.cli import build_parser
+    from llama_npu.report.plan_picture import plan_jsons
+
+    fitted = ["plan", str(REPO / "recipes" / "llama3_2_3b_zh_full_8x910b.yaml"), "--fit", "--maximize", "speed",
+              "--plot", str(tmp_path / "fit.png"), "--json"]
+    assert main(fitted) == 0
+    assert json.loads(capsys.readouterr().out)["recommended"] and imread(tmp_path / "fit.png").std() > 0.01
+    assert [title for title, _ in plan_jsons(build_parser().parse_args(fitted))] == ["as given", "recommended"]
+
+
+def test_plot_to_an_unwritable_place_is_refused_before_planning(tmp_path):
+    (tmp_path / "file").write_text("")
+    proc = run_cli("plan", SMOKE, "--plot", tmp_path / "file" / "plan.png")
+    assert proc.returncode == 2 and proc.stderr.startswith("llama-npu: error: --plot ") and not proc.stdout

@@ -54,6 +54,11 @@ def test_sigint_saves_a_checkpoint_exits_75_and_the_printed_command_resumes_exac
     assert f"resumed from {out / 'checkpoints' / f'step_{stopped}'}" in proc.stdout
     assert_same_steps(out, reference, range(stopped + 1, 7))
     assert (out / "recipe.yaml").read_text() == stored
+    # one history, drawn whole: the stop and the resume at its step, then the end
+    history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["step"], e.get("reason")) for e in history] == [
+        ("start", 0, None), ("stop", stopped, "SIGINT"), ("resume", stopped, None), ("end", 6, None)]
+    assert (out / "images" / "loss.png").is_file()
 
 
 def test_resume_with_a_recipe_that_changes_the_result_is_refused_and_names_the_keys(six_step_run, tmp_path):

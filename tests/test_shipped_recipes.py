@@ -74,6 +74,7 @@ def test_recipe_rehearses_on_cpu_with_its_strategies(tmp_path, path):
     if dpo:  # pairs: the policy is its own reference at step 1 (ln 2), TRL's metrics
         assert rows[0]["loss"] == pytest.approx(np.log(2), abs=1e-3) and rows[0]["target_tokens"] == 2
         assert all("rewards/margins" in r for r in rows)
+        assert (out / "images" / "rewards.png").is_file()  # the objective's metrics, drawn as it logs them
         assert_a_dpo_rehearsal(proc.stdout, summary)
     s, kept = original.strategies, saved["strategies"]
     assert kept["lora"] == dataclasses.asdict(s.lora) and kept["recompute"]["mode"] == s.recompute.mode

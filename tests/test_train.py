@@ -109,6 +109,9 @@ def test_strategy_combination_trains_three_steps(tmp_path, name):
     assert all(np.isfinite(r["loss"]) for r in rows)
     assert not rows[-1]["overflow"]
     assert rows[-1]["loss"] < rows[0]["loss"]
+    # a recipe that scales the loss also draws the scale (and the steps it skipped)
+    scaled = any(o.startswith("strategies.precision.loss_scale=") for o in COMBOS[name])
+    assert (out / "images" / "loss_scale.png").is_file() == scaled
 
 
 def test_the_smoke_recipe_fits_a_small_ci_runner(tmp_path):
@@ -119,6 +122,8 @@ def test_the_smoke_recipe_fits_a_small_ci_runner(tmp_path):
     run_cli("train", SMOKE, "--output-dir", out, "--set", "train.max_steps=2", check=True)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["memory_source"] == "host_rss" and summary["eval_tokens"] > 0
+    last = read_metrics(out)[-1]  # the end-of-run held-out loss is the last step's record's too
+    assert (last["step"], last["eval_loss"], last["eval_tokens"]) == (2, summary["eval_loss"], summary["eval_tokens"])
     assert summary["peak_memory_bytes"] < 4 * 2**30, f"{summary['peak_memory_bytes'] / 2**30:.2f} GiB"
 
 

@@ -2,6 +2,10 @@
 estimates and writes it)."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+from ..common.atomic import check_writable
 from ..memory.devices import DEVICE_TARGETS
 from ..memory.fit_choice import MAXIMIZE
 from ..memory.plan_report import run_plan
@@ -65,10 +69,18 @@ def add_parser(subparsers) -> None:
                            "llama_npu/memory/peaks.py's, each with its source (a device without one, such as the "
                            "910B4 or the CPU, has an unknown compute time until this is given)")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument("--plot", metavar="FILE.png", help="also draw the plan: each phase's memory by component "
+                                                         "against the usable memory (llama_npu/report/plan_picture.py)")
     plan.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.plot:
+        check_writable(Path(args.plot), "--plot")
     output, code = run_plan(args)
     print(output)
+    if args.plot:
+        from ..report.plan_picture import draw_plan  # imported here: matplotlib, only to draw
+
+        print(draw_plan(args), file=sys.stderr if args.json else sys.stdout)
     return code

@@ -19,7 +19,12 @@ def note(message: str) -> None:
 
 
 def warn(message: str) -> None:
-    print(f"[llama-npu] warning: {message}", file=sys.stderr, flush=True)
+    line = f"[llama-npu] warning: {message}"
+    if "tqdm" in sys.modules:  # a bar may be drawn on the current line: tqdm.write puts the warning on its own
+        sys.modules["tqdm"].tqdm.write(line, file=sys.stderr)
+        sys.stderr.flush()
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def tracked_items(mapping: dict, desc: str, unit: str = "tensor"):

@@ -291,29 +291,39 @@ def accumulates_on_card(s: Strategy) -> bool:
     return accumulates(s) and not offload.planned_on_host(s)
 
 
-def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
-    """Bytes alive at the peak of each phase of one micro-step (docs/memory.md)."""
+def phase_terms(components: Dict[str, int], s: Strategy) -> Dict[str, Dict[str, int]]:
+    """The components alive at the peak of each phase of one micro-step, with the bytes each
+    holds there (docs/memory.md); a phase's peak is their sum (phase_peaks)."""
     c = components
     accumulating = accumulates_on_card(s)
     # The communication buffers are outside the pool (Plan.fits checks them there).
-    always = c["weights"] + c["optimizer_states"] + (c["gradients"] if accumulating else 0)
+    always = {"weights": c["weights"], "optimizer_states": c["optimizer_states"],
+              "gradients": c["gradients"] if accumulating else 0}
     # An int8 base's dequantized weight: one at a time, in the forward and again in the backward.
-    dequantized = c.get("dequantized_weight", 0)
-    forward = always + c["weight_compute_copies"] + c["activations"] + c["logits_loss"] + dequantized
+    dequantized = {"dequantized_weight": c.get("dequantized_weight", 0)}
+    forward = {**always, "weight_compute_copies": c["weight_compute_copies"], "activations": c["activations"],
+               "logits_loss": c["logits_loss"], **dequantized}
     # Start of the backward: every activation, the logits' gradient and the head's weight
     # gradient (chunked CE: the copies its backward holds). Its end: the micro-batch's
     # gradients (k = 1), or, accumulating, the accumulators and a whole micro-batch's
     # gradients not yet added in (the worst case, module docstring); beside them the rows'
     # out-of-place sum, or the sharded wrappers' two dense parts of the embedding gradient.
-    start = forward + chunked_ce.head_gradient_copies(s) * c["embedding_gradient"]
+    start = {**forward, "embedding_gradient": chunked_ce.head_gradient_copies(s) * c["embedding_gradient"]}
     dense_parts = 2 if parallel.is_sharded(s) else 1
-    end = always + c["weight_compute_copies"] + (c["micro_batch_gradients"] if accumulating else c["gradients"]) \
-        + dense_parts * c["embedding_gradient"] + dequantized
-    update = always + (0 if accumulating else c["gradients"]) + c["update_copies"]
-    peaks = {"forward": forward, "backward": max(start, end), "update": update}
+    end = {**always, "weight_compute_copies": c["weight_compute_copies"],
+           **({"micro_batch_gradients": c["micro_batch_gradients"]} if accumulating else {"gradients": c["gradients"]}),
+           "embedding_gradient": dense_parts * c["embedding_gradient"], **dequantized}
+    terms = {"forward": forward, "backward": max(start, end, key=lambda t: sum(t.values())),
+             "update": {**always, "gradients": c["gradients"], "update_copies": c["update_copies"]}}
     if "reference_forward" in c:  # before the policy's forward: its buffers are freed by then
-        peaks["reference"] = always + c["weight_compute_copies"] + c["reference_forward"] + dequantized
-    return peaks
+        terms["reference"] = {**always, "weight_compute_copies": c["weight_compute_copies"],
+                              "reference_forward": c["reference_forward"], **dequantized}
+    return {phase: {name: n for name, n in alive.items() if n} for phase, alive in terms.items()}
+
+
+def phase_peaks(components: Dict[str, int], s: Strategy) -> Dict[str, int]:
+    """Bytes alive at the peak of each phase of one micro-step."""
+    return {phase: sum(alive.values()) for phase, alive in phase_terms(components, s).items()}
 
 
 def strategy_from_recipe(recipe: Recipe, device_name: str) -> Strategy:

@@ -96,6 +96,8 @@ class TrainSection:
     # on resume with another max_steps or epochs: true stretches the lr schedule to the new
     # length; false keeps the schedule the run started with, then its floor past its end
     reschedule: bool = False
+    # RUN/images/*.png at each checkpoint, the end and a stop (llama_npu/report/); false draws none
+    plots: bool = True
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
 
 

@@ -13,6 +13,8 @@ from ..common.stopping import RunFailure, StopSignals
 from ..evaluation.loss_loop import evaluate
 from ..memory.measure import current_rss, peak_memory
 from ..objectives.reference_pass import weights_digest
+from ..report.journal import RunJournal
+from ..report.sparkline import sparkline
 from ..strategies.accumulation import accumulation_steps
 from .nonfinite import NonFiniteStreak, all_finite
 from .optimizer import lr_at
@@ -52,9 +54,16 @@ def gathers(s: Session) -> bool:
     return getattr(s.optimizer, "sharded", False)
 
 
+def held_out(s: Session) -> dict:
+    """The held-out loss and the target tokens it is over."""
+    loss, tokens = evaluate(s.eval_cell, s.eval_samples, s.eval_batch, s.recipe.data.max_seq_len + 1)
+    return {"eval_loss": loss, "eval_tokens": tokens}
+
+
 def step_record(s: Session, step: int, result: StepResult, tokens_per_s: float, seconds: float,
                 nonfinite_in_a_row: int) -> dict:
-    """metrics.jsonl's line of `step`, with the held-out loss on train.eval_every's steps."""
+    """metrics.jsonl's line of `step`, with the held-out loss on train.eval_every's steps and
+    at train.max_steps (the end-of-run figure summary.json repeats)."""
     t = s.recipe.train
     peak, source = peak_memory(s.on_ascend)
     record = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
@@ -65,21 +74,23 @@ def step_record(s: Session, step: int, result: StepResult, tokens_per_s: float, 
               "memory_source": source, "planned_peak_bytes": s.planned_peak, "host_rss_bytes": current_rss()}
     if s.objective.metrics is not None:  # the objective's own (DPO: TRL's rewards/* and logps/*)
         record.update(s.objective.metrics())
-    if s.eval_samples and t.eval_every and step % t.eval_every == 0:
-        record["eval_loss"] = evaluate(s.eval_cell, s.eval_samples, s.eval_batch, s.recipe.data.max_seq_len + 1)[0]
+    if s.eval_samples and (step == t.max_steps or (t.eval_every and step % t.eval_every == 0)):
+        record.update(held_out(s))
     return record
 
 
-def run_summary(s: Session, steps: int, stopped_by: Optional[str], losses: list, tokens_per_s: Optional[float]) -> dict:
+def run_summary(s: Session, steps: int, stopped_by: Optional[str], losses: list, tokens_per_s: Optional[float],
+                last_record: Optional[dict] = None) -> dict:
     """The run's summary (summary.json on rank 0): steps, first and last loss, held-out
-    loss, throughput, peak memory, the newest checkpoint."""
+    loss (the last step's record's), throughput, peak memory, the newest checkpoint."""
     world = s.world
     summary = {"steps": steps, "steps_this_run": steps - s.start_step, "stopped_by": stopped_by,
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-               "tokens_per_s": tokens_per_s}
-    if s.eval_samples and not stopped_by:  # a preempted job has seconds left, not minutes
-        summary["eval_loss"], summary["eval_tokens"] = evaluate(s.eval_cell, s.eval_samples, s.eval_batch,
-                                                                s.recipe.data.max_seq_len + 1)
+               "loss_sparkline": sparkline(losses), "tokens_per_s": tokens_per_s}
+    if last_record and "eval_loss" in last_record:
+        summary.update(eval_loss=last_record["eval_loss"], eval_tokens=last_record["eval_tokens"])
+    elif s.eval_samples and not stopped_by:  # a run resumed at its end; a preempted job has seconds left, not minutes
+        summary.update(held_out(s))
     peak, source = peak_memory(s.on_ascend)
     last = s.checkpointer.last
     summary.update({"peak_memory_bytes": peak, "memory_source": source,
@@ -113,7 +124,9 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
     token_readers = 1 if world.sharded else world.size
     step, stopped_by = start_step, None
     progress = progress_bar(t.max_steps, "train", "step", initial=start_step, enabled=world.is_main)
-    with signals.training(), progress, s.metrics or nullcontext():
+    journal, record = RunJournal(s.run_dir, world.is_main, t.plots), None
+    journal.started(start_step, s.checkpointer.last, s.metrics.discarded if s.metrics else 0)
+    with signals.training(), progress, s.metrics or nullcontext(), journal.failures(lambda: step):
         for step in range(start_step + 1, t.max_steps + 1):
             begin = time.perf_counter()
             batches = s.objective.prepared([s.stream.next_batch() for _ in range(k)])
@@ -137,10 +150,12 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
             # The end and a stop save whatever the streak: a skipped step left the weights as
             # they were, and save() still refuses weights that are not finite.
             due = step == t.max_steps or stopping or (step % t.save_every == 0 and streak.count == 0)
-            if due and (s.checkpointer.saves or gathers(s)):
-                save(s, step)
             if stopping and step < t.max_steps:
                 stopped_by = signals.received or "a signal to another rank"
+            if due and (s.checkpointer.saves or gathers(s)):
+                save(s, step)
+                journal.saved(step, last=step == t.max_steps or stopped_by is not None, stopped_by=stopped_by)
+            if stopped_by:
                 break
     return run_summary(s, step, stopped_by, losses,
-                       timed_tokens * token_readers / timed_seconds if timed_seconds else None)
+                       timed_tokens * token_readers / timed_seconds if timed_seconds else None, record)

@@ -11,6 +11,7 @@ from ..common.atomic import replace_file
 class MetricLogger:
     def __init__(self, run_dir: Path, resume_step: int = 0):
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.discarded = 0  # steps after the resumed checkpoint that a killed run had logged
         if resume_step:
             self._truncate_after(resume_step)
         elif self.path.exists():
@@ -26,8 +27,9 @@ class MetricLogger:
         checkpoint); those steps are about to be trained again."""
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        lines = [line for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        self.discarded = len(lines) - len(kept)
         replace_file(self.path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8"))
 
     def log(self, record: dict) -> None:

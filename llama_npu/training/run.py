@@ -122,6 +122,9 @@ def format_summary(summary: dict) -> str:
         f"peak memory    {summary['peak_memory_bytes'] / 2**30:.2f} GiB, {where}",
         f"checkpoint     {summary['checkpoint'] or ('rank 0 saves it' if summary.get('rank') else None)}",
     ]
+    if summary.get("loss_sparkline"):  # the curve's shape in the console and any log, no file to open
+        first = summary["steps"] - summary["steps_this_run"] + 1
+        lines.insert(2, f"loss curve     {summary['loss_sparkline']} (steps {first}-{summary['steps']})")
     if "eval_loss" in summary:
         lines.insert(2, f"held-out loss  {summary['eval_loss']:.4f} over {summary['eval_tokens']} target tokens")
     if "rehearsal" in summary:
