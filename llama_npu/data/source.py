@@ -28,10 +28,16 @@ def read_records(recipe, files: Sequence[str], kind: Optional[RecordKind] = None
 
 
 def _raw_samples(recipe, tokenizer, files: Sequence[str], kind: Optional[RecordKind]):
+    """The samples of `files` and their report, whose lines (each file's truncated and
+    dropped records) are printed."""
     # A sample holds max_seq_len + 1 tokens: the model sees max_seq_len positions, each
     # predicting the next token.
-    return tokenize_records(tokenizer, read_records(recipe, files, kind), recipe.data.max_seq_len + 1,
-                            recipe.data.train_on_prompt)
+    d = recipe.data
+    samples, report = tokenize_records(tokenizer, read_records(recipe, files, kind), d.max_seq_len + 1,
+                                       d.train_on_prompt, d.truncation)
+    for line in report.cuts.lines(d.truncation, d.max_seq_len + 1, "records"):
+        note(line)
+    return samples, report
 
 
 def eval_samples(recipe, tokenizer, kind: Optional[RecordKind] = None) -> list[Sample]:
@@ -52,10 +58,9 @@ def training_source(recipe, tokenizer, kind: Optional[RecordKind] = None) -> Uni
     samples, report = _raw_samples(recipe, tokenizer, d.train_files, kind)
     if not samples:  # known only once tokenized: the pre-flight reads records, it does not tokenize them
         raise RecordError(f"no training sample left in {', '.join(d.train_files)}: all {report.read} records were "
-                          f"dropped, none has an answer token within {d.max_seq_len + 1} tokens; raise "
-                          f"data.max_seq_len")
-    note(f"{report.kept} training samples ({report.truncated} truncated, "
-         f"{report.dropped_no_answer} dropped: no answer token within {d.max_seq_len + 1} tokens)")
+                          f"dropped, none has an answer token within {d.max_seq_len + 1} tokens under "
+                          f"data.truncation: {d.truncation}; raise data.max_seq_len")
+    note(f"{report.kept} training samples")
     if d.pack:
         rows = pack(samples, d.max_seq_len + 1)
         note(f"packed into {len(rows)} rows of {d.max_seq_len + 1} tokens "

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from ..data.truncation import DEFAULT as TRUNCATION_DEFAULT
 from ..objectives import OBJECTIVES
 from ..strategies import STRATEGIES
 
@@ -44,6 +45,9 @@ class DataSection:
     # record key -> the column (or JSON key) holding it, e.g. {instruction: 指令, output: 输出} (data/tables.py)
     columns: Dict[str, str] = field(default_factory=dict)
     encoding: str = ""  # of CSV/TSV/JSON/JSONL files; "" reads UTF-8 (and UTF-16 by its BOM); e.g. gbk
+    # A record longer than max_seq_len + 1 tokens, for every objective (data/truncation.py):
+    # keep_end | keep_start | keep_prompt | drop
+    truncation: str = TRUNCATION_DEFAULT
 
 
 @dataclass

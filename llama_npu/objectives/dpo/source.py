@@ -41,15 +41,14 @@ class PairSource:
 
 def pair_samples(recipe, tokenizer, files: Sequence[str], kind: RecordKind = RECORDS) -> list[PairSample]:
     """The preference pairs of `files`, tokenized to data.max_seq_len + 1 tokens as samples
-    are; what dpo.on_long_pair cut or dropped is noted."""
+    are; what data.truncation cut or dropped of each file is noted."""
     d = recipe.data
-    pairs, report = tokenize_pairs(tokenizer, read_records(recipe, files, kind), d.max_seq_len + 1,
-                                   recipe.dpo.on_long_pair)
+    pairs, report = tokenize_pairs(tokenizer, read_records(recipe, files, kind), d.max_seq_len + 1, d.truncation)
     if report.no_room and d.on_bad_record == "error":  # the pre-flight lists them all
         raise no_room_error(*report.no_room[0], d.max_seq_len, SKIP_HINT)
-    note(f"{', '.join(files)}: {report.describe(d.max_seq_len + 1)}")
+    for line in report.cuts.lines(d.truncation, d.max_seq_len + 1, "preference pairs"):
+        note(line)
     if not pairs:
-        hint = ", or set dpo.on_long_pair: truncate" if report.dropped else ""
-        raise RecordError(f"no preference pair left in {', '.join(files)}: all {report.read} were dropped; raise "
-                          f"data.max_seq_len{hint}")
+        raise RecordError(f"no preference pair left in {', '.join(files)}: all {report.read} were dropped under "
+                          f"data.truncation: {d.truncation}; raise data.max_seq_len, or set data.truncation: keep_end")
     return pairs

@@ -46,8 +46,9 @@ def evaluate_replies(recipe, checkpoint: Path, data_files, batch_size: Optional[
     reading = ReadOptions.of(recipe.data.columns, recipe.data.encoding)  # as the run read its training replies
     records = [r for f in data_files for r in read_dataset([f], detect_format(Path(f), reading), "error", reading,
                                                            RECORDS)[0]]
-    samples, report = tokenize_kto(load_tokenizer(recipe.data.tokenizer), records, length)
-    note(report.describe(length))
+    samples, report = tokenize_kto(load_tokenizer(recipe.data.tokenizer), records, length, recipe.data.truncation)
+    for line in report.cuts.lines(recipe.data.truncation, length, "labelled replies"):
+        note(line)
     if len(samples) < 2:
         raise RecordError(f"{', '.join(map(str, data_files))}: {len(samples)} labelled reply kept; the KL estimate "
                           f"pairs each prompt with another reply, so scoring needs 2 or more")
