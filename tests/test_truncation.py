@@ -172,6 +172,14 @@ def test_a_run_prints_each_files_truncated_and_dropped_records(tmp_path, tok, ca
         out = capsys.readouterr().out
         assert f"[llama-npu] {a}: {a_cut} (data.truncation: {mode}, rows of 33 tokens)\n" in out
         assert f"[llama-npu] {b}: {b_cut} (data.truncation: {mode}, rows of 33 tokens)\n" in out
+    from llama_npu.objectives.kto.replies import reply_samples
+
+    replies = write_jsonl(tmp_path / "k.jsonl", [{**long, "label": True}, {**short, "label": False}])
+    recipe = recipe_from_dict(yaml.safe_load(SMOKE.read_text()), [
+        "train.objective=kto", f"data.train_files=[{replies}]", "data.eval_files=[]", "data.max_seq_len=32"])
+    assert len(reply_samples(recipe, tok, [str(replies)])) == 2
+    assert (f"[llama-npu] {replies}: 1 of 2 labelled replies truncated, 0 dropped (data.truncation: keep_end, rows "
+            f"of 33 tokens)\n") in capsys.readouterr().out
 
 
 def test_dpo_on_long_pair_reads_as_data_truncation_with_one_line(capsys):
