@@ -156,6 +156,7 @@ def write_jsonl(path, records):
 
 
 def test_a_run_prints_each_files_truncated_and_dropped_records(tmp_path, tok, capsys):
+    from llama_npu.data.dataset_info import train_inputs
     from llama_npu.data.source import training_source
 
     short = {"instruction": "你好", "output": "你好！"}
@@ -177,9 +178,39 @@ def test_a_run_prints_each_files_truncated_and_dropped_records(tmp_path, tok, ca
     replies = write_jsonl(tmp_path / "k.jsonl", [{**long, "label": True}, {**short, "label": False}])
     recipe = recipe_from_dict(yaml.safe_load(SMOKE.read_text()), [
         "train.objective=kto", f"data.train_files=[{replies}]", "data.eval_files=[]", "data.max_seq_len=32"])
-    assert len(reply_samples(recipe, tok, [str(replies)])) == 2
+    assert len(reply_samples(recipe, tok, train_inputs(recipe))) == 2
     assert (f"[llama-npu] {replies}: 1 of 2 labelled replies truncated, 0 dropped (data.truncation: keep_end, rows "
             f"of 33 tokens)\n") in capsys.readouterr().out
+
+
+def test_records_of_dataset_info_entries_are_cut_and_named_by_their_entry(tmp_path, tok, capsys):
+    from llama_npu.data.dataset_info import train_inputs
+    from llama_npu.data.source import training_source
+
+    short = {"instruction": "你好", "output": "你好！"}
+    long = {"instruction": "请详细解释" * 40, "output": "好的。" * 20}
+    entries = {"mine": {"file_name": "mine.json"}, "pairs": {"file_name": "pairs.json", "ranking": True, "columns": {
+        "prompt": "instruction", "chosen": "chosen", "rejected": "rejected"}}}
+    (tmp_path / "dataset_info.json").write_text(json.dumps(entries), encoding="utf-8")
+    (tmp_path / "mine.json").write_text(json.dumps([short, long, long], ensure_ascii=False), encoding="utf-8")
+    pair = {"instruction": "请详细解释" * 40, "chosen": "好的。" * 20, "rejected": "不。"}
+    (tmp_path / "pairs.json").write_text(json.dumps([pair, pair], ensure_ascii=False), encoding="utf-8")
+    for mode, counts in {"keep_end": "2 of 3 records truncated, 0 dropped",
+                         "drop": "0 of 3 records truncated, 2 dropped"}.items():
+        recipe = recipe_from_dict(yaml.safe_load(SMOKE.read_text()), [
+            "data.train_files=[]", f"data.dataset_dir={tmp_path}", "data.dataset=mine", "data.eval_files=[]",
+            "data.max_seq_len=32", f"data.truncation={mode}"])
+        assert len(training_source(recipe, tok)) == (3 if mode == "keep_end" else 1)
+        assert (f"[llama-npu] mine ({tmp_path / 'mine.json'}): {counts} (data.truncation: {mode}, rows of 33 "
+                f"tokens)\n") in capsys.readouterr().out
+    from llama_npu.objectives.dpo.source import pair_samples
+
+    recipe = recipe_from_dict(yaml.safe_load(SMOKE.read_text()), [
+        "train.objective=dpo", "data.train_files=[]", f"data.dataset_dir={tmp_path}", "data.dataset=pairs",
+        "data.eval_files=[]", "data.max_seq_len=32"])
+    assert [len(p.chosen.input_ids) for p in pair_samples(recipe, tok, train_inputs(recipe))] == [33, 33]
+    assert (f"[llama-npu] pairs ({tmp_path / 'pairs.json'}): 2 of 2 preference pairs truncated, 0 dropped "
+            f"(data.truncation: keep_end, rows of 33 tokens)\n") in capsys.readouterr().out
 
 
 def test_dpo_on_long_pair_reads_as_data_truncation_with_one_line(capsys):
