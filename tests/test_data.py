@@ -48,8 +48,8 @@ def test_prepare_data_writes_mindrecord_and_a_complete_report(tmp_path):
                    "--on-bad-record", "skip", check=True)
     meta = json.loads((out / "meta.json").read_text())
     c = meta["counts"]
-    assert (c["read"], c["written"], c["skipped"], c["dropped_no_answer"]) == (5, 4, 1, 0)
-    assert c["read"] == c["written"] + c["skipped"] + c["dropped_no_answer"]
+    assert (c["read"], c["written"], c["skipped"], c["dropped"]) == (5, 4, 1, 0)
+    assert c["read"] == c["written"] + c["skipped"] + c["dropped"]
     assert meta["skipped_by_reason"] == {"missing 'output'": {"count": 1, "first": [f"{src}:4"]}}
     assert meta["tokenizer"]["name"] == "llama3.2" and len(meta["sources"][0]["sha256"]) == 64
     assert {"p50", "p95", "max"} <= meta["token_lengths"].keys()
@@ -136,13 +136,16 @@ def test_text_format_trains_on_every_token(tmp_path, tok):
     assert sample.labels == [IGNORE_ID] + body + [128001]
 
 
-def test_truncation_keeps_the_prompt_and_drops_answerless_samples(tok):
+def test_keep_prompt_keeps_the_prompt_and_drops_answerless_samples(tok):
     long_answer = read_records([REPO / "data" / "zh_instruct_train.jsonl"], "alpaca")[:20]
-    samples, report = tokenize_records(tok, long_answer, 48)
+    samples, report = tokenize_records(tok, long_answer, 48, truncation="keep_prompt")
     assert report.truncated > 0 and all(len(s.input_ids) == len(s.labels) <= 48 for s in samples)
-    assert report.read == report.kept + report.dropped_no_answer
-    _, tiny = tokenize_records(tok, long_answer, 12)  # not even the prompt fits
-    assert tiny.dropped_no_answer == 20 and tiny.kept == 0
+    assert report.read == report.kept + report.dropped
+    _, tiny = tokenize_records(tok, long_answer, 12, truncation="keep_prompt")  # not even the prompt fits
+    assert tiny.dropped == 20 and tiny.kept == 0
+    # keep_end cuts the prompt instead: every record keeps answer tokens
+    kept, tiny = tokenize_records(tok, long_answer, 12)
+    assert tiny.kept == 20 and all(any(t != IGNORE_ID for t in s.labels) for s in kept)
 
 
 def test_packing_does_not_change_any_sample_loss(ms, tok):

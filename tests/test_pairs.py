@@ -89,7 +89,8 @@ def test_validate_names_every_bad_pair_once_with_its_line(tmp_path, rendered_len
         {"conversations": [{"from": "human", "value": "hi"}], "chosen": "a", "rejected": "b"},  # 6: sharegpt
         {"instruction": "你好", "output": "你好！"}, GOOD])  # 7: an SFT record
     args = [SMOKE, "--set", "train.objective=dpo", "--set", f"data.train_files=[{data}]", "--set",
-            "data.eval_files=[]", "--set", "data.max_seq_len=32", "--output-dir", tmp_path / "run"]
+            "data.eval_files=[]", "--set", "data.max_seq_len=32", "--set", "data.truncation=keep_prompt",
+            "--output-dir", tmp_path / "run"]
     proc = run_cli("validate", *args)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"llama-npu: error: {line}" for line in [
@@ -101,12 +102,15 @@ def test_validate_names_every_bad_pair_once_with_its_line(tmp_path, rendered_len
         f"in the recipe (prepare-data: --format sharegpt)",
         f"{data}:7: not a preference pair: train.objective: dpo expects 'chosen' and 'rejected' replies; {SKIP}",
         f"{data}:5: the prompt takes {prompt_tokens} tokens, which leaves no room for a reply within "
-        f"data.max_seq_len=32; shorten it or raise data.max_seq_len; {SKIP}"]]
+        f"data.max_seq_len=32 under data.truncation: keep_prompt; shorten it, raise data.max_seq_len or set "
+        f"data.truncation: keep_end; {SKIP}"]]
     assert not (tmp_path / "run").exists()
     recipe = recipe_from_dict(yaml.safe_load(SMOKE.read_text()), [a for a in args[1:-2] if a != "--set"])
     assert preflight(recipe, None, None, False)[0]  # the same problems in process, and with skip none:
     recipe.data.on_bad_record = "skip"
     assert preflight(recipe, None, None, False)[0] == []
+    recipe.data.on_bad_record, recipe.data.truncation = "error", "keep_end"  # the prompt cut: no problem of length
+    assert not any("no room" in problem for problem in preflight(recipe, None, None, False)[0])
 
 
 def test_dpo_refuses_sft_only_data_and_packing():
@@ -131,14 +135,14 @@ def pair(where, prompt, chosen, rejected):
 def test_long_pairs_are_truncated_or_dropped_and_counted(tokenizer, rendered_length):
     records = [pair("a:1", "你好", "你好！", "嗯。"), pair("a:2", "讲个故事", "从前有座山，" * 20, "不讲。"),
                pair("a:3", "讲个故事" * 30, "好。", "不。"), pair("a:4", "写首诗", "短诗。", "床前明月光，" * 20)]
-    cut, report = tokenize_pairs(tokenizer, records, 40, "truncate")
-    assert (report.read, report.kept, report.truncated, report.dropped) == (4, 3, 2, 0)
+    cut, report = tokenize_pairs(tokenizer, records, 40, "keep_prompt")
+    assert (report.read, report.kept, report.truncated, report.dropped) == (4, 3, 2, 1)
     assert [where for where, _ in report.no_room] == ["a:3"]
     whole = rendered_length(render_text([("user", "写首诗"), ("assistant", "短诗。")]))
     assert [len(p.chosen.input_ids) for p in cut[1:]] == [40, whole] and len(cut[2].rejected.input_ids) == 40
     assert cut[1].chosen.labels[-1] != tokenizer.token_to_id("<|eot_id|>")  # cut mid-reply
     dropped, report = tokenize_pairs(tokenizer, records, 40, "drop")
-    assert (report.read, report.kept, report.truncated, report.dropped) == (4, 1, 0, 2)
+    assert (report.read, report.kept, report.truncated, report.dropped) == (4, 1, 0, 3)
     assert dropped == cut[:1]
 
 
@@ -180,14 +184,16 @@ def test_a_run_reads_its_pairs_counting_what_it_left_out(tmp_path, tokenizer, ca
         {"instruction": "请详细解释" * 40, "chosen": "好的。", "rejected": "不。"},  # 3: no room
         {"instruction": "写首诗", "chosen": "短诗。", "rejected": "床前明月光，" * 20}])  # 4: too long
     recipe = recipe_from_dict(yaml.safe_load(SMOKE.read_text()), [
-        "train.objective=dpo", "data.max_seq_len=32", "data.on_bad_record=skip", "dpo.on_long_pair=drop",
+        "train.objective=dpo", "data.max_seq_len=32", "data.on_bad_record=skip", "data.truncation=drop",
         "data.eval_files=[]"])
     assert [p.chosen.input_ids for p in pair_samples(recipe, tokenizer, [files_input(recipe.data, [data])])] == [
         p.chosen.input_ids for p in tokenize_pairs(tokenizer, read_pairs([data], "alpaca", "skip")[0][:1], 33)[0]]
     assert (f"skipped 1 of 4 records of {data}: 1 x chosen equal to rejected (first at {data}:2)\n"
-            f"[llama-npu] {data}: 1 of 3 preference pairs kept (0 truncated, 1 dropped: a row past 33 tokens; "
-            f"1 dropped: no room for a reply)") in capsys.readouterr().out
-    recipe.data.on_bad_record = "error"  # validate has named it; a run without that check still stops on it
+            f"[llama-npu] {data}: 0 of 3 preference pairs truncated, 2 dropped (data.truncation: drop, rows of 33 "
+            f"tokens)") in capsys.readouterr().out
+    # under keep_prompt a prompt that fills the row is a bad record: validate has named it, and
+    # a run without that check still stops on it
+    recipe.data.on_bad_record, recipe.data.truncation = "error", "keep_prompt"
     long_prompt = write_jsonl(tmp_path / "long.jsonl", [GOOD, {"instruction": "请详细解释" * 40, "chosen": "好的。",
                                                                "rejected": "不。"}])
     with pytest.raises(RecordError, match=rf"^{long_prompt}:2: the prompt takes \d+ tokens, which leaves no room"):

@@ -6,6 +6,7 @@ from pathlib import Path
 from ..common.console import note
 from ..data.formats import FORMATS, ON_BAD_RECORD
 from ..data.tables import ReadOptions, parse_columns
+from ..data.truncation import DEFAULT, MODES
 from ..objectives import records_of, sft
 from .arguments import check_ranges
 
@@ -26,6 +27,8 @@ def add_parser(subparsers) -> None:
     prep.add_argument("--tokenizer", default="llama3.2", help="llama3.2 or a path to a tokenizer.json")
     prep.add_argument("--max-seq-len", type=int, default=2048,
                       help="sequence length the model will see (a recipe's data.max_seq_len)")
+    prep.add_argument("--truncation", choices=MODES, default=DEFAULT,
+                      help="what is kept of a longer record (a recipe's data.truncation; default keep_end)")
     prep.add_argument("--pack", action="store_true", help="pack samples into full rows")
     prep.add_argument("--on-bad-record", choices=ON_BAD_RECORD, default="error",
                       help="stop at the first bad record, or skip it and count it by reason")
@@ -51,7 +54,7 @@ def run(args) -> int:
                            max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
                            overwrite=args.overwrite, train_on_prompt=args.train_on_prompt,
                            progress=note, options=ReadOptions.of(parse_columns(args.column), args.encoding),
-                           kind=records_of(sft), workers=workers_for(args.workers))
+                           kind=records_of(sft), workers=workers_for(args.workers), truncation=args.truncation)
     print(format_report(meta))
     print(f"wrote {args.output}")
     return 0

@@ -26,6 +26,7 @@ from .record_kind import RecordKind
 from .samples import FitReport
 from .tables import ReadOptions
 from .tokenizer import load_tokenizer, tokenizer_identity
+from .truncation import DEFAULT
 
 
 def _sha256(path: Path) -> str:
@@ -40,12 +41,13 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
                     max_seq_len: int = 2048, packed: bool = False, on_bad_record: str = "error",
                     overwrite: bool = False, train_on_prompt: bool = False, progress=None,
                     options: ReadOptions = ReadOptions(), kind: Optional[RecordKind] = None,
-                    workers: int = 1) -> dict:
+                    workers: int = 1, truncation: str = DEFAULT) -> dict:
     """Write the prepared dataset and return its meta.json content. `kind`: the SFT records
     refusing other objectives' by name (objectives/ records_of; the readers' default else).
 
     `max_seq_len` is the sequence length the model sees, as in a recipe's data.max_seq_len;
-    each stored sample (or packed row) holds up to max_seq_len + 1 tokens.
+    each stored sample (or packed row) holds up to max_seq_len + 1 tokens, a longer record
+    cut under `truncation` (data.truncation).
 
     The records stream through in chunks (data/samples.py tokenized_chunks), so memory does
     not grow with them: a first pass counts them and finds a bad one before anything is
@@ -70,7 +72,8 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
                  + (f", in {len(parts)} worker processes" if len(parts) > 1 else ""))
     output.parent.mkdir(parents=True, exist_ok=True)
     with staged_directory(output, replace=overwrite) as staging:
-        job = Job(fmt, tuple(map(str, inputs)), options, kind, tokenizer, length, train_on_prompt, staging)
+        job = Job(fmt, tuple(map(str, inputs)), options, kind, tokenizer, length, train_on_prompt, staging,
+                  truncation)
         with Parts(len(parts)) as runner:
             with progress_bar(count, "tokenize", "record") as bar:
                 written = runner.run(tokenize_part, [(job, k, span, packed) for k, span in enumerate(parts)], bar)
@@ -87,6 +90,7 @@ def prepare_dataset(fmt: str, inputs: List[str], output: Path, tokenizer: str = 
             raise _nothing_left(inputs, fit, skipped)
         meta = _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, rows,
                      len(placement))
+        meta["truncation"] = truncation
         meta["files"] = files
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
         write_manifest(staging, "prepare-data")  # train checks every file by it before reading a row
@@ -99,8 +103,7 @@ def _nothing_left(inputs, fit: FitReport, skipped: SkipReport) -> RecordError:
         reason, entry = max(skipped.by_reason.items(), key=lambda item: item[1]["count"])
         why = f"; most skipped as {reason} (first at {entry['first'][0]})"
     return RecordError(f"no sample left to write from {', '.join(map(str, inputs))} "
-                       f"(read {fit.read + skipped.total}, skipped {skipped.total}, "
-                       f"dropped {fit.dropped_no_answer}){why}")
+                       f"(read {fit.read + skipped.total}, skipped {skipped.total}, dropped {fit.dropped}){why}")
 
 
 def _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, skipped, kept, rows, packed_rows):
@@ -110,7 +113,7 @@ def _meta(fmt, inputs, tokenizer, max_seq_len, packed, train_on_prompt, fit, ski
     return {
         "format": fmt, "template": TEMPLATES[0], "max_seq_len": max_seq_len, "packed": packed, "train_on_prompt": train_on_prompt,
         "counts": {"read": fit.read + skipped.total, "written": fit.kept, "skipped": skipped.total,
-                   "dropped_no_answer": fit.dropped_no_answer, "truncated": fit.truncated, "rows": rows,
+                   "dropped": fit.dropped, "truncated": fit.truncated, "rows": rows,
                    "tokens": tokens},
         "skipped_by_reason": skipped.by_reason,
         "token_lengths": {"p50": int(np.percentile(lengths, 50)), "p95": int(np.percentile(lengths, 95)),
@@ -135,9 +138,9 @@ def _padding_line(meta: dict) -> str:
 
 def format_report(meta: dict) -> str:
     c = meta["counts"]
-    lines = [f"read {c['read']}: written {c['written']}, skipped {c['skipped']}, "
-             f"dropped {c['dropped_no_answer']} (no answer token within {meta['max_seq_len'] + 1} tokens); "
-             f"{c['truncated']} truncated",
+    lines = [f"read {c['read']}: written {c['written']}, skipped {c['skipped']}, dropped {c['dropped']}, "
+             f"truncated {c['truncated']} (data.truncation: {meta['truncation']}, rows of {meta['max_seq_len'] + 1} "
+             f"tokens)",
              f"{c['rows']} {'packed rows' if meta['packed'] else 'samples'}; tokens per sample p50 "
              f"{meta['token_lengths']['p50']}, p95 {meta['token_lengths']['p95']}, max {meta['token_lengths']['max']}",
              _padding_line(meta)]

@@ -34,9 +34,10 @@ from .mindrecord import DATA_FILE, RowWriter
 from .packing import gather_rows
 from .readers import SkipReport, good_records
 from .record_kind import RecordKind
-from .samples import FitReport, tokenized_chunks
+from .samples import FitReport, Fitting, tokenized_chunks
 from .tables import ReadOptions
 from .tokenizer import load_tokenizer
+from .truncation import DEFAULT
 
 PACK_CHUNK = 2048  # packed rows gathered and written at a time
 SPILLED = ("input_ids", "labels")
@@ -63,6 +64,7 @@ class Job:
     length: int  # tokens a stored sample or packed row holds at most
     train_on_prompt: bool
     directory: Path  # the staging directory the parts write into
+    truncation: str = DEFAULT  # data.truncation
 
 
 @dataclass
@@ -142,8 +144,9 @@ def tokenize_part(job: Job, part: int, span: Span, packed: bool, bar) -> Written
                                             job.kind, name_unread=False, first_line=span.line),
                                span.skip, span.skip + span.stop - span.start)
     done = Written()
-    chunks = tokenized_chunks(load_tokenizer(job.tokenizer), records, job.length, job.train_on_prompt, done.fit,
-                              bar)
+    tokenizer = load_tokenizer(job.tokenizer)
+    chunks = tokenized_chunks(tokenizer, records, Fitting.of(tokenizer, job.length, job.truncation),
+                              job.train_on_prompt, done.fit, bar)
     lengths = []
     if packed:
         with open(spill_path(job.directory, part, "input_ids"), "wb") as ids, \

@@ -6,7 +6,7 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 from array import array
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, List, Optional, Sequence
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from ..common.console import progress_bar
 from ..model.tokens import BOS_ID, EOT_ID, IGNORE_ID
 from .chat_template import ROLES, role_headers
 from .readers import Record
+from .truncation import DEFAULT, CutCounts, file_of, layout, row_cut, take
 from .tokenizer import SPECIAL_TOKENS
 
 END_OF_TEXT_ID = SPECIAL_TOKENS["<|end_of_text|>"]  # closes a plain-text document
@@ -29,29 +30,45 @@ class Sample:
 
 @dataclass
 class FitReport:
-    read: int = 0
-    kept: int = 0
-    truncated: int = 0
-    dropped_no_answer: int = 0
+    cuts: CutCounts = field(default_factory=CutCounts)  # by file: read, truncated, dropped
     lengths: array = field(default_factory=lambda: array("l"))  # before truncation
+
+    read = property(lambda self: self.cuts.total("read"))
+    truncated = property(lambda self: self.cuts.total("truncated"))
+    dropped = property(lambda self: self.cuts.total("dropped"))
+    kept = property(lambda self: self.read - self.dropped)
 
     def add(self, other: "FitReport") -> None:
         """Count `other`'s records after these (prepare-data's parts, in record order)."""
-        self.read += other.read
-        self.kept += other.kept
-        self.truncated += other.truncated
-        self.dropped_no_answer += other.dropped_no_answer
+        self.cuts.add(other.cuts)
         self.lengths.extend(other.lengths)
 
 
-def fit_length(ids: List[int], labels: List[int], max_len: int):
-    """Cut to `max_len` tokens, keeping the prompt and as much of the answer as fits.
-    Returns None when no target token would remain."""
-    ids, labels = ids[:max_len], labels[:max_len]
-    # labels[0] is never a target (no token precedes it to predict it from).
-    if not any(l != IGNORE_ID for l in labels[1:]):
-        return None
-    return ids, labels
+@dataclass(frozen=True)
+class Fitting:
+    """How a sample is fitted to a row: `max_len` tokens, data.truncation's `mode`, and the
+    assistant's and system's headers a cut finds the turns by (data/truncation.py)."""
+    max_len: int
+    mode: str
+    assistant: Tuple[int, ...] = ()
+    system: Tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, tokenizer, max_len: int, mode: str = DEFAULT) -> "Fitting":
+        headers = role_headers(tokenizer)
+        return cls(max_len, mode, tuple(headers["assistant"]), tuple(headers["system"]))
+
+    def cut(self, ids: Sequence[int], labels: Sequence[int]):
+        """(ids, labels) of one sample cut to the row, or None when it is dropped: under
+        data.truncation, and when no target token is left (labels[0] never is one)."""
+        if len(ids) > self.max_len:
+            ranges = row_cut(self.mode, layout(ids, self.assistant, self.system), len(ids), self.max_len)
+            if ranges is None:
+                return None
+            ids, labels = take(ids, ranges), take(labels, ranges)
+        if not any(l != IGNORE_ID for l in labels[1:]):
+            return None
+        return list(ids), list(labels)
 
 
 @dataclass
@@ -131,26 +148,46 @@ def assemble_chunk(headers, chunk: Sequence[Record], content: List[List[int]], t
     return TokenRows(ids, labels, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
 
 
-def fit_rows(rows: TokenRows, max_len: int, report: FitReport) -> TokenRows:
-    """fit_length on every sample at once: cut to `max_len`, drop a sample with no target
-    token left (labels[0] is never one), and count both in `report`."""
+def fit_rows(rows: TokenRows, fitting: Fitting, files: Sequence[str], report: FitReport) -> TokenRows:
+    """Every sample fitted to the row (Fitting.cut) and counted in `report` by its file
+    (`files`: each sample's). Samples that fit whole are kept or dropped all at once; only
+    the longer ones are cut one by one."""
     lengths = rows.lengths
-    report.read += len(rows)
     report.lengths.extend(lengths.tolist())
-    if not len(rows):
-        return rows
     position = np.arange(len(rows.ids)) - np.repeat(rows.starts[:-1], lengths)
-    target = (rows.labels != IGNORE_ID) & (position >= 1) & (position < max_len)
-    keep = np.add.reduceat(target, rows.starts[:-1]) > 0
-    report.dropped_no_answer += int((~keep).sum())
-    report.truncated += int((keep & (lengths > max_len)).sum())
-    report.kept += int(keep.sum())
-    tokens = np.repeat(keep, lengths) & (position < max_len)
-    kept = np.minimum(lengths, max_len)[keep]
-    return TokenRows(rows.ids[tokens], rows.labels[tokens], np.concatenate([[0], np.cumsum(kept)]).astype(np.int64))
+    target = (rows.labels != IGNORE_ID) & (position >= 1)
+    keep = np.add.reduceat(target, rows.starts[:-1]) > 0 if len(rows) else np.zeros(0, bool)
+    long = np.flatnonzero(lengths > fitting.max_len)
+    cut = [fitting.cut(rows.ids[rows.starts[i]:rows.starts[i + 1]].tolist(),
+                       rows.labels[rows.starts[i]:rows.starts[i + 1]].tolist()) for i in long.tolist()]
+    keep[long] = [c is not None for c in cut]
+    truncated = np.zeros(len(rows), bool)
+    truncated[long] = keep[long]
+    at = 0
+    for path, n in _runs(files):
+        report.cuts.count(path, n, int(truncated[at:at + n].sum()), int((~keep[at:at + n]).sum()))
+        at += n
+    whole = np.repeat(keep & (lengths <= fitting.max_len), lengths)
+    ids, labels, kept = [rows.ids[whole]], [rows.labels[whole]], np.where(keep, lengths, 0)
+    if len(long):  # rebuilt in order, the cut samples in their places
+        ids, labels = [], []
+        for i in range(len(rows)):
+            a, b = rows.starts[i], rows.starts[i + 1]
+            sample = cut[int(np.searchsorted(long, i))] if truncated[i] else (rows.ids[a:b], rows.labels[a:b])
+            if keep[i]:
+                ids.append(np.asarray(sample[0], np.int32))
+                labels.append(np.asarray(sample[1], np.int32))
+                kept[i] = len(sample[0])
+    flat = (lambda parts: np.concatenate(parts).astype(np.int32)) if ids else (lambda _: np.zeros(0, np.int32))
+    return TokenRows(flat(ids), flat(labels), np.concatenate([[0], np.cumsum(kept[keep])]).astype(np.int64))
 
 
-def tokenized_chunks(tokenizer, records: Iterable[Record], max_len: int, train_on_prompt: bool,
+def _runs(files: Sequence[str]) -> List[Tuple[str, int]]:
+    """(file, how many in a row) of a chunk's samples, in order."""
+    return [(path, len(list(group))) for path, group in itertools.groupby(files)]
+
+
+def tokenized_chunks(tokenizer, records: Iterable[Record], fitting: Fitting, train_on_prompt: bool,
                      report: FitReport, bar=None) -> Iterator[TokenRows]:
     """The fitted samples of `records`, TOKENIZE_BATCH records at a time: a stream, so
     nothing but the report grows with the data set. The tokenizer encodes the next chunk in
@@ -164,7 +201,8 @@ def tokenized_chunks(tokenizer, records: Iterable[Record], max_len: int, train_o
             ahead = (chunk, encoder.submit(encode_contents, tokenizer, chunk)) if chunk else None
             if pending is not None:
                 done, contents = pending
-                yield fit_rows(assemble_chunk(headers, done, contents.result(), train_on_prompt), max_len, report)
+                rows = assemble_chunk(headers, done, contents.result(), train_on_prompt)
+                yield fit_rows(rows, fitting, [file_of(r.where) for r in done], report)
                 if bar is not None:
                     bar.update(len(done))
             if ahead is None:
@@ -172,12 +210,13 @@ def tokenized_chunks(tokenizer, records: Iterable[Record], max_len: int, train_o
             pending = ahead
 
 
-def tokenize_records(tokenizer, records: Sequence[Record], max_len: int, train_on_prompt: bool = False):
-    """Samples of at most `max_len` tokens and a report of what was cut or dropped."""
-    report = FitReport()
-    samples = []
+def tokenize_records(tokenizer, records: Sequence[Record], max_len: int, train_on_prompt: bool = False,
+                     truncation: str = DEFAULT):
+    """Samples of at most `max_len` tokens, longer records cut under `truncation`
+    (data.truncation), and a report of what was cut or dropped."""
+    report, samples, fitting = FitReport(), [], Fitting.of(tokenizer, max_len, truncation)
     with progress_bar(len(records), "tokenize", "record") as bar:
-        for rows in tokenized_chunks(tokenizer, records, max_len, train_on_prompt, report, bar):
+        for rows in tokenized_chunks(tokenizer, records, fitting, train_on_prompt, report, bar):
             samples += rows.samples()
     return samples, report
 

@@ -4,7 +4,8 @@ objective's records (its RecordKind), which every objective's source goes throug
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from dataclasses import replace
+from typing import Dict, Optional, Sequence, Union
 
 from ..common.console import note
 from .batches import ListSamples
@@ -15,6 +16,7 @@ from .readers import RecordError, SkipReport, detect_format, good_records, read_
 from .record_kind import RecordKind
 from .samples import Sample, tokenize_records
 from .tables import ReadOptions
+from .truncation import CutCounts
 
 
 def read_records(recipe, inputs: Sequence[DataInput], kind: Optional[RecordKind] = None,
@@ -52,11 +54,29 @@ def described(inputs: Sequence[DataInput]) -> str:
     return ", ".join(data_input.describe() for data_input in inputs)
 
 
+def file_names(inputs: Sequence[DataInput]) -> Dict[str, str]:
+    """Each file of `inputs` as the per-file truncation lines name it: its entry's name with
+    it (DataInput.describe), or the path alone for data.train_files."""
+    return {path: replace(data_input, files=(path,)).describe() for data_input in inputs for path in data_input.files}
+
+
+def note_cuts(recipe, cuts: CutCounts, inputs: Sequence[DataInput], what: str) -> None:
+    """The start's line per file: how many of its `what` data.truncation cut and dropped."""
+    d = recipe.data
+    for line in cuts.lines(d.truncation, d.max_seq_len + 1, what, file_names(inputs)):
+        note(line)
+
+
 def _raw_samples(recipe, tokenizer, inputs: Sequence[DataInput], kind: Optional[RecordKind]):
+    """The samples of `inputs` and their report, whose lines (each file's truncated and
+    dropped records) are printed."""
     # A sample holds max_seq_len + 1 tokens: the model sees max_seq_len positions, each
     # predicting the next token.
-    return tokenize_records(tokenizer, read_records(recipe, inputs, kind), recipe.data.max_seq_len + 1,
-                            recipe.data.train_on_prompt)
+    d = recipe.data
+    samples, report = tokenize_records(tokenizer, read_records(recipe, inputs, kind), d.max_seq_len + 1,
+                                       d.train_on_prompt, d.truncation)
+    note_cuts(recipe, report.cuts, inputs, "records")
+    return samples, report
 
 
 def eval_samples(recipe, tokenizer, kind: Optional[RecordKind] = None) -> list[Sample]:
@@ -79,10 +99,9 @@ def training_source(recipe, tokenizer, kind: Optional[RecordKind] = None) -> Uni
     samples, report = _raw_samples(recipe, tokenizer, inputs, kind)
     if not samples:  # known only once tokenized: the pre-flight reads records, it does not tokenize them
         raise RecordError(f"no training sample left in {described(inputs)}: all {report.read} records were "
-                          f"dropped, none has an answer token within {d.max_seq_len + 1} tokens; raise "
-                          f"data.max_seq_len")
-    note(f"{report.kept} training samples ({report.truncated} truncated, "
-         f"{report.dropped_no_answer} dropped: no answer token within {d.max_seq_len + 1} tokens)")
+                          f"dropped, none has an answer token within {d.max_seq_len + 1} tokens under "
+                          f"data.truncation: {d.truncation}; raise data.max_seq_len")
+    note(f"{report.kept} training samples")
     if d.pack:
         rows = pack(samples, d.max_seq_len + 1)
         note(f"packed into {len(rows)} rows of {d.max_seq_len + 1} tokens "

@@ -98,10 +98,10 @@ def evaluate_checkpoint(checkpoint: Path, data_files, max_seq_len: Optional[int]
     tokenizer = load_tokenizer(source.tokenizer)
     records = read_eval_records(data_files, source.reading, on_bad_record)
     _, loss_cell, _ = build_from_checkpoint(Path(checkpoint), max_seq_len, batch_size, device, weights)
-    samples, report = tokenize_records(tokenizer, records, max_seq_len + 1)
+    samples, report = tokenize_records(tokenizer, records, max_seq_len + 1, truncation=source.truncation)
     samples.sort(key=lambda s: len(s.input_ids))  # batches of similar length pad little
     loss, tokens = evaluate(ChunkwiseLoss(loss_cell, EVAL_CHUNK), samples, batch_size, max_seq_len + 1, bucketed=True)
     return {"checkpoint": str(checkpoint), "records": report.read, "evaluated": report.kept,
-            "truncated": report.truncated, "dropped": report.dropped_no_answer, "target_tokens": tokens,
+            "truncated": report.truncated, "dropped": report.dropped, "target_tokens": tokens,
             "loss": loss, "perplexity": math.exp(loss), "max_seq_len": max_seq_len, "max_seq_len_from": length_from,
             "weights": weights}

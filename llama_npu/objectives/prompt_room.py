@@ -1,5 +1,5 @@
 """What objectives that score a reply after a prompt (DPO's pairs, KTO's labelled replies)
-say when the prompt alone fills data.max_seq_len."""
+say when the prompt alone fills data.max_seq_len under data.truncation: keep_prompt."""
 from __future__ import annotations
 
 from ..data.errors import RecordError
@@ -9,5 +9,6 @@ def no_room_error(where: str, prompt_tokens: int, max_seq_len: int, skip_hint: s
     """The record at `where` keeps no reply token to score; `skip_hint` says how to drop such
     records in the objective's words."""
     return RecordError(f"{where}: the prompt takes {prompt_tokens} tokens, which leaves no room for a reply within "
-                       f"data.max_seq_len={max_seq_len}; shorten it or raise data.max_seq_len; {skip_hint}",
+                       f"data.max_seq_len={max_seq_len} under data.truncation: keep_prompt; shorten it, raise "
+                       f"data.max_seq_len or set data.truncation: keep_end; {skip_hint}",
                        "no room for a reply")

@@ -24,14 +24,15 @@ def first_items_note(rehearsal, what: str) -> list:
             f"read: the reference pass is over them"]
 
 
-def shrink_to_fit(r, shortest: int, needed: int, lengths: Optional[List[Tuple[int, int]]], whole: bool,
-                  what: str) -> int:
+def shrink_to_fit(r, shortest: int, needed: int, lengths: Optional[List[Tuple[int, int]]], what: str) -> int:
     """From `shortest` up in steps of it (at most the recipe's length and CAP), the first
-    data.max_seq_len at which `needed` items keep a reply (`whole`: stay whole), given each
-    item's (prompt tokens, longest row's tokens); the items without room are skipped."""
+    data.max_seq_len at which `needed` items keep a reply (data.truncation: keep_prompt) or
+    stay whole (drop), given each item's (prompt tokens, longest row's tokens); the items
+    without room are skipped. keep_end and keep_start keep a reply of every item at any length."""
     d = r.recipe.data
     longest = min(d.max_seq_len, CAP)
-    if lengths is None or shortest >= longest:
+    whole = d.truncation == "drop"
+    if lengths is None or shortest >= longest or d.truncation not in ("keep_prompt", "drop"):
         return min(shortest, d.max_seq_len)
     needed = min(needed, len(lengths))
     for length in [*range(shortest, longest, shortest), longest]:
@@ -42,7 +43,7 @@ def shrink_to_fit(r, shortest: int, needed: int, lengths: Optional[List[Tuple[in
             break
     r.change("data.max_seq_len", length, f"the shortest multiple of {shortest} at which {needed} {what} "
              f"keep a reply" if length > shortest else "")
-    if room < len(lengths):
+    if room < len(lengths) and not whole:  # under drop they are left out, counted, never refused
         r.change("data.on_bad_record", "skip", f"{len(lengths) - room} of {len(lengths)} {what} have a "
                  f"prompt of more than {length} tokens, no room for a reply: left out of the rehearsal")
     return length

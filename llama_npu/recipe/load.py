@@ -14,6 +14,7 @@ from typing import Any, List, Optional
 
 import yaml
 
+from ..objectives import OBJECTIVES
 from ..strategies import STRATEGIES
 from .coerce import coerce
 from .foreign_names import key_elsewhere, leaves, named_config
@@ -115,6 +116,11 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
     written: they resolve against the current directory (the shipped recipes expect the
     repository root). `workers`: the processes the run will have (validate --workers, plan
     --devices); by default the ones msrun launched, 1 for a plain process."""
+    return recipe_from_dict(read_tree(path), overrides, workers)
+
+
+def read_tree(path: str | Path) -> dict:
+    """A recipe file's YAML mapping, as written."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file not found: {path}")
@@ -134,7 +140,7 @@ def load_recipe(path: str | Path, overrides: Optional[List[str]] = None,
         raise RecipeError(f"{where}: not valid YAML ({' '.join(str(what).split())})") from None
     if not isinstance(tree, dict):
         raise RecipeError(f"{path}: expected a mapping with sections model, data, train, strategies, device")
-    return recipe_from_dict(tree, overrides, workers)
+    return tree
 
 
 def _steps_or_epochs(train) -> None:
@@ -160,6 +166,9 @@ def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers:
     for strategy in STRATEGIES:
         if hasattr(strategy, "resolve"):
             problems.check(strategy.resolve, recipe, workers)
+    for objective in OBJECTIVES:  # a deprecated key read as its successor
+        if hasattr(objective, "resolve"):
+            problems.check(objective.resolve, recipe)
     problems.check(validate, recipe)
     problems.raise_any()
     return recipe

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from ..data.truncation import DEFAULT as TRUNCATION_DEFAULT
 from ..objectives import OBJECTIVES
 from ..strategies import STRATEGIES
 
@@ -55,6 +56,9 @@ class DataSection:
     # issue 56, LLaMA-Factory's habits: the chat template (LLaMA-Factory's `template`), named
     # in prepared data's meta.json too; llama3 is the one there is (data/chat_template.py)
     template: str = "llama3"
+    # A record longer than max_seq_len + 1 tokens, for every objective (data/truncation.py):
+    # keep_end | keep_start | keep_prompt | drop
+    truncation: str = TRUNCATION_DEFAULT
 
 
 @dataclass

@@ -4,17 +4,42 @@
 (train --resume and validate, eval / generate / quantize / convert ms-to-hf on a run,
 merge-checkpoints) reads it here, through the recipe schema, so all of them see the same
 keys with the same defaults.
+
+A recipe.yaml written before data.truncation existed ran what is now keep_prompt (drop under
+dpo.on_long_pair: drop, which it then held): it is read so, and a resume whose recipe names
+no truncation keeps it (data/truncation.py).
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import List, Optional
 
-from .load import load_recipe, recipe_from_dict
+from ..common.console import note
+from ..data.truncation import BEFORE_THE_KEY
+from .load import read_tree, recipe_from_dict
 from .problems import RecipeError
 from .schema import Recipe
 
 STORED_RECIPE = "recipe.yaml"
+TRUNCATION_KEYS = (("data", "truncation"), ("dpo", "on_long_pair"))
+
+
+def _names(tree: dict, section: str, key: str) -> bool:
+    return isinstance(tree.get(section), dict) and key in tree[section]
+
+
+def _predates_truncation(tree: dict) -> bool:
+    return not _names(tree, "data", "truncation")
+
+
+def _as_it_ran(tree: dict) -> dict:
+    """A tree written before data.truncation, with the mode its run had in that key."""
+    dpo = tree.get("dpo") if isinstance(tree.get("dpo"), dict) else {}
+    mode = "drop" if dpo.get("on_long_pair") == "drop" else BEFORE_THE_KEY
+    data = tree.get("data") if isinstance(tree.get("data"), dict) else {}
+    rest = {key: value for key, value in dpo.items() if key != "on_long_pair"}
+    return {**tree, "data": {**data, "truncation": mode}, **({"dpo": rest} if "dpo" in tree else {})}
 
 
 def stored_recipe(run_dir: Path, overrides: Optional[List[str]] = None) -> Optional[Recipe]:
@@ -24,10 +49,26 @@ def stored_recipe(run_dir: Path, overrides: Optional[List[str]] = None) -> Optio
     if not path.is_file():
         return None
     try:
-        recipe = load_recipe(path)
+        tree = read_tree(path)
+        recipe = recipe_from_dict(_as_it_ran(tree) if _predates_truncation(tree) else tree)
     except RecipeError as exc:
         raise RecipeError(f"{path}: cannot be read as a recipe ({exc})") from None
     return recipe_from_dict(recipe.to_dict(), overrides) if overrides else recipe
+
+
+def resumed_truncation(recipe: Recipe, recipe_file: Path, overrides: Optional[List[str]], run_dir: Path) -> Recipe:
+    """`recipe` (from `recipe_file` and `overrides`) resuming `run_dir`: when the run's
+    recipe.yaml predates data.truncation and neither names a truncation, with the mode the
+    run started with."""
+    path = Path(run_dir) / STORED_RECIPE
+    named = any(_names(read_tree(recipe_file), *key) for key in TRUNCATION_KEYS) or any(
+        o.split("=", 1)[0].strip() in ("data.truncation", "dpo.on_long_pair") for o in overrides or [])
+    if named or not path.is_file() or not _predates_truncation(read_tree(path)):
+        return recipe
+    mode = stored_recipe(run_dir).data.truncation
+    if mode != recipe.data.truncation:
+        note(f"resume: data.truncation: {mode}, as the run started ({path} predates the key; the recipe names none)")
+    return dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, truncation=mode))
 
 
 def owning_recipe(checkpoint: Path) -> Optional[Recipe]:

@@ -8,6 +8,7 @@ import re
 
 from ..data.chat_template import TEMPLATES
 from ..data.formats import FORMATS, ON_BAD_RECORD
+from ..data.truncation import MODES as TRUNCATION_MODES
 from ..memory.devices import DEVICE_TARGETS
 from ..model.architecture import PRESETS, SIZE_KEYS, resolve_shape
 from ..model.llama import MAX_POSITIONS
@@ -61,6 +62,7 @@ def check_data(d) -> None:
     problems.check(choice, "data.format", d.format, FORMATS)
     problems.check(choice, "data.on_bad_record", d.on_bad_record, ON_BAD_RECORD)
     problems.check(choice, "data.template", d.template, TEMPLATES)
+    problems.check(choice, "data.truncation", d.truncation, TRUNCATION_MODES)
     if not d.dataset and bool(d.train_files) == bool(d.prepared):
         problems.append("data: expected either data.train_files (raw files), data.dataset (entries of a "
                         "dataset_info.json) or data.prepared (a prepare-data directory), not both or neither")

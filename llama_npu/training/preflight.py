@@ -27,6 +27,7 @@ from ..data.readers import RecordError, iter_records, with_skip_hint
 from ..data.record_kind import RecordKind
 from ..data.tables import ReadOptions
 from ..data.tokenizer import TokenizerError, load_tokenizer, tokenizer_identity
+from ..data.truncation import BEFORE_THE_KEY
 from ..objectives import OBJECTIVES, of as objective_of, records_of
 from ..recipe.base_weights import CHECKPOINT_PLACEHOLDER, check_base
 from ..recipe.problems import RecipeError
@@ -200,6 +201,11 @@ def check_prepared(recipe: Recipe, rehearsal: bool = False) -> None:
     if meta.get("template", "llama3") != d.template:
         raise RecipeError(f"data.prepared={d.prepared} was prepared in the {meta['template']} chat template, but "
                           f"data.template={d.template}; prepare it again, or set data.template: {meta['template']}")
+    made = meta.get("truncation", BEFORE_THE_KEY)  # a directory older than the key holds keep_prompt's cuts
+    if made != d.truncation:
+        raise RecipeError(f"data.prepared={d.prepared} was prepared under --truncation {made}, but data.truncation="
+                          f"{d.truncation}; prepare it again with --truncation {d.truncation}, or set "
+                          f"data.truncation: {made}")
     if meta["tokenizer"]["sha256"] != tokenizer_identity(d.tokenizer)["sha256"]:
         raise RecipeError(f"data.prepared={d.prepared} was tokenized with {meta['tokenizer']['name']}, "
                           f"not data.tokenizer={d.tokenizer}")

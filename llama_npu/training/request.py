@@ -13,7 +13,7 @@ from ..objectives import run_samples
 from ..recipe.load import load_recipe
 from ..recipe.problems import RecipeError
 from ..recipe.schema import Recipe
-from ..recipe.stored import STORED_RECIPE, stored_recipe
+from ..recipe.stored import STORED_RECIPE, resumed_truncation, stored_recipe
 from .preflight import PreflightError, check_output_dir, check_rehearsed_recipe, preflight, resume_command
 from .rehearse import rehearse
 from .run import first_example, run_training
@@ -42,6 +42,8 @@ def run_request(args):
     else:  # validate --workers N resolves strategies.parallel.data=auto as msrun's N workers will
         recipe = load_recipe(args.recipe, args.set, workers=workers)
     run_dir = default_run_dir(args)
+    if args.recipe is not None and args.resume:
+        recipe = resumed_truncation(recipe, Path(args.recipe), args.set, run_dir)
     if not args.rehearse:
         return recipe, run_dir, None, []
     problems = check_rehearsed_recipe(recipe)

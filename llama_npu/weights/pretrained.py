@@ -27,6 +27,7 @@ import numpy as np
 from ..checkpoints.files import CheckpointError, damage, problem, step_dirs_newest_first, verify_read, warn_once
 from ..common.checksums import SIDECAR_BYTES, read_sidecar
 from ..data.tables import ReadOptions
+from ..data.truncation import DEFAULT as TRUNCATION_DEFAULT
 from ..model.architecture import LARGEST, PRESETS, LlamaShape, resolve_shape, shape_problem
 from ..recipe.problems import RecipeError
 from ..recipe.stored import STORED_RECIPE, stored_recipe
@@ -249,6 +250,7 @@ class ResolvedWeights:
     max_seq_len: Optional[int] = None  # the run's data.max_seq_len (None: not a run's checkpoint)
     reading: ReadOptions = field(default_factory=ReadOptions)  # the run's data.columns and data.encoding
     base_int8: bool = False  # a LoRA run over an int8 base (strategies.lora.base_dtype): folded into q x s
+    truncation: str = TRUNCATION_DEFAULT  # the run's data.truncation: eval --data cuts records as it did
 
     def files(self) -> list:
         """Every file reading these weights reads."""
@@ -278,7 +280,8 @@ def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
     if not lora.enabled:
         if not (step / CONFIG).is_file():
             raise CheckpointError(f"{step}: no {CONFIG} (a sharded run's shards need llama-npu merge-checkpoints)")
-        return ResolvedWeights(step, step / WEIGHTS, tokenizer=tokenizer, max_seq_len=length, reading=reading)
+        return ResolvedWeights(step, step / WEIGHTS, tokenizer=tokenizer, max_seq_len=length, reading=reading,
+                               truncation=recipe.data.truncation)
     base = recipe.model.checkpoint
     if not base:
         raise CheckpointError(f"{run_dir}: a LoRA run from random weights (its recipe has no model.checkpoint) "
@@ -287,7 +290,7 @@ def _from_run(run_dir: Path, step: Path) -> ResolvedWeights:
     if not (base / CONFIG).is_file():
         raise CheckpointError(f"{run_dir}: the base its recipe names, model.checkpoint={base}, has no {CONFIG}")
     return ResolvedWeights(base, base / WEIGHTS, step / WEIGHTS, float(lora.alpha), tokenizer, length, reading,
-                           lora.base_dtype == "int8")
+                           lora.base_dtype == "int8", recipe.data.truncation)
 
 
 def resolve_weights(path: Path) -> ResolvedWeights:

@@ -11,7 +11,7 @@ Its heavy modules (numpy, MindSpore) are imported where they are used, so `valid
 from __future__ import annotations
 
 from .records import RECORDS
-from .section import NAME, DpoSection, check
+from .section import NAME, DpoSection, check, resolve
 
 SECTION = DpoSection
 # LLaMA-Factory's (its FinetuningArguments)
@@ -27,13 +27,14 @@ def samples(recipe, tokenizer, records):
 
 
 def preflight(recipe, tokenizer, records) -> list:
-    """The pairs whose prompt leaves no reply token within data.max_seq_len, as errors."""
+    """The pairs whose prompt leaves no reply token within data.max_seq_len (data.truncation:
+    keep_prompt), as errors."""
     from ..prompt_room import no_room_error
     from .pairs import tokenize_pairs
     from .records import SKIP_HINT
 
     max_seq_len = recipe.data.max_seq_len
-    report = tokenize_pairs(tokenizer, records, max_seq_len + 1, recipe.dpo.on_long_pair, bar=False)[1]
+    report = tokenize_pairs(tokenizer, records, max_seq_len + 1, recipe.data.truncation, bar=False)[1]
     return [no_room_error(where, tokens, max_seq_len, SKIP_HINT) for where, tokens in report.no_room]
 
 

@@ -8,7 +8,9 @@ from typing import List, Sequence, Tuple
 
 from ...common.console import progress_bar
 from ...data.chat_template import assemble_chat, role_headers
-from ...data.samples import TOKENIZE_BATCH, Sample, fit_length, pad_items
+from ...data.samples import TOKENIZE_BATCH, Sample, pad_items
+from ...data.truncation import DEFAULT, CutCounts, layout, prompt_cut, take
+from ...model.tokens import IGNORE_ID
 from .records import PairRecord
 
 
@@ -25,52 +27,54 @@ class PairSample:
 
 @dataclass
 class PairReport:
-    read: int = 0
-    kept: int = 0
-    truncated: int = 0  # kept with the longer reply cut at the length (dpo.on_long_pair: truncate)
-    dropped: int = 0  # left out for a reply too long (dpo.on_long_pair: drop)
-    no_room: List[Tuple[str, int]] = field(default_factory=list)  # (file:line, prompt tokens): no reply fits
+    cuts: CutCounts = field(default_factory=CutCounts)  # by file: read, truncated, dropped
+    no_room: List[Tuple[str, int]] = field(default_factory=list)  # (file:line, prompt tokens): keep_prompt's drops
 
-    def describe(self, max_len: int) -> str:
-        return (f"{self.kept} of {self.read} preference pairs kept ({self.truncated} truncated, {self.dropped} "
-                f"dropped: a row past {max_len} tokens; {len(self.no_room)} dropped: no room for a reply)")
+    read = property(lambda self: self.cuts.total("read"))
+    truncated = property(lambda self: self.cuts.total("truncated"))
+    dropped = property(lambda self: self.cuts.total("dropped"))
+    kept = property(lambda self: self.read - self.dropped)
 
 
 def _rows(headers, record: PairRecord, contents: list):
-    """(chosen ids, labels), (rejected ids, labels), prompt length: the prompt's turns and
-    each reply as the assistant's closing turn."""
+    """(chosen ids, labels), (rejected ids, labels): the prompt's turns and each reply as the
+    assistant's closing turn, the reply and its <|eot_id|> the only targets (a history's
+    assistant turns are prompt here, as TRL scores the completion only)."""
     roles = [role for role, _ in record.prompt] + ["assistant"]
-    prompt, chosen, rejected = contents[:-2], contents[-2], contents[-1]
-    chosen_row = assemble_chat(roles, prompt + [chosen], headers)
-    rejected_row = assemble_chat(roles, prompt + [rejected], headers)
-    return chosen_row, rejected_row, len(chosen_row[0]) - len(chosen) - 1  # the reply and its <|eot_id|>
+    prompt, rows = contents[:-2], []
+    for reply in contents[-2:]:
+        ids, labels = assemble_chat(roles, prompt + [reply], headers)
+        start = len(ids) - len(reply) - 1
+        rows.append((ids, [IGNORE_ID] * start + labels[start:]))
+    return rows
 
 
-def _fit_pair(headers, record: PairRecord, contents: list, max_len: int, on_long_pair: str, report: PairReport):
-    """The pair as samples of at most `max_len` tokens, or None (counted in `report`)."""
-    (chosen_ids, chosen_labels), (rejected_ids, rejected_labels), prompt_len = _rows(headers, record, contents)
-    report.read += 1
-    if prompt_len >= max_len:  # labels[prompt_len] is the reply's first target
-        report.no_room.append((record.where, prompt_len))
+def _fit_pair(headers, record: PairRecord, contents: list, max_len: int, truncation: str, report: PairReport):
+    """The pair as samples of at most `max_len` tokens cut under `truncation` (data/truncation.py:
+    one prompt cut, the longer reply deciding both replies' length), or None (counted in `report`)."""
+    rows = _rows(headers, record, contents)
+    lay = layout(rows[0][0], headers["assistant"], headers["system"])
+    replies = [len(ids) - lay.reply for ids, _ in rows]  # each reply and its <|eot_id|>
+    cut = prompt_cut(truncation, lay, max(replies), max_len)
+    if cut is None and truncation == "keep_prompt":
+        report.no_room.append((record.where, lay.reply))
+    truncated = cut is not None and (cut[1] < max(replies) or cut[0] != [(0, lay.reply)])
+    report.cuts.count_record(record.where, truncated, cut is None)
+    if cut is None:
         return None
-    if max(len(chosen_ids), len(rejected_ids)) > max_len:
-        if on_long_pair == "drop":
-            report.dropped += 1
-            return None
-        report.truncated += 1
-    report.kept += 1
-    return PairSample(Sample(*fit_length(chosen_ids, chosen_labels, max_len)),
-                      Sample(*fit_length(rejected_ids, rejected_labels, max_len)))
+    kept = cut[0] + [(lay.reply, lay.reply + cut[1])]
+    return PairSample(*(Sample(take(ids, kept), take(labels, kept)) for ids, labels in rows))
 
 
 def tokenize_pairs(tokenizer, records: Sequence[PairRecord], max_len: int,
-                   on_long_pair: str = "truncate", bar: bool = True) -> Tuple[List[PairSample], PairReport]:
+                   truncation: str = DEFAULT, bar: bool = True) -> Tuple[List[PairSample], PairReport]:
     """Pairs of samples of at most `max_len` tokens (data.max_seq_len + 1, as for SFT), in
-    the Llama 3 chat format; only the reply tokens and their <|eot_id|> are targets. `bar`:
-    a progress bar (not for `validate`, whose output is its list of problems)."""
+    the Llama 3 chat format, longer pairs cut under `truncation` (data.truncation); only the
+    reply tokens and their <|eot_id|> are targets. `bar`: a progress bar (not for `validate`,
+    whose output is its list of problems)."""
     headers, report, pairs = role_headers(tokenizer), PairReport(), []
     for record, contents in _encoded(tokenizer, records, bar):
-        pair = _fit_pair(headers, record, contents, max_len, on_long_pair, report)
+        pair = _fit_pair(headers, record, contents, max_len, truncation, report)
         if pair is not None:
             pairs.append(pair)
     return pairs, report
@@ -93,8 +97,9 @@ def pair_lengths(tokenizer, records: Sequence[PairRecord]) -> List[Tuple[int, in
     hold for the pair to keep a reply (more than the prompt) or to stay whole (the row)."""
     headers, lengths = role_headers(tokenizer), []
     for record, contents in _encoded(tokenizer, records, bar=False):
-        chosen_row, rejected_row, prompt_len = _rows(headers, record, contents)
-        lengths.append((prompt_len, max(len(chosen_row[0]), len(rejected_row[0]))))
+        (chosen, _), (rejected, _) = _rows(headers, record, contents)
+        prompt_len = len(chosen) - len(contents[-2]) - 1  # the reply and its <|eot_id|>
+        lengths.append((prompt_len, max(len(chosen), len(rejected))))
     return lengths
 
 

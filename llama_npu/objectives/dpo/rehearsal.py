@@ -1,11 +1,12 @@
 """A DPO recipe's rehearsal (training/rehearse.py): its sequence length and its pairs.
 
 An SFT rehearsal trains 32-token sequences. A preference pair is refused when its prompt
-leaves no reply token within data.max_seq_len (pairs.py), and the Llama 3 chat
-template's headers alone take 15 tokens: at 32 a quarter of the shipped
-data/zh_pref_train.jsonl has no room (its prompts run to 121 tokens). So a DPO rehearsal
-takes the shortest multiple of 32 at which enough pairs for its steps keep a reply (and, under
-dpo.on_long_pair: drop, stay whole), never more than the recipe's own length nor CAP (a CPU
+leaves no reply token within data.max_seq_len under data.truncation: keep_prompt (pairs.py),
+and the Llama 3 chat template's headers alone take 15 tokens: at 32 a quarter of the shipped
+data/zh_pref_train.jsonl has no room (its prompts run to 121 tokens). So under keep_prompt a
+DPO rehearsal takes the shortest multiple of 32 at which enough pairs for its steps keep a
+reply (under drop: stay whole; keep_end and keep_start cut every pair to fit, and 32 is
+kept), never more than the recipe's own length nor CAP (a CPU
 step's logits are 128,256 fp32 values a token), and leaves the other pairs out
 (data.on_bad_record: skip), saying how many. It trains on the first pairs only, as many as
 its steps read, so that the reference pass (objectives/reference_pass.py: a forward pass over
@@ -41,8 +42,7 @@ def shrink_pair_length(r, shortest: int, pairs_needed: int) -> int:
     """The rehearsal's data.max_seq_len for a DPO recipe: from `shortest` (the SFT
     rehearsal's) up in steps of it, the first at which `pairs_needed` pairs keep a reply;
     the pairs without room there are skipped (data.on_bad_record: skip)."""
-    return shrink_to_fit(r, shortest, pairs_needed, _lengths(r.recipe), r.recipe.dpo.on_long_pair == "drop",
-                         "training pairs")
+    return shrink_to_fit(r, shortest, pairs_needed, _lengths(r.recipe), "training pairs")
 
 
 def first_pairs(source, recipe):

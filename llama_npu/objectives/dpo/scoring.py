@@ -61,8 +61,9 @@ def evaluate_pairs(recipe, checkpoint: Path, data_files, batch_size: Optional[in
     # read as the run read its training pairs: its data.columns and data.encoding
     reading = ReadOptions.of_data(recipe.data)
     records = read_files(data_files, reading, recipe.data.on_bad_record, RECORDS)
-    pairs, report = tokenize_pairs(load_tokenizer(recipe.data.tokenizer), records, length, d.on_long_pair)
-    note(report.describe(length))
+    pairs, report = tokenize_pairs(load_tokenizer(recipe.data.tokenizer), records, length, recipe.data.truncation)
+    for line in report.cuts.lines(recipe.data.truncation, length, "preference pairs"):
+        note(line)
     nll = None
     if d.loss == "orpo":
         policy, nll = log_probs(load, Path(checkpoint), pairs, batch_size, length, device, orpo=True)

@@ -10,12 +10,16 @@ Which reference a loss compares with (docs/preference-tuning.md says what each c
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from ...recipe.problems import Problems, choice, positive
+from ...common.console import warn
+from ...data.truncation import DEFAULT
+from ...recipe.problems import Problems, RecipeError, choice, positive
 
 NAME = "dpo"
-ON_LONG_PAIR = ("truncate", "drop")
+# Deprecated: data.truncation holds it for every objective; each value's mode there.
+ON_LONG_PAIR = {"truncate": "keep_prompt", "drop": "drop"}
 LOSSES = ("sigmoid", "ipo", "simpo", "orpo")
 REFERENCES = ("precomputed", "adapters_off", "none")
 # trl/trainer/cpo_trainer.py and orpo_trainer.py: their losses read no reference model
@@ -26,9 +30,8 @@ LENGTH_NORMALISED = ("ipo", "simpo", "orpo")
 
 @dataclass
 class DpoSection:
-    # A pair whose longer reply does not fit data.max_seq_len: cut both replies there, or
-    # leave the pair out; the run counts both.
-    on_long_pair: str = "truncate"  # truncate | drop
+    # Deprecated (data.truncation): truncate reads as keep_prompt, drop as drop; "": unset.
+    on_long_pair: str = ""
     # The loss and its reference (TRL 0.24.0's meanings).
     beta: float = 0.1  # DPOConfig.beta: how far from the reference a reward counts
     loss: str = "sigmoid"  # sigmoid | ipo | simpo | orpo
@@ -39,14 +42,34 @@ class DpoSection:
 
 
 def check(recipe) -> None:
-    """dpo.on_long_pair in every recipe; in a DPO run's, what DPO cannot take from the data
-    section, the loss's keys and what its reference requires of the strategies."""
+    """In a DPO run's recipe, what DPO cannot take from the data section, the loss's keys and
+    what its reference requires of the strategies."""
     problems, d = Problems(), recipe.dpo
-    problems.check(choice, "dpo.on_long_pair", d.on_long_pair, ON_LONG_PAIR)
     if recipe.train.objective == NAME:
         problems += data_problems(recipe.data)
         problems.check(loss_checks, recipe)
     problems.raise_any()
+
+
+def resolve(recipe) -> None:
+    """dpo.on_long_pair, deprecated, read as data.truncation (which then holds it alone), with
+    one line naming the new key; refused beside a data.truncation that says otherwise."""
+    value, data = recipe.dpo.on_long_pair, recipe.data
+    if not value:
+        return
+    choice("dpo.on_long_pair", value, tuple(ON_LONG_PAIR))
+    mode = ON_LONG_PAIR[value]
+    if data.truncation not in (DEFAULT, mode):
+        raise RecipeError(f"dpo.on_long_pair: {value} (deprecated: data.truncation: {mode}) beside data.truncation: "
+                          f"{data.truncation}; remove dpo.on_long_pair")
+    _deprecated(f"dpo.on_long_pair: {value} is deprecated; it reads as data.truncation: {mode}, the key for every "
+                f"objective: write that instead")
+    data.truncation, recipe.dpo.on_long_pair = mode, ""
+
+
+@functools.cache
+def _deprecated(message: str) -> None:  # once a process: a run reads its recipe more than once
+    warn(message)
 
 
 def data_problems(d) -> list:

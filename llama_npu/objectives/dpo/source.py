@@ -8,11 +8,10 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from ...common.console import note
 from ...data.readers import RecordError
 from ...data.record_kind import RecordKind
 from ...data.dataset_info import DataInput
-from ...data.source import described, read_records
+from ...data.source import described, note_cuts, read_records
 from ...model.tokens import PAD_ID
 from ..prompt_room import no_room_error
 from .pairs import PairSample, pad_pair_batch, tokenize_pairs
@@ -42,15 +41,13 @@ class PairSource:
 
 def pair_samples(recipe, tokenizer, inputs: Sequence[DataInput], kind: RecordKind = RECORDS) -> list[PairSample]:
     """The preference pairs of `inputs`, tokenized to data.max_seq_len + 1 tokens as samples
-    are; what dpo.on_long_pair cut or dropped is noted."""
-    d, files = recipe.data, [described(inputs)]
-    pairs, report = tokenize_pairs(tokenizer, read_records(recipe, inputs, kind), d.max_seq_len + 1,
-                                   recipe.dpo.on_long_pair)
+    are; what data.truncation cut or dropped of each file is noted."""
+    d = recipe.data
+    pairs, report = tokenize_pairs(tokenizer, read_records(recipe, inputs, kind), d.max_seq_len + 1, d.truncation)
     if report.no_room and d.on_bad_record == "error":  # the pre-flight lists them all
         raise no_room_error(*report.no_room[0], d.max_seq_len, SKIP_HINT)
-    note(f"{', '.join(files)}: {report.describe(d.max_seq_len + 1)}")
+    note_cuts(recipe, report.cuts, inputs, "preference pairs")
     if not pairs:
-        hint = ", or set dpo.on_long_pair: truncate" if report.dropped else ""
-        raise RecordError(f"no preference pair left in {', '.join(files)}: all {report.read} were dropped; raise "
-                          f"data.max_seq_len{hint}")
+        raise RecordError(f"no preference pair left in {described(inputs)}: all {report.read} were dropped under "
+                          f"data.truncation: {d.truncation}; raise data.max_seq_len, or set data.truncation: keep_end")
     return pairs

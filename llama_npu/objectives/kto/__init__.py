@@ -27,13 +27,14 @@ def samples(recipe, tokenizer, records):
 
 
 def preflight(recipe, tokenizer, records) -> list:
-    """The records whose prompt leaves no reply token within data.max_seq_len, as errors."""
+    """The records whose prompt leaves no reply token within data.max_seq_len (data.truncation:
+    keep_prompt), as errors."""
     from ..prompt_room import no_room_error
     from .records import SKIP_HINT
     from .replies import tokenize_kto
 
     max_seq_len = recipe.data.max_seq_len
-    report = tokenize_kto(tokenizer, records, max_seq_len + 1, bar=False)[1]
+    report = tokenize_kto(tokenizer, records, max_seq_len + 1, recipe.data.truncation, bar=False)[1]
     return [no_room_error(where, tokens, max_seq_len, SKIP_HINT) for where, tokens in report.no_room]
 
 

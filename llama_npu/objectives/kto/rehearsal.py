@@ -27,14 +27,14 @@ def _lengths(recipe) -> Optional[List[Tuple[int, int]]]:
     d = recipe.data
     try:
         records = read_records(recipe, train_inputs(recipe), RECORDS, rehearsing=True)
-        samples = tokenize_kto(load_tokenizer(d.tokenizer), records, 1 << 30, bar=False)[0]
+        samples = tokenize_kto(load_tokenizer(d.tokenizer), records, 1 << 30, "keep_prompt", bar=False)[0]
     except (OSError, RecordError, ValueError):
         return None
     return [(reply_span(s.sample.labels)[0], len(s.sample.input_ids)) for s in samples] or None
 
 
 def shrink_length(r, shortest: int, needed: int) -> int:
-    return shrink_to_fit(r, shortest, needed, _lengths(r.recipe), False, "training records")
+    return shrink_to_fit(r, shortest, needed, _lengths(r.recipe), "training records")
 
 
 def first_records(source, recipe):

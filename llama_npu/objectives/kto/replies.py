@@ -7,19 +7,21 @@ previous record, as trl/trainer/kto_trainer.py _get_kl_dataset rotates a batch's
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from ...common.console import note, progress_bar
+from ...common.console import progress_bar
 from ...data.chat_template import assemble_chat, role_headers
 from ...data.errors import RecordError
 from ...data.record_kind import RecordKind
 from ...data.samples import TOKENIZE_BATCH, Sample, pad_batch
 from ...data.dataset_info import DataInput
-from ...data.source import described, read_records
+from ...data.truncation import DEFAULT, layout, prompt_cut, take
+from ...data.source import described, note_cuts, read_records
 from ...model.tokens import IGNORE_ID, PAD_ID
+from ..dpo.pairs import PairReport
 from ..prompt_room import no_room_error
 from .records import RECORDS, SKIP_HINT, KtoRecord
 
@@ -34,23 +36,12 @@ class KtoSample:
         return (self.sample,)
 
 
-@dataclass
-class KtoReport:
-    read: int = 0
-    kept: int = 0
-    truncated: int = 0  # kept with the reply cut at the length
-    no_room: List[Tuple[str, int]] = field(default_factory=list)  # (file:line, prompt tokens): no reply fits
-
-    def describe(self, max_len: int) -> str:
-        return (f"{self.kept} of {self.read} labelled replies kept ({self.truncated} truncated at {max_len} tokens; "
-                f"{len(self.no_room)} dropped: no room for a reply)")
-
-
-def tokenize_kto(tokenizer, records: Sequence[KtoRecord], max_len: int,
-                 bar: bool = True) -> Tuple[List[KtoSample], KtoReport]:
+def tokenize_kto(tokenizer, records: Sequence[KtoRecord], max_len: int, truncation: str = DEFAULT,
+                 bar: bool = True) -> Tuple[List[KtoSample], PairReport]:
     """Samples of at most `max_len` tokens (data.max_seq_len + 1), in the Llama 3 chat format,
-    the reply cut where the row is too long."""
-    headers, report, samples = role_headers(tokenizer), KtoReport(), []
+    a longer record cut under `truncation` (data.truncation, as a pair's: the prompt as one
+    block under keep_start, LLaMA-Factory's feedback.py)."""
+    headers, report, samples = role_headers(tokenizer), PairReport(), []
     with progress_bar(len(records), "tokenize", "reply", enabled=bar) as progress:
         for start in range(0, len(records), TOKENIZE_BATCH):
             chunk = records[start:start + TOKENIZE_BATCH]
@@ -59,29 +50,37 @@ def tokenize_kto(tokenizer, records: Sequence[KtoRecord], max_len: int,
             for record in chunk:
                 contents = [next(encoded) for _ in range(len(record.prompt) + 1)]
                 ids, labels = assemble_chat([r for r, _ in record.prompt] + ["assistant"], contents, headers)
-                prompt_len = len(ids) - len(contents[-1]) - 1  # the reply and its <|eot_id|>
-                labels = [IGNORE_ID] * prompt_len + labels[prompt_len:]
-                report.read += 1
-                if prompt_len >= max_len:  # labels[prompt_len] is the reply's first target
-                    report.no_room.append((record.where, prompt_len))
-                    continue
-                report.truncated += len(ids) > max_len
-                report.kept += 1
-                samples.append(KtoSample(Sample(ids[:max_len], labels[:max_len]), record.desirable))
+                kept = fit_reply(ids, headers, max_len, truncation, record.where, report)
+                reply = len(ids) - len(contents[-1]) - 1  # the reply and its <|eot_id|>: the only targets
+                labels = [IGNORE_ID] * reply + labels[reply:]
+                if kept is not None:
+                    samples.append(KtoSample(Sample(take(ids, kept), take(labels, kept)), record.desirable))
             progress.update(len(chunk))
     return samples, report
 
 
+def fit_reply(ids, headers, max_len: int, truncation: str, where: str, report: PairReport):
+    """The kept ranges of a one-reply row (data/truncation.py prompt_cut), or None; counted."""
+    lay = layout(ids, headers["assistant"], headers["system"])
+    reply = len(ids) - lay.reply
+    cut = prompt_cut(truncation, lay, reply, max_len)
+    if cut is None and truncation == "keep_prompt":
+        report.no_room.append((where, lay.reply))
+    report.cuts.count_record(where, cut is not None and len(ids) > max_len, cut is None)
+    return None if cut is None else cut[0] + [(lay.reply, lay.reply + cut[1])]
+
+
 def reply_samples(recipe, tokenizer, inputs: Sequence[DataInput], kind: RecordKind = RECORDS) -> List[KtoSample]:
-    """The labelled replies of `inputs`, tokenized to data.max_seq_len + 1 tokens as samples are."""
-    d, files = recipe.data, [described(inputs)]
-    samples, report = tokenize_kto(tokenizer, read_records(recipe, inputs, kind), d.max_seq_len + 1)
+    """The labelled replies of `inputs`, tokenized to data.max_seq_len + 1 tokens as samples are;
+    what data.truncation cut or dropped of each file is noted."""
+    d = recipe.data
+    samples, report = tokenize_kto(tokenizer, read_records(recipe, inputs, kind), d.max_seq_len + 1, d.truncation)
     if report.no_room and d.on_bad_record == "error":  # the pre-flight lists them all
         raise no_room_error(*report.no_room[0], d.max_seq_len, SKIP_HINT)
-    note(f"{', '.join(files)}: {report.describe(d.max_seq_len + 1)}")
+    note_cuts(recipe, report.cuts, inputs, "labelled replies")
     if not samples:
-        raise RecordError(f"no labelled reply left in {', '.join(files)}: all {report.read} were dropped; raise "
-                          f"data.max_seq_len")
+        raise RecordError(f"no labelled reply left in {described(inputs)}: all {report.read} were dropped under "
+                          f"data.truncation: {d.truncation}; raise data.max_seq_len, or set data.truncation: keep_end")
     return samples
 
 

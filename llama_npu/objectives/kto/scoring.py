@@ -46,8 +46,9 @@ def evaluate_replies(recipe, checkpoint: Path, data_files, batch_size: Optional[
     length = recipe.data.max_seq_len + 1
     reading = ReadOptions.of_data(recipe.data)  # as the run read its training replies
     records = read_files(data_files, reading, recipe.data.on_bad_record, RECORDS)
-    samples, report = tokenize_kto(load_tokenizer(recipe.data.tokenizer), records, length)
-    note(report.describe(length))
+    samples, report = tokenize_kto(load_tokenizer(recipe.data.tokenizer), records, length, recipe.data.truncation)
+    for line in report.cuts.lines(recipe.data.truncation, length, "labelled replies"):
+        note(line)
     if len(samples) < 2:
         raise RecordError(f"{', '.join(map(str, data_files))}: {len(samples)} labelled reply kept; the KL estimate "
                           f"pairs each prompt with another reply, so scoring needs 2 or more")
