@@ -313,8 +313,8 @@ def test_train_refuses_a_host_without_the_memory_for_the_optimizer_in_one_line(t
     proc = run_cli("train", OFFLOAD_3B, *cpu, "--output-dir", out)
     assert proc.returncode == 2 and not out.exists() and "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[0]
-    need = re.search(r"this node's host needs ([\d.]+) GB .* \(1 rank x ([\d.]+) GB, llama-npu plan RECIPE\), but "
-                     r"MemAvailable is ([\d.]+) GB", line)
+    need = re.search(r"this node's host needs ([\d.]+) GiB .* \(1 rank x ([\d.]+) GiB, llama-npu plan RECIPE\), but "
+                     r"MemAvailable is ([\d.]+) GiB", line)
     assert line.startswith("llama-npu: error: strategies.offload.optimizer=host: ") and need, line
     assert float(need.group(1)) > float(need.group(3)) > 0
     assert abs(float(need.group(3)) - mem_available() / 2**30) < 2  # this host's, read as train ran
@@ -331,7 +331,7 @@ def test_validate_on_a_login_node_leaves_the_host_memory_check_with_the_device_c
     proc = run_cli("validate", OFFLOAD_3B)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1].endswith(
-        "; so are the host-memory check of strategies.offload.optimizer=host (48.61 GB a rank against that host's "
+        "; so are the host-memory check of strategies.offload.optimizer=host (48.61 GiB a rank against that host's "
         "MemAvailable) and the check of its AdamW kernel (numba importable, at the offload extra's release, one "
         "update right)")
     rehearsal = run_cli("validate", OFFLOAD_3B, "--rehearse")

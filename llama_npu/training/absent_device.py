@@ -34,7 +34,7 @@ def validate_problems(args) -> tuple[list, Optional[object], object, Optional[di
             f"(--strict-device makes the missing device an error)")
     rank_bytes = host_bytes(recipe)
     if rank_bytes:
-        left += (f"; so are the host-memory check of strategies.offload.optimizer=host ({rank_bytes / 2**30:.2f} GB "
+        left += (f"; so are the host-memory check of strategies.offload.optimizer=host ({rank_bytes / 2**30:.2f} GiB "
                  f"a rank against that host's MemAvailable) and the check of its AdamW kernel (numba importable, "
                  f"at the offload extra's release, one update right)")
     return [p for p in problems if p not in device], recipe, run_dir, rehearsal, left

@@ -114,9 +114,9 @@ def check_host_memory(recipe: Recipe) -> list:
     if not rank or available is None or rank * ranks <= available:
         return []
     gib = 2**30
-    return [f"strategies.offload.optimizer=host: this node's host needs {rank * ranks / gib:.2f} GB for the fp32 "
+    return [f"strategies.offload.optimizer=host: this node's host needs {rank * ranks / gib:.2f} GiB for the fp32 "
             f"master weights, the moments and the accumulators ({ranks} rank{'s' if ranks > 1 else ''} x "
-            f"{rank / gib:.2f} GB, llama-npu plan RECIPE), but MemAvailable is {available / gib:.2f} GB; free "
+            f"{rank / gib:.2f} GiB, llama-npu plan RECIPE), but MemAvailable is {available / gib:.2f} GiB; free "
             f"memory, use more data-parallel ranks (each holds 1/N), or set strategies.offload.optimizer: device"]
 
 
