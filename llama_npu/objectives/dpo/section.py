@@ -62,8 +62,9 @@ def resolve(recipe) -> None:
     if data.truncation not in (DEFAULT, mode):
         raise RecipeError(f"dpo.on_long_pair: {value} (deprecated: data.truncation: {mode}) beside data.truncation: "
                           f"{data.truncation}; remove dpo.on_long_pair")
-    _deprecated(f"dpo.on_long_pair: {value} is deprecated; it reads as data.truncation: {mode}, the key for every "
-                f"objective: write that instead")
+    if recipe.train.objective == NAME:  # a stored recipe of another objective carries the old default
+        _deprecated(f"dpo.on_long_pair: {value} is deprecated; it reads as data.truncation: {mode}, the key for every "
+                    f"objective: write that instead")
     data.truncation, recipe.dpo.on_long_pair = mode, ""
 
 
