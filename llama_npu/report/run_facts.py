@@ -30,7 +30,8 @@ def recipe_choices(recipe: dict) -> List[Tuple[str, str]]:
              + (f" from {_get(recipe, 'model.checkpoint')}" if _get(recipe, "model.checkpoint") else " (random init)")),
             ("objective", str(_get(recipe, "train.objective", "sft"))),
             ("device", f"{_get(recipe, 'device.name')} ({_get(recipe, 'device.target')})"),
-            ("precision", f"{st('precision.amp_level')} {st('precision.dtype')}, loss scale "
+            ("precision", f"{st('precision.amp_level')} "  # O0 computes in float32 whatever dtype says
+                          f"{'float32' if st('precision.amp_level') == 'O0' else st('precision.dtype')}, loss scale "
                           f"{st('precision.loss_scale')}"),
             ("strategies", f"recompute {recompute}, chunked CE {'on' if st('chunked_ce.enabled') else 'off'}, "
                            f"LoRA {lora}, optimizer on the {'host' if st('offload.optimizer') == 'host' else 'card'}"),
