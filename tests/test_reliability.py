@@ -468,14 +468,16 @@ def test_launch_checks_the_output_directory_before_msrun(six_step_run, tmp_path)
 
 
 def test_data_that_leaves_no_sample_ends_the_launch_before_any_worker_starts(tmp_path):
-    # Records that parse but whose prompts fill the 33 tokens: the pre-flight tokenizes them
-    # (its data-size check, as train does) and finds no sample left, before msrun starts.
+    # Records that parse but whose prompts fill the 33 tokens, kept whole (data.truncation:
+    # keep_prompt; the default keep_end would cut them to fit): the pre-flight tokenizes them (its
+    # data-size check, as train does) and finds no sample left, before msrun starts.
     data = tmp_path / "long_prompts.jsonl"
     data.write_text("".join(json.dumps({"instruction": "长城" * 40, "output": "好。"}, ensure_ascii=False) + "\n"
                             for _ in range(4)), encoding="utf-8")
     # CLUSTER_TIME_OUT is left at its default, 600 s: the launch must not wait it out.
     proc = run_launch(SMOKE, 2, "--output-dir", tmp_path / "run", *TINY_RUN, "--set", "strategies.parallel.data=2",
-                      "--set", f"data.train_files=[{data}]", log_dir=tmp_path / "logs")
+                      "--set", f"data.train_files=[{data}]", "--set", "data.truncation=keep_prompt",
+                      log_dir=tmp_path / "logs")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert re.fullmatch(rf"llama-npu: error: no training sample left in {re.escape(str(data))}: all 4 "
                         rf"records were dropped, .*", proc.stderr.strip().splitlines()[-1])
