@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Optional
 
 from ..data.readers import RecordError, detect_format as record_format
-from ..data.source import read_files
 from ..data.tables import ReadOptions
 from ..data.tokenizer import load_tokenizer
 from ..objectives import records_of, sft
@@ -40,6 +39,10 @@ def read_eval_records(data_files, reading: ReadOptions, on_bad_record: str = "er
     the read (error) or is counted and named (skip)."""
     for path in data_files:
         detect_format(Path(path), reading)  # a directory is refused, naming --task
+    # imported here: data.source imports numpy, and `llama-npu doctor` must start (and say the
+    # environment is broken) where numpy does not import
+    from ..data.source import read_files
+
     return read_files(data_files, reading, on_bad_record, records_of(sft))  # pairs refused by name
 
 
