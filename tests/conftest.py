@@ -357,5 +357,7 @@ def write_layouts(records: list, directory: Path, stem: str = "data") -> dict:
     for row in [header, *cells]:
         book.active.append(row)
     book.save(paths[".xlsx"])
-    pq.write_table(pa.Table.from_pylist(records), paths[".parquet"])
+    # every key a column: from_pylist alone takes its columns from the first record, and a later
+    # record's system message was lost (its Parquet copy scored other tokens once data.truncation kept them)
+    pq.write_table(pa.Table.from_pydict({k: [r.get(k) for r in records] for k in header}), paths[".parquet"])
     return paths
