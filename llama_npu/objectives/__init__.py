@@ -102,6 +102,12 @@ OBJECTIVES = tuple(importlib.import_module(f"{__name__}.{name}") for name in ("s
 NAMES = tuple(objective.NAME for objective in OBJECTIVES)
 
 
+def old_truncation_keys() -> list:
+    """(section, key, {value: mode}) of the objectives' keys that held data.truncation's mode
+    before it existed: recipe/stored.py reads a run's older recipe.yaml by them."""
+    return [(o.NAME, *o.OLD_TRUNCATION) for o in OBJECTIVES if getattr(o, "OLD_TRUNCATION", None)]
+
+
 def named(name: str):
     """The objective module train.objective `name` picks (validate refuses any other name)."""
     return {objective.NAME: objective for objective in OBJECTIVES}[name]

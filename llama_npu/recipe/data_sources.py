@@ -8,8 +8,8 @@ from ..data.dataset_info import (DATA_CONFIG, column_problems, entry_problems, l
                                  recipe_column_keys, split_names)
 from ..data.errors import RecordError
 from ..data.turn_tags import tag_problems
+from ..data.label_values import LABEL_VALUES
 from ..objectives import NAMES, named
-from ..objectives.kto.records import LABEL_VALUES
 from .problems import Problems, RecipeError
 
 # Keys an entry brings itself, so that a recipe naming data.dataset cannot also give them.

@@ -5,9 +5,9 @@
 merge-checkpoints) reads it here, through the recipe schema, so all of them see the same
 keys with the same defaults.
 
-A recipe.yaml written before data.truncation existed ran what is now keep_prompt (drop under
-dpo.on_long_pair: drop, which it then held): it is read so, and a resume whose recipe names
-no truncation keeps it (data/truncation.py).
+A recipe.yaml written before data.truncation existed ran what is now keep_prompt (or what an
+objective's own old key held, objectives.old_truncation_keys): it is read so, and a resume
+whose recipe names no truncation keeps it (data/truncation.py).
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from .problems import RecipeError
 from .schema import Recipe
 
 STORED_RECIPE = "recipe.yaml"
-TRUNCATION_KEYS = (("data", "truncation"), ("dpo", "on_long_pair"))
 
 
 def _names(tree: dict, section: str, key: str) -> bool:
@@ -33,13 +32,22 @@ def _predates_truncation(tree: dict) -> bool:
     return not _names(tree, "data", "truncation")
 
 
+def _truncation_keys() -> list:
+    from ..objectives import old_truncation_keys  # imported here: the objectives import recipe/
+
+    return [("data", "truncation", {})] + old_truncation_keys()
+
+
 def _as_it_ran(tree: dict) -> dict:
     """A tree written before data.truncation, with the mode its run had in that key."""
-    dpo = tree.get("dpo") if isinstance(tree.get("dpo"), dict) else {}
-    mode = "drop" if dpo.get("on_long_pair") == "drop" else BEFORE_THE_KEY
+    out, mode = dict(tree), BEFORE_THE_KEY
+    for section, key, modes in _truncation_keys()[1:]:
+        held = tree.get(section) if isinstance(tree.get(section), dict) else {}
+        mode = modes.get(held.get(key), mode)
+        if section in tree:
+            out[section] = {k: v for k, v in held.items() if k != key}
     data = tree.get("data") if isinstance(tree.get("data"), dict) else {}
-    rest = {key: value for key, value in dpo.items() if key != "on_long_pair"}
-    return {**tree, "data": {**data, "truncation": mode}, **({"dpo": rest} if "dpo" in tree else {})}
+    return {**out, "data": {**data, "truncation": mode}}
 
 
 def stored_recipe(run_dir: Path, overrides: Optional[List[str]] = None) -> Optional[Recipe]:
@@ -61,8 +69,9 @@ def resumed_truncation(recipe: Recipe, recipe_file: Path, overrides: Optional[Li
     recipe.yaml predates data.truncation and neither names a truncation, with the mode the
     run started with."""
     path = Path(run_dir) / STORED_RECIPE
-    named = any(_names(read_tree(recipe_file), *key) for key in TRUNCATION_KEYS) or any(
-        o.split("=", 1)[0].strip() in ("data.truncation", "dpo.on_long_pair") for o in overrides or [])
+    keys = [(section, key) for section, key, _ in _truncation_keys()]
+    named = any(_names(read_tree(recipe_file), *key) for key in keys) or any(
+        o.split("=", 1)[0].strip() in {f"{s}.{k}" for s, k in keys} for o in overrides or [])
     if named or not path.is_file() or not _predates_truncation(read_tree(path)):
         return recipe
     mode = stored_recipe(run_dir).data.truncation

@@ -11,7 +11,7 @@ Its heavy modules (numpy, MindSpore) are imported where they are used, so `valid
 from __future__ import annotations
 
 from .records import RECORDS
-from .section import NAME, DpoSection, check, resolve
+from .section import NAME, OLD_TRUNCATION, DpoSection, check, resolve
 
 SECTION = DpoSection
 # LLaMA-Factory's (its FinetuningArguments)

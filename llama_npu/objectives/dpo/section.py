@@ -20,6 +20,8 @@ from ...recipe.problems import Problems, RecipeError, choice, positive
 NAME = "dpo"
 # Deprecated: data.truncation holds it for every objective; each value's mode there.
 ON_LONG_PAIR = {"truncate": "keep_prompt", "drop": "drop"}
+# the key of this section that held the truncation mode before data.truncation, and its values' modes
+OLD_TRUNCATION = ("on_long_pair", ON_LONG_PAIR)
 LOSSES = ("sigmoid", "ipo", "simpo", "orpo")
 REFERENCES = ("precomputed", "adapters_off", "none")
 # trl/trainer/cpo_trainer.py and orpo_trainer.py: their losses read no reference model

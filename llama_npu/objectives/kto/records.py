@@ -22,13 +22,13 @@ from functools import partial
 from typing import List
 
 from ...data.chat_template import Message
+from ...data.label_values import LABEL_VALUES
 from ...data.readers import READ_KEYS, RecordError, parse_alpaca, parse_sharegpt
 from ...data.record_kind import RecordKind
 from ...data.tables import ReadOptions
 
 LABEL = "label"
 # data.label_values' keys and their defaults (a key the recipe leaves out keeps its default)
-LABEL_VALUES = {"desirable": ("true", "1", "yes", "👍"), "undesirable": ("false", "0", "no", "👎")}
 SKIP_HINT = "data.on_bad_record: skip drops such records"
 
 
