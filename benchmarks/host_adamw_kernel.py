@@ -14,27 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import numpy as np
 
-from host_optimizer import host_adamw  # our HostAdamW.update, as the offload benchmark times it
+from host_optimizer import best_seconds, host_adamw  # our HostAdamW.update, as the offload benchmark times it
 
 BYTES_A_PARAMETER = 28
-
-
-def best_seconds(paths: dict, steps: int) -> dict:
-    """Each path's fastest of `steps` calls after one warm-up (which compiles numba's kernels),
-    the calls alternating so that other work on the machine hits every path alike."""
-    for run in paths.values():
-        run()
-    best = {name: float("inf") for name in paths}
-    for _ in range(steps):
-        for name, run in paths.items():
-            begin = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - begin)
-    return best
 
 
 def streams(n: int) -> dict:
