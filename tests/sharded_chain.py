@@ -30,7 +30,7 @@ from llama_npu.recipe.load import load_recipe
 from llama_npu.selftest.sharded import layout_problem
 from llama_npu.strategies.parallel import run_scheduler
 from llama_npu.training.session import setup
-from llama_npu.training.sharded_step import ShardedStep
+from llama_npu.steps.sharded_step import ShardedStep
 from test_strategies import FakeSoC, summed_loss  # the register-order test's fake 910A and Dense loss
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ LAYOUTS = {
 
 def chain(cell) -> list:
     """Class names from the outermost wrapper down to MindFormers' Llama; a class of ours that
-    subclasses MindFormers' (training/sharded_step.py clearing_before_forward) as OURS(THEIRS)."""
+    subclasses MindFormers' (steps/sharded_step.py clearing_before_forward) as OURS(THEIRS)."""
     names = []
     while cell is not None:
         kind, base = type(cell), type(cell).__mro__[1]

@@ -153,7 +153,7 @@ def test_the_offload_extra_resolves_with_no_cuda_package(resolved, python, arch)
 
 
 def test_the_kernel_check_holds_the_numba_release_the_offload_extra_pins():
-    from llama_npu.training.host_kernel_check import NUMBA_VERSION
+    from llama_npu.steps.host.kernel_check import NUMBA_VERSION
 
     numba = [Requirement(r) for r in PROJECT["optional-dependencies"]["offload"] if Requirement(r).name == "numba"]
     assert [str(r.specifier) for r in numba] == [f"=={NUMBA_VERSION}"]

@@ -102,8 +102,8 @@ def kto_parts(ms, section, sets, k, checkpoint="", lr=0.5):
     from llama_npu.objectives.kto.parts import replies_of
     from llama_npu.strategies.network import build_network
     from llama_npu.strategies.precision import LossScaler
-    from llama_npu.training.optimizer import build_optimizer
-    from llama_npu.training.step import TrainStep
+    from llama_npu.steps.optimizer import build_optimizer
+    from llama_npu.steps.graph_step import TrainStep
 
     recipe = load_recipe(SMOKE, [f"data.max_seq_len={T}", f"model.checkpoint={checkpoint}", "data.eval_files=[]",
                                  "train.optimizer.name=sgd", f"train.optimizer.lr={lr}", *sets])

@@ -53,9 +53,9 @@ def trainer(ms, *overrides):
     from llama_npu.strategies.accumulation import accumulation_steps
     from llama_npu.strategies.network import build_network
     from llama_npu.strategies.precision import LossScaler
-    from llama_npu.training.optimizer import build_optimizer
-    from llama_npu.training.session import host_optimizer
-    from llama_npu.training.step import TrainStep
+    from llama_npu.steps.optimizer import build_optimizer
+    from llama_npu.steps.host.build import host_optimizer
+    from llama_npu.steps.graph_step import TrainStep
 
     r = recipe(*overrides)
     ms.set_seed(0)
@@ -63,7 +63,7 @@ def trainer(ms, *overrides):
     params, scaler, k = net.trainable_params(), LossScaler(r.strategies.precision), accumulation_steps(r)
     host = host_optimizer(r, params)
     if host is not None:
-        from llama_npu.training.host_step import HostStep
+        from llama_npu.steps.host.step import HostStep
 
         step = HostStep(cell, host, scaler, r.train.grad_clip, k)
         saved = host.master_params
@@ -75,7 +75,7 @@ def trainer(ms, *overrides):
 
 def train(ms, data, *overrides):
     """(step results, final weights, the step function)."""
-    from llama_npu.training.optimizer import lr_at
+    from llama_npu.steps.optimizer import lr_at
 
     step, weights, r = trainer(ms, *overrides)
     results = [step(micro, lr_at(i + 1, r.train)) for i, micro in enumerate(data)]
@@ -115,15 +115,15 @@ def test_fp32_adamw_on_the_host_equals_the_graph_over_10_steps(ms, shape):
 def test_o2_fp16_one_host_update_lands_within_the_derived_rounding_bound_of_the_graphs(ms):
     """O2 fp16, dynamic loss scale, k = 4, full recompute, chunked CE, clipping: each step starts
     the host from the graph's state, so both take one update from the same masters, moments and
-    float16 card weights, and every difference must be one that training/update_bound.py derives
+    float16 card weights, and every difference must be one that steps/host/update_bound.py derives
     from fp32 rounding. (Free-running, a master one rounding apart can round to the neighbouring
     float16 weight, and the next forward amplifies it beyond any bound: on an AMD EPYC the
     4-step weights differed by 1.08e-5 relative where a Xeon gave less than 1e-5.) The injected
     overflow is skipped on both, the card's weights untouched; the compiled host graph holds no
     fp32 master and no moments."""
     from llama_npu.selftest.host_optimizer import set_host_states, states  # selftest's host_optimizer steps so too
-    from llama_npu.training.optimizer import lr_at
-    from llama_npu.training.update_bound import (adamw_difference_bound, clip_factor_difference,
+    from llama_npu.steps.optimizer import lr_at
+    from llama_npu.steps.host.update_bound import (adamw_difference_bound, clip_factor_difference,
                                                  float16_neighbours, loss_difference_bound)
 
     data = batches(2, 4) * 2
@@ -233,7 +233,7 @@ def test_bfloat16_gradients_reach_the_host_accumulators_exactly(ms):
     from mindspore import Parameter, Tensor
 
     from llama_npu.recipe.schema import OptimizerSection
-    from llama_npu.training.host_optimizer import HostAdamW
+    from llama_npu.steps.host.optimizer import HostAdamW
 
     card = [Parameter(Tensor(np.ones((4, 3), np.float32)), name="w"), Parameter(Tensor(np.ones(3, np.float32)), name="g")]
     host = HostAdamW(card, OptimizerSection(), 1, ms.bfloat16)
@@ -414,7 +414,7 @@ def test_a_data_parallel_host_run_resumes_on_one_card_without_offload(single_pro
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 7])
 def test_the_ranks_ranges_cover_every_matrix_once_and_gather_back_whole_across_chunks(monkeypatch, ranks):
-    """training/host_shards.py without a launch: the ranks' ranges of uneven matrices (ranges
+    """steps/host/shards.py without a launch: the ranks' ranges of uneven matrices (ranges
     starting and ending inside tensors, the last rank's shorter) hold every matrix element once
     and every vector on each rank, and the chunked gather that saving uses, its chunk set
     smaller than a tensor, rebuilds each matrix exactly (the launch's model is one chunk). The

@@ -324,16 +324,33 @@ def test_pipeline_wrapper_clears_before_the_forward_and_after_the_read_only(shar
         assert_clears_before_the_forward_and_after_the_read_only(ir)
 
 
-class CompilingStep:
+def compiling_step(net, optimizer, loss_cell):
     """A step that compiles ahead, as the sharded step does: a real compile of the loss
-    cell on CPU, remembering what the weights held at that moment."""
+    cell on CPU, remembering what the weights held at that moment; it loads as every step
+    whose states are the graph's (steps/contract.py)."""
+    from llama_npu.common.console import note
+    from llama_npu.steps import Step
 
-    def __init__(self, loss_cell, weight):
-        self.loss_cell, self.weight, self.weights_at_compile = loss_cell, weight, None
+    class CompilingStep(Step):
+        weights_at_compile = None
 
-    def compile(self, micro_batches):
-        self.loss_cell.compile(*(ms_tensor(a) for a in micro_batches[0]))
-        self.weights_at_compile = self.weight.asnumpy().copy()
+        def __call__(self, micro_batches, lr, stop_requested=False):
+            raise AssertionError("a resume does not step")
+
+        def loss_scale_state(self):
+            return {}
+
+        def load_loss_scale_state(self, state):
+            pass
+
+        def compile_before_load(self, example_batches):
+            note("the test step compiles")
+            loss_cell.compile(*(ms_tensor(a) for a in example_batches()[0]))
+            self.weights_at_compile = net.trainable_params()[0].asnumpy().copy()
+
+    step = CompilingStep()
+    step.network, step.optimizer = net, optimizer
+    return step
 
 
 def ms_tensor(array):
@@ -345,10 +362,10 @@ def ms_tensor(array):
 def test_resume_compiles_the_train_graph_before_loading_the_checkpoint(ms, tmp_path, capsys):
     from llama_npu.checkpoints.files import optimizer_state_params, save_checkpoint
     from llama_npu.checkpoints.policy import Checkpointer
-    from llama_npu.checkpoints.resume import compile_then_resume
+    from llama_npu.checkpoints.resume import compile_then_load
     from llama_npu.strategies.network import build_network
     from llama_npu.strategies.parallel import World
-    from llama_npu.training.optimizer import build_optimizer
+    from llama_npu.steps.optimizer import build_optimizer
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16", "train.micro_batch_size=2"])
     net, loss_cell = build_network(recipe, on_ascend=False)
@@ -361,15 +378,15 @@ def test_resume_compiles_the_train_graph_before_loading_the_checkpoint(ms, tmp_p
     net, loss_cell = build_network(recipe, on_ascend=False)  # fresh weights
     fresh = net.trainable_params()[0].asnumpy().copy()
     optimizer = build_optimizer(net.trainable_params(), recipe.train)
-    step = CompilingStep(loss_cell, net.trainable_params()[0])
+    step = compiling_step(net, optimizer, loss_cell)
     ids = np.random.default_rng(0).integers(0, 1000, (2, 17)).astype(np.int32)
     checkpointer = Checkpointer(tmp_path, World(), keep_last=1)
-    state = compile_then_resume(step, lambda: [(ids, ids)], checkpointer, path, net, optimizer)
+    state = compile_then_load(step, lambda: [(ids, ids)], checkpointer, path)
     assert checkpointer.last == path and state["step"] == 3
     np.testing.assert_array_equal(step.weights_at_compile, fresh)  # compiled while the weights were unloaded
     np.testing.assert_array_equal(net.trainable_params()[0].asnumpy(), saved[0])
     out = capsys.readouterr().out
-    assert out.index("compiling the train graph before loading the checkpoint") < out.index(f"loading checkpoint {path}")
+    assert out.index("the test step compiles") < out.index(f"loading checkpoint {path}")
 
 
 def write_stage_strategy(path, stage, param):
@@ -404,7 +421,7 @@ def test_sharded_lr_schedule_in_the_graph_equals_lr_at(ms, warmup):
     """The optimizer reads the schedule with global_step (0 at the first update) before it
     adds 1: the cell must give lr_at(global_step + 1), through warm-up, its last step, the
     cosine, max_steps and beyond it."""
-    from llama_npu.training.optimizer import WarmupCosineLR, lr_at
+    from llama_npu.steps.optimizer import WarmupCosineLR, lr_at
 
     train = load_recipe(SMOKE, [*SCHEDULE, warmup, "train.optimizer.lr=0.001"]).train
     schedule = WarmupCosineLR(train)
@@ -419,7 +436,7 @@ def overflow_gated_step(ms, schedule=SCHEDULE):
     wrapper reads the LR from the schedule, then runs the optimizer only `if not overflow`."""
     from mindspore import nn, ops
 
-    from llama_npu.training.optimizer import build_optimizer
+    from llama_npu.steps.optimizer import build_optimizer
 
     class OverflowGatedStep(nn.Cell):
         def __init__(self, net, optimizer):
@@ -454,7 +471,7 @@ def test_sharded_optimizer_applies_the_scheduled_lr_of_each_update_behind_an_ove
     """The learning rate changes from step to step inside the compiled graph (a host-set
     Parameter stayed at its first value there), and a skipped step does not advance the
     schedule: update u uses lr_at(u), as MindFormers' optimizers count."""
-    from llama_npu.training.optimizer import lr_at
+    from llama_npu.steps.optimizer import lr_at
 
     step, net, optimizer, train = overflow_gated_step(ms)
     weight = net.weight.asnumpy().copy()
@@ -497,7 +514,7 @@ def test_mindformers_loss_of_the_sharded_step_equals_our_summed_token_loss(ms):
     from llama_npu.model.architecture import resolve_shape
     from llama_npu.model.llama import build_model, llama_config
     from llama_npu.model.loss import CausalLMLoss
-    from llama_npu.training.sharded_step import EvalLoss, TrainLoss
+    from llama_npu.steps.sharded_step import EvalLoss, TrainLoss
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
     net = build_model(llama_config(resolve_shape(recipe.model), 16, on_ascend=False, calculate_per_token_loss=True))
@@ -521,7 +538,7 @@ def test_evaluation_leaves_the_train_graphs_strategy_file_alone(ms, tmp_path):
     network switches saving off before it runs, keeping the train graph's file."""
     from llama_npu.model.architecture import resolve_shape
     from llama_npu.model.llama import build_model, llama_config
-    from llama_npu.training.sharded_step import eval_network
+    from llama_npu.steps.sharded_step import eval_network
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
     net = build_model(llama_config(resolve_shape(recipe.model), 16, on_ascend=False, calculate_per_token_loss=True))
@@ -575,7 +592,7 @@ def test_sharded_loss_keeps_packed_rows_apart_on_the_910a_path(ms):
     from llama_npu.model.architecture import resolve_shape
     from llama_npu.model.llama import build_model, llama_config
     from llama_npu.model.tokens import IGNORE_ID, PAD_ID
-    from llama_npu.training.sharded_step import TrainLoss
+    from llama_npu.steps.sharded_step import TrainLoss
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16"])
     ms.set_seed(0)

@@ -77,8 +77,8 @@ def test_planned_states_are_the_parameters_our_train_step_allocates(ms):
     from llama_npu.model.architecture import resolve_shape
     from llama_npu.strategies.network import build_network
     from llama_npu.strategies.precision import LossScaler
-    from llama_npu.training.optimizer import build_optimizer
-    from llama_npu.training.step import TrainStep
+    from llama_npu.steps.optimizer import build_optimizer
+    from llama_npu.steps.graph_step import TrainStep
 
     recipe = load_recipe(SMOKE, ["data.max_seq_len=16", "train.global_batch_size=0"])
     net, cell = build_network(recipe, on_ascend=False)
@@ -508,7 +508,7 @@ def test_accumulation_is_planned_at_its_worst_case_in_plan_json():
     ("O3", "sgd", "910a", lambda gradients, embedding: gradients + 8 * embedding),
 ])
 def test_the_update_counts_the_scaling_copies_the_step_makes(amp_level, optimizer, device, copies):
-    """training/step.py multiplies fp32 gradients in place only where it compiles kernel by
+    """steps/graph_step.py multiplies fp32 gradients in place only where it compiles kernel by
     kernel; on the 910A (GE) and for O3's half gradients the products are new tensors."""
     s = Strategy(seq_len=512, micro_batch=1, global_batch=1, amp_level=amp_level, optimizer=optimizer)
     plan = estimate(PRESETS["llama3.2-1b"], P["llama3.2-1b"], DEVICES[device], s)

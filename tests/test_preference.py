@@ -369,9 +369,9 @@ def dpo_step(ms, sets, k, checkpoint=""):
     """(network, loss cell, TrainStep of k micro-batches) of the tiny random model (or of
     `checkpoint`), SGD."""
     from llama_npu.strategies.precision import LossScaler
-    from llama_npu.training.optimizer import build_optimizer
+    from llama_npu.steps.optimizer import build_optimizer
     from llama_npu.objectives.dpo.parts import pairs_of
-    from llama_npu.training.step import TrainStep
+    from llama_npu.steps.graph_step import TrainStep
 
     net, cell, _ = ours(ms, ["train.optimizer.name=sgd", "train.optimizer.lr=0.5", *sets], checkpoint)
     recipe = load_recipe(SMOKE, ["train.optimizer.name=sgd", "train.optimizer.lr=0.5", *sets])
@@ -607,7 +607,7 @@ def test_the_sharded_pair_loss_on_interleaved_rows_equals_the_unsharded_step(ms)
 
     from llama_npu.objectives.dpo.loss import PreferenceLoss
     from llama_npu.objectives.dpo.sharded import PairLossTwoOutputs, interleave
-    from llama_npu.training.sharded_step import step_inputs
+    from llama_npu.steps.sharded_step import step_inputs
 
     ids, labels = pair_batch()
     micro_batches = [(ids, labels, np.array([-40.0, -30.0, -35.0, -20.0], np.float32)),

@@ -71,7 +71,7 @@ def test_each_cpu_check_fails_when_its_subject_is_broken(ms, name):
 
 def test_host_optimizer_fails_when_the_host_kernel_swaps_the_moments_rates(ms, monkeypatch):
     """The host update broken from outside the check: the fused AdamW kernel
-    (training/host_kernel.py) called with beta1 and beta2 swapped, so its first steps move each
+    (steps/host/kernel.py) called with beta1 and beta2 swapped, so its first steps move each
     weight by about 1e-3 of what the graph's do. The check's three steps then leave the graph's
     weights by far more than its bound (and the same check passes in the full CPU run,
     test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason)."""
@@ -115,7 +115,7 @@ def test_host_optimizer_fails_when_the_update_never_reaches_the_card(ms, monkeyp
     the card, no update after it does. The read-back sees the card's weights unchanged after
     step 2 and unlike the host's masters, and the next loss far outside the bound."""
     from llama_npu.selftest import run as selftest
-    from llama_npu.training.host_optimizer import HostAdamW
+    from llama_npu.steps.host.optimizer import HostAdamW
 
     push = HostAdamW.push
 
@@ -137,7 +137,7 @@ def test_host_optimizer_fails_when_the_overflow_step_changes_the_card_weights(ms
     overflowed step's gradients and pushes the result, so the card's weights change on the
     step that must leave them bit-identical."""
     from llama_npu.selftest import run as selftest
-    from llama_npu.training.host_optimizer import HostAdamW
+    from llama_npu.steps.host.optimizer import HostAdamW
 
     step = HostAdamW.step
     monkeypatch.setattr(HostAdamW, "step", lambda self, lr, scale, clip, overflow, square_sum:

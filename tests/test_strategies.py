@@ -45,8 +45,8 @@ def assert_grads_close(got, want, rtol):
 
 def train_step(ms, net, loss_cell, *overrides, k=1):
     from llama_npu.strategies.precision import LossScaler
-    from llama_npu.training.optimizer import build_optimizer
-    from llama_npu.training.step import TrainStep
+    from llama_npu.steps.optimizer import build_optimizer
+    from llama_npu.steps.graph_step import TrainStep
 
     r = recipe(*overrides)
     optimizer = build_optimizer(net.trainable_params(), r.train)
@@ -216,7 +216,7 @@ def test_overflow_detection_follows_the_soc_the_base_class_reads(ms, monkeypatch
     import mindspore.nn.wrap.loss_scale as loss_scale
     from mindspore import Tensor, nn
 
-    from llama_npu.training.step import FinalMicroStep
+    from llama_npu.steps.graph_step import FinalMicroStep
 
     net = summed_loss()
     if soc:
@@ -363,7 +363,7 @@ def test_o3_fp16_unscale_and_clip_keep_the_update_at_every_loss_scale(ms):
     without overflowing (2^25 x gradient stays below 65504)."""
     from mindspore import nn
 
-    from llama_npu.training.step import FinalMicroStep
+    from llama_npu.steps.graph_step import FinalMicroStep
 
     ids, labels = batch(2, 1, seed=5)  # 64 target tokens
     steps = {}
@@ -414,8 +414,8 @@ def register_step(ms, cell, net):
     from mindformers.wrapper.wrapper import MFTrainOneStepCell
     from mindspore import Tensor, nn
 
-    from llama_npu.training.sharded_step import clearing_before_forward
-    from llama_npu.training.step import AccumulatingMicroStep, FinalMicroStep
+    from llama_npu.steps.sharded_step import clearing_before_forward
+    from llama_npu.steps.graph_step import AccumulatingMicroStep, FinalMicroStep
 
     if cell == "sharded":
         return clearing_before_forward(MFTrainOneStepCell)(net, nn.SGD(net.trainable_params(), 0.1),
@@ -476,7 +476,7 @@ def assert_clears_before_the_forward_and_after_the_read_only(ir) -> None:
     ("", "Ascend", True, "ascend910b", {"RANK_TABLE_FILE": "r.json", "MS_ROLE": "MS_WORKER"}, "O0"),  # msrun
 ])
 def test_the_jit_level_follows_mindspores_rule(explicit, target, graph, soc, env, level):
-    from llama_npu.training.jit_level import backend_of, effective_jit_level
+    from llama_npu.common.jit_level import backend_of, effective_jit_level
 
     assert effective_jit_level(explicit, target, graph, soc, env) == level
     assert backend_of(level) == ("GE" if level == "O2" else "ms_backend")
@@ -488,8 +488,8 @@ def test_a_cells_own_jit_config_decides_its_kernels_and_the_train_step_sets_none
     TrainStep whose cell did would stop at its construction, not on the card."""
     from mindspore import JitConfig, nn
 
-    import llama_npu.training.step as step_module
-    from llama_npu.training.jit_level import in_place_kernels
+    import llama_npu.steps.graph_step as step_module
+    from llama_npu.common.jit_level import in_place_kernels
 
     sink = nn.Dense(2, 2)
     sink.set_jit_config(JitConfig(jit_level="O2"))
@@ -527,7 +527,7 @@ def test_the_out_of_place_step_equals_the_in_place_one(ms):
 def test_the_out_of_place_graph_has_no_in_place_kernel(ms, tmp_path, in_place, kernels):
     from mindspore import Tensor, nn
 
-    from llama_npu.training.step import FinalMicroStep
+    from llama_npu.steps.graph_step import FinalMicroStep
 
     net = nn.Dense(4, 1)
     loss = nn.WithLossCell(net, nn.L1Loss(reduction="sum"))

@@ -389,24 +389,13 @@ def unmovable(root: Path, step: int) -> Optional[str]:
 
 
 def load_checkpoint(path: Path, net, optimizer) -> dict:
-    """Load weights into `net` and state into `optimizer`; return the sidecar."""
+    """Load weights into `net` and state into `optimizer` (MindSpore's load: how a step whose
+    states are the graph's Parameters loads, checkpoints/contract.py); return the sidecar."""
     import mindspore as ms  # imported here: --help imports this module; MindSpore, only to save or load
 
     state = read_state(path)
     if state is None:
         raise CheckpointError(f"{path} is not a complete checkpoint")
-    load_whole = getattr(net, "load_whole", None)
-    if load_whole is not None:  # the host optimizer (training/host_optimizer.py): its ranges, a tensor at a time
-        from ..weights.tensor_files import ConvertError, ckpt_index
-
-        try:  # the headers only; the directory's checksums were verified before the resume chose it
-            wrong = load_whole(ckpt_index(path / WEIGHTS), ckpt_index(path / OPTIMIZER))
-        except (ValueError, EOFError, OSError, ConvertError) as exc:
-            raise CheckpointError(f"{path} is damaged or unreadable ({exc})") from exc
-        if wrong:
-            raise CheckpointError(f"{path} lacks trained weights or optimizer states of this model's sizes: "
-                                  f"{', '.join(wrong[:5])}")
-        return state
     # Both files are read (and CRC-checked) before either is loaded, so a damaged one
     # leaves the network and optimizer untouched.
     contents = {}

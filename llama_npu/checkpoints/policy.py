@@ -15,7 +15,8 @@ import numpy as np
 
 from ..common.collective import all_reduce_sum
 from ..common.console import note, warn
-from .files import (CheckpointError, checkpoint_root, inspect, load_checkpoint, optimizer_state_params, owned, prune,
+from .contract import Checkpointed
+from .files import (CheckpointError, checkpoint_root, inspect, optimizer_state_params, owned, prune,
                     remove_abandoned_saves, save_checkpoint, set_aside, step_of)
 
 
@@ -85,18 +86,19 @@ class Checkpointer:
             raise CheckpointError(f"resume: the ranks found different newest complete steps ({found}); every "
                                   f"rank must see the same {self.run_dir / 'checkpoints'}")
 
-    def load(self, path: Path, net, optimizer) -> dict:
+    def load(self, path: Path, step: Checkpointed) -> dict:
+        """Load `path` into the run's step (its own way, checkpoints/contract.py); its state.json."""
         note(f"loading checkpoint {path}")
-        if not getattr(net, "sharded", False):
-            state = load_checkpoint(path, net, optimizer)
+        if not step.states_in_ranges:
+            state = step.load_from(path)
         else:
-            # The host's states under data parallel (training/host_optimizer.py): every rank reads the
-            # whole files to keep its range (MindSpore parses a whole file in memory), so the ranks
-            # read one at a time and a node's host holds one checkpoint at a time, not one a rank.
+            # Every rank reads the whole files to keep its range, so the ranks read one at a
+            # time and a node's host holds one checkpoint at a time, not one a rank.
             for turn in range(self.world.size):
                 if turn == self.world.rank:
-                    state = load_checkpoint(path, net, optimizer)
+                    state = step.load_from(path)
                 _gathered(self.world, 1)
+        step.after_load()
         self.last = path
         return state
 
@@ -119,7 +121,9 @@ class Checkpointer:
         """Write this rank's checkpoint of `step`, then prune its root (and what killed saves left)."""
         model = owned(params)
         opt = owned(optimizer_state_params(optimizer, params))
-        path = save_checkpoint(self.root, step, model, opt, state, self.model_description)
+        # config.json's dtype is the written weights' (the host step's fp32 masters, not the card's copies)
+        described = self.model_description and {**self.model_description, "dtype": str(params[0].dtype).lower()}
+        path = save_checkpoint(self.root, step, model, opt, state, described)
         self.last = path
         prune(self.root, self.keep_last)
         remove_abandoned_saves(self.root)

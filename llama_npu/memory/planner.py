@@ -30,7 +30,7 @@ tensors are alive in which phase):
 - logits and loss: the LM head output and the cross-entropy's fp32 buffers over the whole
   micro-batch, or over one chunk with chunked cross-entropy;
 - update_copies: what the update makes beside the gradients. Our train step unscales and
-  clips fp32 gradients in place (training/step.py), so only data parallel's all-reduce output
+  clips fp32 gradients in place (steps/graph_step.py), so only data parallel's all-reduce output
   exists, one fusion bucket at a time (the 64 MB threshold, or the largest gradient); where it
   multiplies out of place -- on the 910A, whose default jit level O2 compiles for GE, which
   has no InplaceMul, and O3's half gradients, multiplied in fp32 one at a time -- a whole
@@ -63,7 +63,7 @@ from ..objectives import of as objective_of
 from ..recipe.schema import Recipe
 from ..strategies import STRATEGIES, chunked_ce, lora, offload, parallel, precision, recompute
 from ..strategies.accumulation import accumulates
-from ..training.jit_level import GE, default_backend
+from ..common.jit_level import GE, default_backend
 from .devices import GB, MB, Device, get_device
 from .int8_weights import dequantized_weight_bytes, int8_layer_bytes
 

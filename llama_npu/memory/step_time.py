@@ -1,7 +1,7 @@
 """A plan's predicted step time, part by part: the card's compute, the PCIe transfers and the
 host's work with the optimizer on the host. Nothing overlaps today: the step runs each
 micro-batch's graph, then copies its gradients off the card and adds them on the host, and
-after the last one the host's step-end passes and the push back (training/host_step.py), so
+after the last one the host's step-end passes and the push back (steps/host/step.py), so
 the parts add. Beside the total: the step if the host's accumulation of a micro-batch ran
 while the card computed the next one: the prize of overlapping them (ZeRO-Offload's delayed
 parameter update overlaps the host's update with the card's next step in the same spirit).
@@ -128,7 +128,7 @@ def step_time(plan, rates: Rates = Rates()) -> dict:
             "host_bandwidth_gbs": rates.host_bandwidth, "pcie_bandwidth_gbs": offload.PCIE_BANDWIDTH,
             "host_bandwidth_source": "--host-bandwidth" if rates.host_bandwidth != offload.DEFAULT_HOST_BANDWIDTH
             else f"the default: {HOST_BANDWIDTH_SOURCE}", "pcie_source": PCIE_SOURCE,
-            "overlap": "none: every part adds (training/host_step.py runs them one after another)",
+            "overlap": "none: every part adds (steps/host/step.py runs them one after another)",
             **overlap_prize(parts, s, total)}
 
 

@@ -61,7 +61,7 @@ class CausalLMLoss(nn.Cell):
 
     def construct(self, input_ids, labels, segment_ids=None, embeds=None):
         """`embeds`: the token embeddings of input_ids[:, :-1], when the caller looked them up
-        (training/step.py does, to take their gradient as rows). LlamaModel takes
+        (steps/graph_step.py does, to take their gradient as rows). LlamaModel takes
         them as `input_embeds` in place of its own lookup (mindformers/models/llama/llama.py
         LlamaModel.construct: it casts them to the compute dtype as it does the lookup's)."""
         tokens = input_ids[:, :-1]  # (B, T)

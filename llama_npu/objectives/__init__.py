@@ -59,7 +59,7 @@ Its loss, reference and normaliser
     compiles with, for a quantity of the whole optimizer step (a KL estimate over every
     micro-batch, reduced across ranks by the hook itself) that the loss cell then reads as
     an extra array of each micro-batch;
-  - sharded (optional): for the sharded layout (training/sharded_step.py ShardedStep):
+  - sharded (optional): for the sharded layout (steps/sharded_step.py ShardedStep):
     {"network": the loss as (numerator, denominator) for MindFormers' chain, "count": as
     above, "arrange": the row order a micro-batch goes in with}. Without it the sharded step
     runs MindFormers' own token loss (SFT's): any other objective gives it, or its check

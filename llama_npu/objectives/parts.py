@@ -13,7 +13,7 @@ class ObjectiveParts:
     count: Callable  # micro-batch -> what its summed loss is over; the step divides by the step's total
     metrics: Optional[Callable[[], dict]] = None  # this step's metrics by name, read once an optimizer step
     prepare: Optional[Callable[[list], list]] = None  # a step's k micro-batches -> as the step takes them
-    sharded: Optional[dict] = None  # ShardedStep's network, count and arrange (training/sharded_step.py)
+    sharded: Optional[dict] = None  # ShardedStep's network, count and arrange (steps/sharded_step.py)
 
     def prepared(self, micro_batches: list) -> list:
         return self.prepare(micro_batches) if self.prepare else micro_batches

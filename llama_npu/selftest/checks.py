@@ -54,7 +54,7 @@ def check_overflow_skips_update(ctx: Context, fault=None) -> Check:
     # imported here: MindSpore loads after run_selftest's quiet_frameworks
     import mindspore as ms
 
-    from ..training.step import overflow_check
+    from ..steps.graph_step import overflow_check
 
     planned = overflow_spec(ctx)
     scale = 1.0 if fault else 2.0 ** 40
@@ -188,10 +188,10 @@ def sharded_loss_spec(ctx: Context) -> Spec:
 
 
 def check_mask_packed_sharded_loss(ctx: Context, fault=None) -> Check:
-    """The same for the sharded layouts' loss (training/sharded_step.py TrainLoss), in
+    """The same for the sharded layouts' loss (steps/sharded_step.py TrainLoss), in
     stand-alone mode: its own mask and head, no sharding needed to check them."""
     # imported here: MindSpore loads after run_selftest's quiet_frameworks
-    from ..training.sharded_step import TrainLoss
+    from ..steps.sharded_step import TrainLoss
 
     import mindspore as ms
 

@@ -5,7 +5,7 @@ float-status registers see it, and only if they are not cleared between the forw
 read. A layer that selective recompute does not recompute runs once, in the forward: the
 value projection of the attention (selective recompute redoes the SwiGLU product and SiLU,
 and without flash attention the scores and softmax: strategies/recompute.py). The step clears
-the registers before the forward and reads them after the gradients (training/step.py
+the registers before the forward and reads them after the gradients (steps/graph_step.py
 clear_registers_before); with the order of MindSpore 1.x (a clear after the forward) this
 saturation would be lost and the step would update on it.
 

@@ -1,5 +1,5 @@
 """selftest's host_optimizer: the path recipes/llama3_2_3b_zh_full_offload_910a.yaml takes
-(strategies.offload, training/host_step.py) on this device, at selftest's size: O2 with
+(strategies.offload, steps/host/step.py) on this device, at selftest's size: O2 with
 float16 weights on the card, a dynamic loss scale, 2 accumulated micro-batches, AdamW with
 decay and clipping on the host. The recipe's full recompute and chunked cross-entropy
 change the forward's graph, not the host's part, and would double the check's compile
@@ -19,7 +19,7 @@ Parameters back:
   float16 step (where a rounding midpoint lies between the two masters).
 
 The figure: the largest difference between the two sides, as a fraction of the bound that
-training/update_bound.py derives from fp32 arithmetic, over every step's loss and every
+steps/host/update_bound.py derives from fp32 arithmetic, over every step's loss and every
 element of the masters and both moments. From the same weights the two losses are the same
 per-token values summed in another order; from the same state the two AdamW steps differ
 only by the clip factor (each side sums the squares of the gradients in its own order: the
@@ -54,7 +54,7 @@ import numpy as np
 
 from .parts import MAX, Check, Context, Spec, build, random_batch, train_step
 
-TOLERANCE = 1.0  # a fraction of training/update_bound.py's bound: the module's docstring
+TOLERANCE = 1.0  # a fraction of steps/host/update_bound.py's bound: the module's docstring
 # The offload recipe's precision, optimizer and clipping (a test compares them with the
 # shipped recipe's); 2^24 / the step's tokens overflows float16 in the backward.
 BASE = ("strategies.precision.amp_level=O2", "strategies.precision.dtype=float16",
@@ -69,7 +69,7 @@ COPY_ELEMENTS = 16 * 2**20  # 64 MB of fp32: long enough that the copy, not its 
 
 
 def spec(ctx: Context) -> Spec:
-    from ..training.host_kernel_check import INSTALL
+    from ..steps.host.kernel_check import INSTALL
 
     skip = ""
     try:
@@ -81,7 +81,7 @@ def spec(ctx: Context) -> Spec:
                                              f"weights read back (unchanged on the overflow step, the host's fp32 "
                                              f"masters cast to float16 after each update), and the losses, masters "
                                              f"and moments against the in-graph optimizer's, largest difference as a "
-                                             f"fraction of training/update_bound.py's; the device-to-host and "
+                                             f"fraction of steps/host/update_bound.py's; the device-to-host and "
                                              f"host-to-device copy bandwidth",
                 TOLERANCE, MAX, recipes=(BASE, OFFLOAD), skip=skip)
 
@@ -140,7 +140,7 @@ def skipped(step: int, before: dict, after: dict, given: tuple, kept: tuple) -> 
 def read_back(step: int, before: dict, after: dict, masters: dict, graph_masters: dict) -> list:
     """What is wrong with the card's weights after updating step `step` (1-based): unchanged,
     not the host's masters cast, or a float16 weight more than one step from the graph's."""
-    from ..training.update_bound import float16_neighbours
+    from ..steps.host.update_bound import float16_neighbours
 
     stale = [name for name, value in after.items() if np.array_equal(value, before[name], equal_nan=True)]
     wrong = [name for name, value in after.items()
@@ -160,8 +160,8 @@ def read_back(step: int, before: dict, after: dict, masters: dict, graph_masters
 
 def excess(given: tuple, graph: tuple, host: tuple, decayed: dict, lr: float, section, rho: float) -> float:
     """The largest |host - graph| of the masters and moments after one update from `given`,
-    as a fraction of training/update_bound.py's bound."""
-    from ..training.update_bound import adamw_difference_bound
+    as a fraction of steps/host/update_bound.py's bound."""
+    from ..steps.host.update_bound import adamw_difference_bound
 
     worst = []
     for name in graph[0]:
@@ -177,8 +177,8 @@ class Lockstep:
 
     def __init__(self, ctx: Context, planned: Spec):
         from ..strategies.precision import LossScaler
-        from ..training.host_step import HostStep
-        from ..training.session import host_optimizer
+        from ..steps.host.step import HostStep
+        from ..steps.host.build import host_optimizer
 
         recipe, net, cell = build(ctx, *planned.recipes[0])
         self.graph = train_step(recipe, net, cell, MICRO_BATCHES)
@@ -194,7 +194,7 @@ class Lockstep:
 
     def __call__(self, number: int, batch: list, host_lr: float) -> tuple:
         """(host result, graph result, seconds of the host step, figure, problems) of step `number`."""
-        from ..training.update_bound import clip_factor_difference, loss_difference_bound
+        from ..steps.host.update_bound import clip_factor_difference, loss_difference_bound
 
         given = self.graph_states()
         set_host_states(self.host, given)

@@ -1,5 +1,5 @@
 """The jit level and backend the selftest reports for a device, by the rule the train step
-itself uses (training/jit_level.py, which repeats MindSpore 2.9.0's MsContext::GetJitLevel),
+itself uses (common/jit_level.py, which repeats MindSpore 2.9.0's MsContext::GetJitLevel),
 with a Cell's own jit config first: `Cell.set_jit_config` (jit_level, backend) outranks the
 global one. A leaf apart from that rule: the dry run derives it for a SoC it is not on.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from ..training.jit_level import backend_of, effective_jit_level, explicit_level, soc_version
+from ..common.jit_level import backend_of, effective_jit_level, explicit_level, soc_version
 
 
 def jit_level_and_backend(target: str, soc: str, cell_config: Optional[Mapping] = None,

@@ -118,8 +118,8 @@ def build(ctx: Context, *overrides):
 def train_step(recipe, net, cell, k: int = 1, optimizer=None):
     """Our TrainStep for k micro-batches, with a new optimizer or another step's."""
     # imported here: MindSpore loads after run_selftest's quiet_frameworks
-    from ..training.optimizer import build_optimizer
-    from ..training.step import TrainStep
+    from ..steps.optimizer import build_optimizer
+    from ..steps.graph_step import TrainStep
 
     optimizer = optimizer or build_optimizer(net.trainable_params(), recipe.train)
     return TrainStep(cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip, k)

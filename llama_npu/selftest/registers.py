@@ -1,5 +1,5 @@
 """selftest's probe of the float-status registers: on every device and mode where the train
-step's overflow check picks them (training/step.py overflow_check: the 910A, and a 910B with
+step's overflow check picks them (steps/graph_step.py overflow_check: the 910A, and a 910B with
 MS_ASCEND_CHECK_OVERFLOW_MODE=SATURATION_MODE), a computation that saturates without
 becoming inf must raise the flag, read through the step cell's own get_overflow_status.
 
@@ -56,7 +56,7 @@ def probe_cell(step_cell):
 def step_on_registers(ctx: Context, planned: Spec) -> tuple:
     """(net, its train step, None) built from the Spec's first recipe, or (None, None, a skip)
     where the Spec skips or the step's overflow check on this device is not the registers."""
-    from ..training.step import REGISTERS, overflow_check  # imported here: it loads MindSpore
+    from ..steps.graph_step import REGISTERS, overflow_check  # imported here: it loads MindSpore
 
     if planned.skip:
         return None, None, planned.skipped()

@@ -71,7 +71,7 @@ def layout_problem(session, section) -> str:
     """What of the asked layout the built run lacks ('' when all is there)."""
     import mindspore as ms  # imported here: MindSpore loads after run_selftest's quiet_frameworks
 
-    from ..training.sharded_step import ShardedStep
+    from ..steps.sharded_step import ShardedStep
 
     found = {"sharded": session.world.sharded, "step": type(session.step_fn).__name__,
              "mode": ms.get_auto_parallel_context("parallel_mode"),
@@ -109,7 +109,7 @@ def layout_difference(session, layout: str, batch, reference: list) -> tuple[flo
     """(the largest relative difference of the layout's 3 steps from the unsharded
     reference's losses and gradient norms -- the pipeline's: losses only --, what is wrong
     when it exceeds TOLERANCE, else '')."""
-    from ..training.optimizer import lr_at  # imported here: it loads MindSpore, after run_selftest's quiet_frameworks
+    from ..steps.optimizer import lr_at  # imported here: it loads MindSpore, after run_selftest's quiet_frameworks
 
     ref_losses = [r.loss for r in reference]
     results = [session.step_fn([batch], lr_at(i, session.recipe.train)) for i in (1, 2, 3)]
@@ -160,7 +160,7 @@ def check_sharded_layouts(ctx: Context, fault=None) -> Check:
     # imported here: they load MindSpore, after run_selftest's quiet_frameworks
     import mindspore as ms
 
-    from ..training.optimizer import lr_at
+    from ..steps.optimizer import lr_at
     from ..training.session import setup
 
     batch = packed_batch(ctx.workers, 61)
@@ -292,7 +292,7 @@ def simulated_export(ctx: Context, fault) -> Check:
     model=2 cuts them and written by Checkpointer.save with that layout's strategy file,
     merged, exported and read back. `fault`: rank 1 saves rank 0's slices."""
     # imported here: MindSpore loads after run_selftest's quiet_frameworks
-    from ..training.optimizer import build_optimizer
+    from ..steps.optimizer import build_optimizer
 
     planned = export_sharded_spec(ctx)
     recipe, net, _ = trained_once(ctx)

@@ -1,6 +1,6 @@
 """Gradient accumulation: train.global_batch_size samples an optimizer step, read as
 micro-batches of train.micro_batch_size on each data-parallel rank; their gradients are
-summed before one update (the step itself: training/step.py). A pipeline's micro-batches
+summed before one update (the step itself: steps/graph_step.py). A pipeline's micro-batches
 are its accumulation.
 """
 from __future__ import annotations

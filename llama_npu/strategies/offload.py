@@ -2,13 +2,13 @@
 the weights in the compute dtype (the RMSNorm gains stay fp32), one micro-batch's gradients
 and the activations; the fp32 master weights, the AdamW moments and the fp32 gradient
 accumulators live in host memory, and the update runs there on `threads` cores
-(training/host_step.py, training/host_optimizer.py: the step and the update's formula).
+(steps/host/step.py, steps/host/optimizer.py: the step and the update's formula).
 
 The training is the one the same recipe runs without it: overflow is still detected on the
 card, and unscaling, clipping, the schedule, decay on matrices only and token-normalised
 accumulation are unchanged; the checkpoint holds the fp32 master and the moments under the
 in-graph optimizer's names, so a run resumes across the switch. Under data parallel each
-rank's host holds and updates 1/N of the states (training/host_shards.py); model, pipeline
+rank's host holds and updates 1/N of the states (steps/host/shards.py); model, pipeline
 and optimizer sharding are refused.
 """
 from __future__ import annotations
@@ -144,7 +144,7 @@ def host_shard(trainable: int, s) -> int:
 
 def exchange_bytes(card_weights: int, s) -> int:
     """The card's update-phase copy under data parallel: the ranks' updated ranges gathered into
-    the whole weights before each matrix takes its slice (training/host_shards.py CardExchange),
+    the whole weights before each matrix takes its slice (steps/host/shards.py CardExchange),
     when no activation or gradient is alive."""
     return card_weights if s.data > 1 else 0
 
@@ -152,7 +152,7 @@ def exchange_bytes(card_weights: int, s) -> int:
 def host_states(trainable: int, s, largest: int, compute_bytes: int) -> dict:
     """Host bytes one rank holds: its shard's fp32 master weights and AdamW's two fp32 moments;
     the fp32 gradient accumulators, at k = 1 too, where they are the fp32 gradients the fused
-    kernel reads (training/host_optimizer.py adds each micro-batch into them); and `staging`,
+    kernel reads (steps/host/optimizer.py adds each micro-batch into them); and `staging`,
     one tensor of `largest` elements in the compute dtype in flight, a gradient read off the
     card or a master cast for it, one tensor at a time (HostAdamW.accumulate and push), or
     under data parallel the rank's range sent to the card, fp32 and cast, if larger."""
@@ -182,7 +182,7 @@ def transfer_bytes(trainable: int, s, compute_bytes: int) -> dict:
 
 def host_passes(s, compute_bytes: int) -> dict:
     """The host's passes over its shard, bytes a parameter each (read + written), as
-    training/host_step.py and host_optimizer.py run them: per micro-batch (HostAdamW.accumulate)
+    steps/host/step.py and host_optimizer.py run them: per micro-batch (HostAdamW.accumulate)
     the card's gradient in the compute dtype read and the fp32 accumulator read and written;
     per step (square_sum, step, push) the norm's read, the unscale's read and write, the fused
     AdamW update, the zeroing's write and the master's cast for the card (fp32 read, the

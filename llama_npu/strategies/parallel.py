@@ -9,7 +9,7 @@ runtime: we configure and launch it (scripts/launch.sh runs msrun), we do not re
   MindFormers' parallel_config (data_parallel, model_parallel, pipeline_stage,
   micro_batch_num, use_seq_parallel, vocab_emb_dp), `full_batch=True` (every rank reads the
   same batch; MindSpore splits it by the data-parallel strategy), and MindFormers' wrapper
-  chain as the train step (training/sharded_step.py). Each rank saves the strategy of its
+  chain as the train step (steps/sharded_step.py). Each rank saves the strategy of its
   own graph, <run>/strategy/rank_<R>.ckpt (a pipeline stage's file holds only that stage's
   parameters; checkpoints/merge.py merges them). MindSpore supports this on Ascend/GPU only ("Invalid
   communication backend: CPU for semi_auto_parallel"), so CI checks the configuration and
@@ -119,7 +119,7 @@ def check(recipe) -> None:
     sharded += ["optimizer_shard=true"] if par.optimizer_shard else []
     if sharded and recipe.strategies.chunked_ce.enabled:
         # Sharded layouts compute the loss with MindFormers' sharded CrossEntropyLoss
-        # (training/sharded_step.py); our chunked loss has a custom backward whose ops
+        # (steps/sharded_step.py); our chunked loss has a custom backward whose ops
         # carry no shard strategy.
         raise RecipeError(f"strategies.chunked_ce.enabled=true with strategies.parallel.{sharded[0]}: chunked "
                           f"cross-entropy has no sharded version (its custom backward has no shard strategy); "
@@ -172,7 +172,7 @@ def auto_parallel_context(section: ParallelSection, workers: int, strategy_file:
 
 def mindformers_model_options(section: ParallelSection) -> dict:
     """LlamaConfig switches of sharded layouts: the loss returns (numerator, denominator),
-    which MindFormers' wrappers divide (training/sharded_step.py)."""
+    which MindFormers' wrappers divide (steps/sharded_step.py)."""
     return {"calculate_per_token_loss": True} if is_sharded(section) else {}
 
 

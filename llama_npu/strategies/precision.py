@@ -148,10 +148,10 @@ def half_update_copy(s, frozen: bool, accumulates: bool, gradients: int) -> int:
 
 
 def scaling_copies(s, frozen: bool, accumulates: bool, gradients: int, largest: int, out_of_place: bool) -> int:
-    """What the train step's unscale and clip (training/step.py) make beside `gradients` bytes
+    """What the train step's unscale and clip (steps/graph_step.py) make beside `gradients` bytes
     of gradients whose largest tensor has `largest` elements: nothing where fp32 gradients are
     multiplied in place. A whole new set where the products are new tensors -- on GE, which has
-    no InplaceMul (`out_of_place`: the 910A's default jit level O2, training/jit_level.py), and
+    no InplaceMul (`out_of_place`: the 910A's default jit level O2, common/jit_level.py), and
     for O3's half gradients -- counted at the worst case, since the graph's execution order
     need not consume each product before making the next. O3's half gradients are multiplied
     in fp32 and cast back one at a time: the largest one's fp32 cast and product in flight."""

@@ -17,9 +17,9 @@ from ..report.journal import RunJournal
 from ..report.sparkline import sparkline
 from ..strategies.accumulation import accumulation_steps
 from .nonfinite import NonFiniteStreak, all_finite
-from .optimizer import lr_at
+from ..steps.optimizer import lr_at
 from .session import Session
-from .step import StepResult
+from ..steps import StepResult
 
 
 def save(session: Session, step: int) -> Optional[Path]:
@@ -28,11 +28,9 @@ def save(session: Session, step: int) -> Optional[Path]:
     s, t = session, session.recipe.train
     last = s.checkpointer.last
     kept = f"the last complete checkpoint, {last}, is intact" if last else "no checkpoint of this run exists"
-    params, optimizer = s.params, s.optimizer
-    if gathers(s):  # every rank sends its range of the host's states; rank 0 writes them whole
-        params, optimizer = s.optimizer.whole_states()
-        if not s.checkpointer.saves:
-            return None
+    params, optimizer = s.step_fn.states_to_save()  # a collective where each rank holds a range of them
+    if not s.checkpointer.saves:
+        return None
     if not all_finite(params):
         raise RunFailure(f"the weights after step {step} are not finite, so they were not saved; {kept}; "
                          f"lower train.optimizer.lr and resume from it")
@@ -46,12 +44,6 @@ def save(session: Session, step: int) -> Optional[Path]:
         raise RunFailure(f"could not write the checkpoint of step {step} under {s.checkpointer.root}: {exc}; "
                          f"training stopped at step {step} and {kept}; free space and resume with "
                          f"--resume auto") from exc
-
-
-def gathers(s: Session) -> bool:
-    """Whether saving is a collective: the optimizer on the host under data parallel, where
-    each rank holds a range of the states (training/host_shards.py)."""
-    return getattr(s.optimizer, "sharded", False)
 
 
 def held_out(s: Session) -> dict:
@@ -152,7 +144,7 @@ def run_loop(session: Session, signals: StopSignals) -> dict:
             due = step == t.max_steps or stopping or (step % t.save_every == 0 and streak.count == 0)
             if stopping and step < t.max_steps:
                 stopped_by = signals.received or "a signal to another rank"
-            if due and (s.checkpointer.saves or gathers(s)):
+            if due and (s.checkpointer.saves or s.step_fn.states_in_ranges):  # in ranges: every rank sends its own
                 save(s, step)
                 journal.saved(step, last=step == t.max_steps or stopped_by is not None, stopped_by=stopped_by)
             if stopped_by:

@@ -125,7 +125,7 @@ def check_host_kernel(recipe: Recipe) -> list:
     release, and right on this host (one tiny update), so that a host without it refuses
     before tokenizing, not when the session builds the host optimizer."""
     from ..strategies.offload import on_host
-    from .host_kernel_check import INSTALL, kernel_problem
+    from ..steps.host.kernel_check import INSTALL, kernel_problem
 
     if not on_host(recipe):
         return []

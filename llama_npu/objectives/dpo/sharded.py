@@ -1,6 +1,6 @@
 """train.objective dpo on the sharded layout it supports: data parallel with optimizer_shard
 (section.py refuses model and pipeline parallel), through MindFormers' wrapper
-chain (training/sharded_step.py) under semi_auto_parallel. Ascend only: CI builds the chain
+chain (steps/sharded_step.py) under semi_auto_parallel. Ascend only: CI builds the chain
 under msrun (tests/sharded_chain.py) and checks the loss network on the CPU, stand-alone.
 
 How pairs land. Every rank reads the same global batch (full_batch): the k micro-batches of

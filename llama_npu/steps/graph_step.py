@@ -44,8 +44,6 @@ cell: they use MindFormers' wrapper chain (strategies/parallel.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 import mindspore as ms
@@ -53,8 +51,9 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.ops.auto_generate.gen_ops_prim import InplaceCopy, InplaceMul
 from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2
 
+from ..common.jit_level import in_place_kernels
 from ..objectives.sft import target_tokens
-from .jit_level import in_place_kernels
+from .contract import Step, StepResult
 
 REGISTERS, INFNAN, ISFINITE = "float-status registers", "INFNAN (AllFinite / IsFinite)", "is-finite reduction"
 _add_into = ops.MultitypeFuncGraph("add_into")
@@ -344,26 +343,16 @@ class FinalMicroStep(MicroStep):
         return done
 
 
-@dataclass
-class StepResult:
-    loss: float  # mean loss per target token over the whole optimizer step
-    target_tokens: int
-    grad_norm: float  # after unscaling and normalising, before clipping
-    overflow: bool  # non-finite gradients: the update was skipped
-    loss_scale: float  # the scale this step used
-    stop_requested: bool  # some rank asked to stop after this step (a signal)
-    lr: float  # the learning rate of this step's update (the one it would have had, when skipped)
-
-
-class TrainStep:
+class TrainStep(Step):
     """One optimizer step over a list of micro-batches: len(micro_batches) must be the
     `accumulation_steps` the step was built for."""
 
     def __init__(self, loss_cell, optimizer, scaler, grad_clip: float, accumulation_steps: int = 1,
-                 in_place: bool | None = None, count=target_tokens):
+                 in_place: bool | None = None, count=target_tokens, network=None):
         """`in_place`: unscale, clip and copy with in-place kernels; by default where the jit
         level MindSpore will compile with allows them (jit_level.in_place_kernels). `count`:
-        what a micro-batch's summed loss is a sum over (target tokens; an objective's items, objectives/)."""
+        what a micro-batch's summed loss is a sum over (target tokens; an objective's items, objectives/).
+        `network`: the model a checkpoint saves and loads (steps/contract.py)."""
         in_place = in_place_kernels() if in_place is None else in_place
         self.final = FinalMicroStep(loss_cell, optimizer, scaler.sense(), grad_clip, accumulation_steps > 1, in_place)
         self.accumulating = (AccumulatingMicroStep(loss_cell, optimizer, self.final.carry, in_place)
@@ -371,8 +360,8 @@ class TrainStep:
         for cell in filter(None, (self.final, self.accumulating)):  # a Cell's own jit config outranks the context's
             if in_place and not in_place_kernels(cell):
                 raise ValueError(f"{type(cell).__name__} has its own jit config {cell.jit_config_dict}, which compiles "
-                                 f"for GE: it has no InplaceMul or InplaceCopy (training/jit_level.py)")
-        self.optimizer = optimizer
+                                 f"for GE: it has no InplaceMul or InplaceCopy (common/jit_level.py)")
+        self.network, self.optimizer = network, optimizer
         self.scaler = scaler
         self.accumulation_steps = accumulation_steps
         self.count = count

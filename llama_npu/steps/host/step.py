@@ -1,15 +1,15 @@
 """The train step with the optimizer on the host (strategies.offload.optimizer: host).
 
-Each micro-batch is one graph, `HostMicroStep`: training/step.py's MicroStep (the same seeded
+Each micro-batch is one graph, `HostMicroStep`: steps/graph_step.py's MicroStep (the same seeded
 backward, the same overflow detection, the embedding's gradient as rows) that outputs the
 compute-dtype gradients instead of adding them into device accumulators; the host adds them
-into its fp32 accumulators (training/host_optimizer.py). Its overflow flag and loss go into
+into its fp32 accumulators (steps/host/optimizer.py). Its overflow flag and loss go into
 the device's step buffers. At the step's end a small graph, `StepEnd`, combines the flags
 across ranks and runs the loss-scale update cell on the device, exactly as FinalMicroStep
 does; the host then unscales, clips and updates unless the step overflowed, and pushes the
 new compute-dtype weights into the card's Parameters before the next forward. Under data
 parallel each micro-batch's gradients are all-reduced on the card and only this rank's ranges
-leave it (training/host_shards.py), the sum of squares of the global norm is summed over the
+leave it (steps/host/shards.py), the sum of squares of the global norm is summed over the
 ranks by StepEnd, and the card gathers the updated weights from every rank's range.
 """
 from __future__ import annotations
@@ -17,9 +17,12 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops
 
-from ..objectives.sft import target_tokens
-from .host_optimizer import HostAdamW
-from .step import ISFINITE, Buffers, MicroStep, StepResult, _self_dot
+from ...checkpoints.files import OPTIMIZER, WEIGHTS, CheckpointError, read_state
+from ...objectives.sft import target_tokens
+from ...weights.tensor_files import ConvertError, ckpt_index
+from ..contract import Step, StepResult
+from ..graph_step import ISFINITE, Buffers, MicroStep, _self_dot
+from .optimizer import HostAdamW
 
 
 class CardWeights:
@@ -47,7 +50,7 @@ class HostMicroStep(MicroStep):
         if self.combine_flags:
             # Data parallel: each micro-batch's gradients are summed over the ranks before they
             # leave the card, since each rank's host accumulates only its range of them
-            # (training/host_shards.py). Seeded with scale / the step's tokens over every rank,
+            # (steps/host/shards.py). Seeded with scale / the step's tokens over every rank,
             # the sum is one process's gradient of the ranks' micro-batches together; the
             # embedding's rows are added on the card first, as the in-graph k = 1 step adds them.
             token_count = self.allreduce(token_count.reshape((1,)))[0]
@@ -80,7 +83,7 @@ class HostMicroStep(MicroStep):
 class StepEnd(nn.Cell):
     """The device's part of the step's end: the step's loss, tokens, stop request, overflow
     flag and the host's sum of squares of the gradients (all-reduced under data parallel), the loss-scale update, the buffers cleared. As
-    FinalMicroStep's tail (training/step.py); the loss-scale cell is the micro-step's."""
+    FinalMicroStep's tail (steps/graph_step.py); the loss-scale cell is the micro-step's."""
 
     def __init__(self, micro: HostMicroStep):
         super().__init__(auto_prefix=False)
@@ -104,9 +107,9 @@ class StepEnd(nn.Cell):
         return ops.depend(out, done)
 
 
-class HostStep:
+class HostStep(Step):
     """One optimizer step over a list of micro-batches, the update on the host; called as
-    training/step.py's TrainStep is."""
+    steps/graph_step.py's TrainStep is."""
 
     def __init__(self, loss_cell, host: HostAdamW, scaler, grad_clip: float, accumulation_steps: int = 1,
                  count=target_tokens):
@@ -116,6 +119,13 @@ class HostStep:
         self.end = StepEnd(self.micro)
         self.host, self.scaler, self.grad_clip = host, scaler, grad_clip
         self.accumulation_steps, self.count = accumulation_steps, count
+        self.optimizer, self.states_in_ranges = host, host.sharded
+
+    @property
+    def params(self) -> list:
+        """The fp32 masters on one card; under data parallel, where each rank holds a range of
+        them, the card's whole weights."""
+        return self.host.card if self.host.sharded else self.host.master_params
 
     def __call__(self, micro_batches, lr: float, stop_requested: bool = False) -> StepResult:
         if len(micro_batches) != self.accumulation_steps:
@@ -139,3 +149,25 @@ class HostStep:
 
     def load_loss_scale_state(self, state: dict) -> None:
         self.scaler.load_state(self.micro, state)
+
+    # The checkpoint side (checkpoints/contract.py): the states are the host's, not the graph's.
+    def states_to_save(self) -> tuple[list, nn.Cell]:
+        return self.host.whole_states()
+
+    def load_from(self, path) -> dict:
+        """This rank's ranges of the checkpoint's tensors, read a tensor at a time from the
+        files' headers (the directory's checksums were verified before the resume chose it)."""
+        state = read_state(path)
+        if state is None:
+            raise CheckpointError(f"{path} is not a complete checkpoint")
+        try:
+            wrong = self.host.load_whole(ckpt_index(path / WEIGHTS), ckpt_index(path / OPTIMIZER))
+        except (ValueError, EOFError, OSError, ConvertError) as exc:
+            raise CheckpointError(f"{path} is damaged or unreadable ({exc})") from exc
+        if wrong:
+            raise CheckpointError(f"{path} lacks trained weights or optimizer states of this model's sizes: "
+                                  f"{', '.join(wrong[:5])}")
+        return state
+
+    def after_load(self) -> None:
+        self.host.loaded()  # the loaded masters, halved, onto the card

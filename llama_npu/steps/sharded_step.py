@@ -41,12 +41,14 @@ from mindspore.ops import ReduceOp
 from mindspore.ops import operations as P
 from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2
 
+from ..common.console import note
 from ..model.loss import layers_with_additive_mask
 from ..model.tokens import IGNORE_ID
 from ..objectives.sft import target_tokens
 from ..recipe.schema import Recipe
 from ..strategies.parallel import ParallelSection, World
-from .step import REGISTERS, StepResult, overflow_check
+from .contract import Step, StepResult
+from .graph_step import REGISTERS, overflow_check
 
 _clear_float_status = NPUClearFloatStatusV2()
 
@@ -229,7 +231,7 @@ def step_inputs(micro_batches, arrange=None) -> list:
     return [Tensor(np.concatenate(parts)) for parts in zip(*micro_batches)]
 
 
-class ShardedStep:
+class ShardedStep(Step):
     """One optimizer step of a sharded layout, with TrainStep's interface: the k
     micro-batches of the step go into the graph as one batch, which MindFormers' accumulation
     or pipeline cell cuts back into k (or micro_batches) pieces."""
@@ -246,7 +248,7 @@ class ShardedStep:
             raise ValueError("ShardedStep needs an optimizer from build_optimizer(..., schedule_in_graph=True)")
         self.train_network = build_train_network(llama, optimizer, recipe, scaler.sense(), k, network)
         self.train_network.set_train(True)
-        self.scaler = scaler
+        self.network, self.optimizer, self.scaler = llama, optimizer, scaler
         self.count, self.arrange = count, arrange
 
     def _inputs(self, micro_batches):
@@ -258,6 +260,10 @@ class ShardedStep:
         train_network.compile(*inputs)) and MindFormers runs before loading a checkpoint
         (mindformers/checkpoint/utils.py compile_model)."""
         self.train_network.compile(*self._inputs(micro_batches))
+
+    def compile_before_load(self, example_batches) -> None:
+        note("compiling the train graph before loading the checkpoint, so parameters have their sharded shapes")
+        self.compile(example_batches())
 
     def __call__(self, micro_batches, lr: float, stop_requested: bool = False) -> StepResult:
         """`lr`, the loop's lr_at(step), is not used: the optimizer's schedule cell gives

@@ -27,7 +27,7 @@ CHUNK = 2**22
 
 def is_matrix(param) -> bool:
     """Decayed, held in the compute dtype on the card, and cut across the ranks; vectors (the
-    RMSNorm gains) are none of these, as in training/optimizer.py."""
+    RMSNorm gains) are none of these, as in steps/optimizer.py."""
     return len(param.shape) >= 2
 
 

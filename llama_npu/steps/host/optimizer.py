@@ -1,10 +1,10 @@
 """AdamW on the host (strategies/offload.py): the fp32 master weights, the moments and the fp32
-gradient accumulators in host memory, the update by our fused CPU kernel (training/host_kernel.py,
+gradient accumulators in host memory, the update by our fused CPU kernel (steps/host/kernel.py,
 numba: CPU-only wheels on x86_64 and aarch64).
 
 The formula is the one the same recipe runs in the graph, MindSpore's nn.AdamWeightDecay
 (mindspore/nn/optim/adam.py: no bias correction, decoupled decay on the matrices only,
-training/optimizer.py), with g the unscaled, clipped gradient:
+steps/optimizer.py), with g the unscaled, clipped gradient:
 
     m <- b1 m + (1 - b1) g
     v <- b2 v + (1 - b2) g^2
@@ -21,7 +21,7 @@ by the weight's name, `adam_m.`/`adam_v.` + name, `global_step`, `learning_rate`
 this Cell, so checkpoints/files.py saves them as it does the in-graph ones and a run resumes
 across the switch; the kernels work on flat numpy views of their host memory. No graph ever reads
 them: the card's Parameters keep only the compute-dtype copy this pushes to them. Under data
-parallel each rank holds only its range of them (training/host_shards.py): a Parameter of a
+parallel each rank holds only its range of them (steps/host/shards.py): a Parameter of a
 tensor cut across ranks is its flat range, the ranks gather the whole tensors to save, and a
 resume loads the whole tensors and keeps this rank's ranges.
 """
@@ -35,10 +35,10 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn
 
-from ..recipe.schema import OptimizerSection
-from ..weights.tensor_files import to_float32
-from . import host_kernel
-from .host_shards import CardExchange, ShardLayout, is_matrix
+from ...recipe.schema import OptimizerSection
+from ...weights.tensor_files import to_float32
+from . import kernel as host_kernel
+from .shards import CardExchange, ShardLayout, is_matrix
 
 
 def _flat(tensor) -> np.ndarray:
@@ -208,7 +208,7 @@ class HostAdamW(nn.Cell):
 
     def square_sum(self) -> float:
         """The sum of squares of this rank's accumulators, in fp32 tensor by tensor in the
-        parameters' order as the in-graph step sums (training/step.py _self_dot, then AddN);
+        parameters' order as the in-graph step sums (steps/graph_step.py _self_dot, then AddN);
         under data parallel the vectors, which every rank holds, only on rank 0, so that the
         ranks' sums add up to the whole."""
         total = np.float32(0.0)
@@ -235,7 +235,7 @@ class HostAdamW(nn.Cell):
         return float(norm)
 
     def update(self, lr: float, scale: float = 1.0) -> None:
-        """The fused AdamW (training/host_kernel.py) over each piece, the gradient its
+        """The fused AdamW (steps/host/kernel.py) over each piece, the gradient its
         accumulator times `scale`; weight decay on the matrices only."""
         o = self.section
         for (index, _, _), w, g, m, v in zip(self.layout.pieces, self.weights, self.sums, self.exp_avgs,

@@ -2,7 +2,7 @@
 its kernel library importable, at the release the offload extra pins, and one tiny fused
 update right. training/preflight.py asks it before tokenizing, so a host without the kernel
 refuses in one line instead of after the data is tokenized and the model built. numba is
-imported only here and in training/host_kernel.py."""
+imported only here and in steps/host/kernel.py."""
 from __future__ import annotations
 
 import re
@@ -44,7 +44,7 @@ def kernel_problem() -> str:
     if release(found) != release(NUMBA_VERSION):  # before the kernels' import, which another release may break
         return f"numba is {found}, not {NUMBA_VERSION}"
     try:
-        from . import host_kernel
+        from . import kernel as host_kernel
 
         one_update(host_kernel.adamw)
     except Exception as exc:  # noqa: BLE001 -- a compile or run failure of the kernel, whatever its kind

@@ -1,6 +1,6 @@
 """How far the host's AdamW step may land from the graph's, derived from fp32 rounding.
 
-The host step (training/host_step.py) and the in-graph step (training/step.py) take one
+The host step (steps/host/step.py) and the in-graph step (steps/graph_step.py) take one
 optimizer step from the same state (fp32 masters w, moments m, v; the same float16 card
 weights, so the same float16 gradients, accumulated in fp32 in the same order). Two things
 differ, and nothing else:
@@ -14,7 +14,7 @@ differ, and nothing else:
 2. The rounding of the update itself. MindSpore's AdamWeightDecay kernel and the host's
    kernel evaluate m' = b1 m + (1 - b1) g, v' = b2 v + (1 - b2) g^2 and
    w' = w - lr (r + wd w) in fp32 in different orders (torch's fused kernel even through
-   bias-corrected constants, training/host_optimizer.py). Each result is within a few units
+   bias-corrected constants, steps/host/optimizer.py). Each result is within a few units
    of roundoff u = 2^-24 of the exact one, counted operation by operation (first order):
    m': two products, one sum, and 1 - b1 formed in fp32 from fp32(b1) (4u relative, as
        MindSpore forms it): 7u of b1 |m| + (1 - b1) |g|;
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..recipe.schema import OptimizerSection
+from ...recipe.schema import OptimizerSection
 
 U = 2.0 ** -24  # fp32 unit roundoff
 

@@ -1,9 +1,9 @@
 """Optimizers and the learning-rate schedule.
 
 lr_at(step) is the schedule: a pure function of the optimizer step, so a resumed run needs
-nothing but the step number to continue it. Our own train step (training/step.py)
+nothing but the step number to continue it. Our own train step (steps/graph_step.py)
 computes it on the host and feeds it into its graph each step. The sharded layouts train
-through MindFormers' wrappers (training/sharded_step.py), which we do not write: there the
+through MindFormers' wrappers (steps/sharded_step.py), which we do not write: there the
 optimizer carries the schedule as a cell (WarmupCosineLR) and evaluates it in the graph from
 its own step counter, as MindFormers' optimizers do with their lr_schedule cells.
 """

@@ -1,4 +1,4 @@
-"""The host optimizer's kernels (training/host_optimizer.py), compiled by numba for this CPU:
+"""The host optimizer's kernels (steps/host/optimizer.py), compiled by numba for this CPU:
 the fused AdamW update and the additions into the fp32 gradient accumulators, each one
 parallel pass over flat fp32 arrays. numba and llvmlite install from the package index as
 CPU-only wheels on x86_64 and aarch64 (the offload extra), where torch's wheels there are
