@@ -46,7 +46,7 @@ def build_for_training(recipe):
     import mindspore as ms
 
     from llama_npu.strategies.network import build_network
-    from llama_npu.training.optimizer import build_optimizer
+    from llama_npu.steps.optimizer import build_optimizer
 
     ms.set_seed(0)
     net, loss_cell = build_network(recipe, on_ascend=False)
@@ -54,10 +54,10 @@ def build_for_training(recipe):
 
 
 def our_train_step(recipe, accumulation_steps: int = 1):
-    """(TrainStep, net): our step (training/step.py) around a fresh build, as
+    """(TrainStep, net): our step (steps/graph_step.py) around a fresh build, as
     training/session.py makes it on one device, for `accumulation_steps` micro-batches a step."""
     from llama_npu.strategies.precision import LossScaler
-    from llama_npu.training.step import TrainStep
+    from llama_npu.steps.graph_step import TrainStep
 
     net, loss_cell, optimizer = build_for_training(recipe)
     return TrainStep(loss_cell, optimizer, LossScaler(recipe.strategies.precision), recipe.train.grad_clip,

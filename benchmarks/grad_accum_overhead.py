@@ -2,7 +2,7 @@
 side by side in one process (goal: ratio at most 1.05).
 
 Both paths run the same tiny Llama 3.2 model and the same samples through our TrainStep
-(training/step.py): k-1 accumulating micro-steps and a final one against the
+(steps/graph_step.py): k-1 accumulating micro-steps and a final one against the
 single graph of k = 1;
 steps alternate between the two so machine noise hits both alike, and the medians are
 compared. The measurement repeats `--runs` times (3) and the median of the runs' ratios

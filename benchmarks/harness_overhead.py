@@ -1,7 +1,7 @@
 """Step time of our training step against a bare TrainOneStepCell on the same model and
 data, measured side by side in one process (goal: ratio at most 1.03).
 
-Ours is the TrainStep that training/loop.py runs (training/step.py) at one micro-batch
+Ours is the TrainStep that training/loop.py runs (steps/graph_step.py) at one micro-batch
 per step, with the recipe's clipping on (train.grad_clip 1.0): one graph of a
 TrainOneStepWithLossScaleCell subclass -- forward, backward, the overflow check, the
 global norm, clipping, `if not overflow: optimizer(grads)` -- and one read of the step's

@@ -1,4 +1,4 @@
-"""The host optimizer's AdamW kernel (training/host_kernel.py, numba) against torch's fused CPU
+"""The host optimizer's AdamW kernel (steps/host/kernel.py, numba) against torch's fused CPU
 AdamW (aten _fused_adamw_, the kernel the host optimizer ran before; torch is the test extra's),
 side by side in one process, the calls alternating, over `--params` fp32 parameters on
 `--threads` threads, beside the host's memory bandwidth (goal: ours at >= 0.8 of it, issue 55).
@@ -67,7 +67,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)
     copies = streams(n)
-    kernels = {"numba fused AdamW (ours, training/host_kernel.py)": host_adamw(n, args.threads),
+    kernels = {"numba fused AdamW (ours, steps/host/kernel.py)": host_adamw(n, args.threads),
                "torch fused AdamW (_fused_adamw_)": torch_fused(n)}
     seconds = best_seconds({**{name: run for name, (run, _) in copies.items()}, **kernels}, args.steps)
     bandwidth = {name: per * n / seconds[name] for name, (_, per) in copies.items()}

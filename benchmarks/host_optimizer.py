@@ -5,8 +5,8 @@ the bandwidth).
 
 1. Bandwidth: a streaming add (c = a + b, 12 bytes an element) and a copy (8 bytes) over
    fp32 tensors of `--params` elements, on `--threads` threads; the faster is the reference.
-2. Kernels over `--params` fp32 parameters: our HostAdamW.update (training/host_optimizer.py:
-   numba's fused loop, training/host_kernel.py; benchmarks/host_adamw_kernel.py sets it beside
+2. Kernels over `--params` fp32 parameters: our HostAdamW.update (steps/host/optimizer.py:
+   numba's fused loop, steps/host/kernel.py; benchmarks/host_adamw_kernel.py sets it beside
    torch's fused kernel), torch.optim.AdamW(foreach=True), MindSpore's CPU
    FusedCastAdamWeightDecay (mindspore/ops/operations/inner_ops.py: fp32 weights and moments,
    fp16 gradient) and nn.Adam(use_offload=True) (AdamNoUpdateParam on the CPU). Each one's
@@ -68,7 +68,7 @@ def host_adamw(n: int, threads: int):
     from mindspore import Parameter, Tensor
 
     from llama_npu.recipe.schema import OptimizerSection
-    from llama_npu.training.host_optimizer import HostAdamW
+    from llama_npu.steps.host.optimizer import HostAdamW
 
     card = [Parameter(Tensor(np.random.default_rng(0).random((n // 1024, 1024), np.float32)), name="w")]
     host = HostAdamW(card, OptimizerSection(name="adamw", lr=1e-4, weight_decay=0.1), threads, ms.float32)
@@ -120,8 +120,8 @@ def host_step(recipe, k: int):
 
     from llama_npu.strategies.network import build_network
     from llama_npu.strategies.precision import LossScaler
-    from llama_npu.training.host_step import HostStep
-    from llama_npu.training.session import host_optimizer
+    from llama_npu.steps.host.step import HostStep
+    from llama_npu.steps.host.build import host_optimizer
 
     ms.set_seed(0)
     net, loss_cell = build_network(recipe, on_ascend=False)
@@ -130,7 +130,7 @@ def host_step(recipe, k: int):
 
 
 def timed_host_step(step, micro_batches, lr: float) -> tuple:
-    """One HostStep call (training/host_step.py __call__, the same calls in its order): (each
+    """One HostStep call (steps/host/step.py __call__, the same calls in its order): (each
     part's seconds, whether the step overflowed). "card": the micro-batches' graphs; "copy":
     their gradients to host numpy; "accumulate": HostAdamW.accumulate; "step_end": the norm,
     StepEnd and HostAdamW.step but its push; "push": the cast masters into the card's Parameters."""

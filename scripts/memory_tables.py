@@ -229,7 +229,7 @@ beside the accumulators, and `plan --json` says so in its `notes`.
 
 The unscale and clip are in place only where the step compiles kernel by kernel (jit level
 O0: the 910B, the CPU). On the 910A MindSpore's default jit level is O2, which sinks the
-graph into GE, and GE has no in-place multiply (training/jit_level.py): the step multiplies
+graph into GE, and GE has no in-place multiply (common/jit_level.py): the step multiplies
 into new tensors, and the planner counts a whole new set of gradients in the update, the
 worst case, since the graph's order need not free each gradient as its scaled copy is made
 (`plan --json` says so in its `notes`). On the 1B full fine-tune that is 4.60 GiB more in the
@@ -390,7 +390,7 @@ fp32 主权重、AdamW 的两个矩以及 fp32 累加器（k = 1 时即更新读
 在 `notes` 中说明这一点。
 
 只有逐算子执行（jit level O0：910B、CPU）时反缩放和裁剪才是就地的。910A 上 MindSpore 默认的 jit level 是 O2，
-整图下沉到 GE，而 GE 没有就地乘法（training/jit_level.py）：训练步把乘积写入新的张量，规划器在更新阶段计入一整份
+整图下沉到 GE，而 GE 没有就地乘法（common/jit_level.py）：训练步把乘积写入新的张量，规划器在更新阶段计入一整份
 新的梯度，这是最坏情况，因为计算图的执行顺序不保证每个梯度在其缩放副本生成后立即释放（`plan --json` 在 `notes`
 中说明）。1B 全参微调时更新阶段因此多 4.60 GiB，仍低于反向的峰值。O3 的半精度梯度逐个在 fp32 中相乘再转回
 （因子不会在 fp16 中下溢）：多一份新的半精度梯度，外加最大梯度的 fp32 转换和乘积（1B 的词嵌入为 1.96 GiB）。

@@ -423,7 +423,7 @@ def test_the_ranks_ranges_cover_every_matrix_once_and_gather_back_whole_across_c
 
     from mindspore import Tensor
 
-    from llama_npu.training import host_shards
+    from llama_npu.steps.host import shards as host_shards
 
     shapes = [(7, 3), (5,), (4, 4), (2, 9), (3,), (1, 5)]
     params = [SimpleNamespace(shape=shape) for shape in shapes]

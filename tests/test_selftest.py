@@ -77,7 +77,7 @@ def test_host_optimizer_fails_when_the_host_kernel_swaps_the_moments_rates(ms, m
     test_cpu_selftest_passes_its_checks_and_gives_every_skip_a_reason)."""
     from llama_npu.selftest import run as selftest
     from llama_npu.selftest.host_optimizer import TOLERANCE
-    from llama_npu.training import host_kernel
+    from llama_npu.steps.host import kernel as host_kernel
 
     fused = host_kernel.adamw
 
