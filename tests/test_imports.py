@@ -13,10 +13,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "llama_npu"
 
 
-def package_imports(path: Path) -> set[str]:
+def package_imports(path: Path, package: Path = PACKAGE) -> set[str]:
     """The package modules `path` imports anywhere in it, as dotted names under llama_npu
     (`from . import lora` names the module llama_npu.strategies.lora)."""
-    here = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
+    here = path.relative_to(package.parent).with_suffix("").parts[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.level:
@@ -78,3 +78,32 @@ def test_no_function_of_the_package_is_longer_than_60_lines():
                     longer.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} "
                                   f"({node.end_lineno - first + 1} lines)")
     assert longer == []
+
+
+# Each room and the rooms above it that it must not import (docs/architecture.md): checkpoints/
+# owns the contract the steps implement (checkpoints/contract.py), and the steps are built by
+# the run, not the other way round.
+NOT_IMPORTED_BY = {"checkpoints": ("steps", "training"), "steps": ("training",)}
+
+
+def upward_imports(package: Path) -> list[str]:
+    """'file imports module' for each import of NOT_IMPORTED_BY's rooms into a room it forbids."""
+    found = []
+    for room, above in NOT_IMPORTED_BY.items():
+        for path in sorted((package / room).rglob("*.py")):
+            found += [f"{path.relative_to(package.parent)} imports {name}"
+                      for name in sorted(package_imports(path, package))
+                      if name.split(".")[1] in above]
+    return found
+
+
+@pytest.mark.quick
+def test_checkpoints_import_neither_the_steps_nor_the_run_and_the_steps_not_the_run(tmp_path):
+    assert not upward_imports(PACKAGE)
+    # The check sees such an import where one is written (relative, as the package writes them).
+    for room, line in (("checkpoints", "from ..steps import Step"), ("steps/host", "from ...training.loop import save")):
+        (tmp_path / "llama_npu" / room).mkdir(parents=True)
+        (tmp_path / "llama_npu" / room / "planted.py").write_text(line + "\n", encoding="utf-8")
+    assert upward_imports(tmp_path / "llama_npu") == [
+        "llama_npu/checkpoints/planted.py imports llama_npu.steps",
+        "llama_npu/steps/host/planted.py imports llama_npu.training.loop"]
