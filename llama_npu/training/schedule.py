@@ -1,5 +1,7 @@
-"""training/run.py's door to the run's length (recipe/run_length.py), kept only until run.py,
-which another change is editing, imports it from there: then this file goes."""
+"""training/run.py's door to the run's length (recipe/run_length.py) and the resumed schedule's
+(recipe/resume_checks.py), kept only until run.py, which another change is editing, imports them
+from there: then this file goes."""
 from __future__ import annotations
 
-from ..recipe.run_length import schedule_steps, with_steps  # noqa: F401  (re-exported for run.py)
+from ..recipe.resume_checks import schedule_steps  # noqa: F401  (re-exported for run.py)
+from ..recipe.run_length import with_steps  # noqa: F401  (re-exported for run.py)
