@@ -215,9 +215,10 @@ def test_kto_labels_read_by_data_label_values_and_a_value_outside_is_a_bad_recor
 
 
 def test_eval_dataset_is_not_result_changing_on_resume():
-    from llama_npu.training.preflight import changes_result
+    from llama_npu.recipe.resume_checks import changes_result
+    from llama_npu.training.preflight import RESULT_KEYS
 
-    assert not changes_result("data.eval_dataset") and changes_result("data.dataset")
+    assert not changes_result("data.eval_dataset", RESULT_KEYS) and changes_result("data.dataset", RESULT_KEYS)
 
 
 def test_eval_takes_the_runs_on_bad_record_and_the_flag(six_step_run, tmp_path):

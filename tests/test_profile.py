@@ -12,7 +12,7 @@ import yaml
 from conftest import SMOKE, TINY_RUN, run_cli
 
 from llama_npu.recipe.load import load_recipe
-from llama_npu.training.strategy_profile import classify_failure, combinations, default_axes
+from llama_npu.profiling.strategy_profile import classify_failure, combinations, default_axes
 
 GOOD = "data/zh_instruct_train.jsonl"
 

@@ -2,6 +2,7 @@
 estimates and writes it)."""
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -72,6 +73,14 @@ def add_parser(subparsers) -> None:
     plan.add_argument("--plot", metavar="FILE.png", help="also draw the plan: each phase's memory by component "
                                                          "against the usable memory (llama_npu/report/plan_picture.py)")
     plan.set_defaults(func=run)
+
+
+def json_arguments(recipe: Path) -> argparse.Namespace:
+    """What `plan RECIPE --json` parses, every default as the command line gives it: `report`
+    hands it to report/ to plan a run's stored recipe."""
+    parser = argparse.ArgumentParser(prog="llama-npu")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["plan", str(recipe), "--json"])
 
 
 def run(args) -> int:

@@ -24,10 +24,11 @@ def run(args) -> int:
     from ..common.atomic import check_writable
     from ..report.page import write_report
     from ..report.series import RunReadError
+    from .plan import json_arguments
 
     check_writable(Path(args.output), "--output")
     try:
-        print(write_report([Path(p) for p in args.runs], Path(args.output)))
+        print(write_report([Path(p) for p in args.runs], Path(args.output), json_arguments))
     except RunReadError as exc:
         print(f"llama-npu: error: {exc}", file=sys.stderr)
         return BAD_INPUT

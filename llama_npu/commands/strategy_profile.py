@@ -1,10 +1,10 @@
 """`llama-npu profile`: the recipe trained under each strategy combination, and measured
-(training/strategy_profile.py)."""
+(profiling/strategy_profile.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..training.strategy_profile import format_result, run_profile
+from ..profiling.strategy_profile import format_result, run_profile
 
 
 def add_parser(subparsers) -> None:

@@ -13,12 +13,10 @@ their whole weights at once. The transient is the worst such group."""
 from __future__ import annotations
 
 from ..model.architecture import LlamaShape
+from ..model.dequant_block import DEQUANT_BLOCK
 from ..strategies.lora import SHAPES
 
 SCALE_BYTES = 4  # weights/quantize.py stores the scales as float32, one per output channel
-# Weights the forward dequantizes at a time, whole output channels (model/int8_linear.py):
-# 8 MB in fp32, where the 1B's MLP weight is 67 MB.
-DEQUANT_BLOCK = 1 << 21
 
 
 def linear_shapes(shape: LlamaShape) -> dict:

@@ -36,9 +36,8 @@ def ready_to_train(recipe: Recipe) -> Tuple[Recipe, List[str]]:
     passes over its training rows, what changed)."""
     # imported here: tokenizing loads numpy, which the plan itself does not need
     from ..objectives import run_samples
+    from ..recipe.run_length import MAX_PASSES, with_steps
     from ..strategies.accumulation import step_rows
-    from ..training.data_size import MAX_PASSES
-    from ..training.schedule import with_steps
 
     tree, changed = absolute_paths(recipe.to_dict()), []
     with contextlib.redirect_stdout(sys.stderr):  # the reading's notes; plan --json prints only its object

@@ -32,7 +32,7 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.ops.auto_generate import WeightQuantBatchMatmul
 
-from ..memory.int8_weights import DEQUANT_BLOCK
+from .dequant_block import DEQUANT_BLOCK
 from .llama import fused_kernels
 
 

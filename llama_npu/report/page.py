@@ -7,7 +7,7 @@ import base64
 import html
 import math
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from .pictures import figure, finish, plot_curve, plot_loss, plot_memory, run_pictures, segment_starts
 from .run_facts import checkpoints, measured_and_planned, recipe_choices, summary_of
@@ -111,9 +111,9 @@ def history_rows(series: Series) -> List[List[str]]:
             for e in series.events]
 
 
-def run_section(series: Series, label: str, saved: list) -> str:
-    """One run's part of the page: choices, summary, plan beside measured, checkpoints,
-    history and its own pictures."""
+def run_section(series: Series, label: str, saved: list, plan_arguments: Callable) -> str:
+    """One run's part of the page: choices, summary, plan beside measured (`plan_arguments`:
+    run_facts.planned_step_seconds), checkpoints, history and its own pictures."""
     summary = summary_of(series.run_dir)
     parts = [f'<h2 id="{html.escape(label)}">{html.escape(label)}</h2>',
              f"<p>{html.escape(str(series.run_dir.resolve()))}</p>"]
@@ -125,8 +125,8 @@ def run_section(series: Series, label: str, saved: list) -> str:
                                                        "last_loss", "eval_loss", "tokens_per_s", "checkpoint")}
     parts.append(table(["summary.json (the last process)", "value"],
                        [[html.escape(k), html.escape(fmt(v))] for k, v in shown.items()]))
-    parts.append(table(["", "plan", "measured"],
-                       [[html.escape(c) for c in row] for row in measured_and_planned(series, summary)]))
+    planned = measured_and_planned(series, summary, plan_arguments)
+    parts.append(table(["", "plan", "measured"], [[html.escape(c) for c in row] for row in planned]))
     parts.append(table(["checkpoint", "verifies (every file against its CRC-32)"],
                        [[html.escape(path), '<span class="ok">yes</span>' if reason is None else
                          f'<span class="bad">no: {html.escape(reason)}</span>'] for path, reason in saved]
@@ -137,8 +137,9 @@ def run_section(series: Series, label: str, saved: list) -> str:
     return "\n".join(parts)
 
 
-def write_report(paths: List[Path], out: Path) -> str:
-    """Write the page to `out`; the text table to print."""
+def write_report(paths: List[Path], out: Path, plan_arguments: Callable) -> str:
+    """Write the page to `out`; the text table to print. `plan_arguments(recipe)`: what
+    `plan RECIPE --json` parses (commands/plan.py, json_arguments), to plan each run's recipe."""
     from ..common.atomic import replace_file
 
     runs = read_runs(paths)
@@ -149,7 +150,7 @@ def write_report(paths: List[Path], out: Path) -> str:
             table(COMPARED, [[html.escape(c) for c in row] for row in rows]),
             "<h2>Curves, every run on one axis</h2>"]
     body += ['<div class="grid">', *[img(png, title) for title, png in overlays(runs, labels).items()], "</div>"]
-    body += [run_section(s, label, c) for s, label, c in zip(runs, labels, saved)]
+    body += [run_section(s, label, c, plan_arguments) for s, label, c in zip(runs, labels, saved)]
     page = (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>llama-npu report</title>'
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
     replace_file(out, lambda tmp: tmp.write_text(page, encoding="utf-8"))

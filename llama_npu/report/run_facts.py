@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from .pictures import segment_starts
 from .series import Series
@@ -64,7 +64,7 @@ def checkpoints(run_dir: Path) -> List[Tuple[str, Optional[str]]]:
     return found
 
 
-def measured_and_planned(series: Series, summary: dict) -> List[Tuple[str, str, str]]:
+def measured_and_planned(series: Series, summary: dict, plan_arguments: Callable) -> List[Tuple[str, str, str]]:
     """(what, plan's figure, the run's) for peak memory and, where plan predicts one, step time."""
     peaks = series.curves.get("peak_memory_bytes", ([], []))[1]
     planned = series.curves.get("planned_peak_bytes", ([], []))[1]
@@ -74,21 +74,21 @@ def measured_and_planned(series: Series, summary: dict) -> List[Tuple[str, str, 
              f"{max(peaks) / GIB:.2f} GiB, {source}" if peaks else "n/a")]
     steps = series.curves.get("step_seconds", ([], []))
     timed = sorted(v for s, v in zip(*steps) if s not in segment_starts(series))
-    predicted = planned_step_seconds(series.run_dir)
+    predicted = planned_step_seconds(series.run_dir, plan_arguments)
     if timed or predicted is not None:
         rows.append(("step time", f"{predicted:.3f} s" if predicted is not None else "n/a (plan predicts none)",
                      f"{timed[len(timed) // 2]:.3f} s, median after each compiling first step" if timed else "n/a"))
     return rows
 
 
-def planned_step_seconds(run_dir: Path) -> Optional[float]:
+def planned_step_seconds(run_dir: Path, plan_arguments: Callable) -> Optional[float]:
     """plan's predicted step time for the run's recipe (plan --json's step_time), or None where
-    plan predicts none or cannot plan the stored recipe."""
-    from ..cli import build_parser
+    plan predicts none or cannot plan the stored recipe. `plan_arguments(recipe)`: what `plan
+    RECIPE --json` parses, handed in by the command (report/ sits below the command line)."""
     from ..memory.plan_report import run_plan
 
     try:
-        output, _ = run_plan(build_parser().parse_args(["plan", str(run_dir / "recipe.yaml"), "--json"]))
+        output, _ = run_plan(plan_arguments(run_dir / "recipe.yaml"))
         total = (json.loads(output).get("step_time") or {}).get("total_seconds")
     except Exception:  # noqa: BLE001 -- a recipe plan cannot take (moved data, an older key) has no prediction
         return None

@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import List
 
+# The section's dtypes, defined in model/ so that weights/ reads them too; the network and the
+# session take them from here, with the section.
+from ..model.precision_dtypes import model_dtypes  # noqa: F401
 from ..recipe.problems import Problems, RecipeError, choice, positive
 
 KEY = "precision"
@@ -104,15 +107,6 @@ def profile_overrides(value: str, base) -> List[str]:
     loss_scale = "dynamic" if level != "O0" and dtype == "float16" else "none"
     return [f"strategies.precision.amp_level={level}", f"strategies.precision.dtype={dtype}",
             f"strategies.precision.loss_scale={loss_scale}"]
-
-
-def model_dtypes(section: PrecisionSection) -> dict:
-    """compute_dtype and param_dtype for model.llama_config."""
-    if section.amp_level == "O0":
-        return {"compute_dtype": "float32", "param_dtype": "float32"}
-    if section.amp_level == "O3":
-        return {"compute_dtype": section.dtype, "param_dtype": section.dtype}
-    return {"compute_dtype": section.dtype, "param_dtype": "float32"}
 
 
 # ---------------------------------------------------------------- planner term

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from ..common.console import warn
 from ..objectives import run_samples
+from ..recipe.run_length import MAX_PASSES, with_steps
 from ..strategies.accumulation import step_rows
-from .schedule import with_steps
-
-MAX_PASSES = 20
 
 
 def data_size_warning(recipe, rows: int) -> str:

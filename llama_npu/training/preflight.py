@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import json
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -31,13 +30,15 @@ from ..data.truncation import BEFORE_THE_KEY
 from ..objectives import OBJECTIVES, of as objective_of, records_of
 from ..recipe.base_weights import CHECKPOINT_PLACEHOLDER, check_base
 from ..recipe.problems import RecipeError
-from ..recipe.schema import Recipe, with_absolute_paths
+from ..recipe.resume_checks import check_resume_recipe, recipe_difference
+from ..recipe.schema import Recipe
 from ..recipe.stored import STORED_RECIPE, stored_recipe
 from ..strategies.parallel import check_workers
 from ..weights.errors import ConvertError
 
-# Changing one of these on resume would train a different model, on different data, or
-# give each step different samples than the checkpoint's run did: refused without --force.
+# Changing one of these on resume would train a different model, on different data, or give
+# each step different samples than the checkpoint's run did: refused without --force
+# (recipe/resume_checks.py compares; the objectives' sections are named here, above recipe/).
 # Everything else (max_steps, save/eval cadence, lr and schedule, precision, recompute,
 # chunked CE, device) may change: lowering the lr or enabling loss scaling is how a
 # diverged run is recovered (training/nonfinite.py NonFiniteStreak says so), and memory
@@ -45,7 +46,6 @@ from ..weights.errors import ConvertError
 RESULT_KEYS = ("model.", "data.", "train.micro_batch_size", "train.global_batch_size", "train.seed",
                "strategies.lora.", "strategies.parallel.", "train.objective",
                *(f"{objective.NAME}." for objective in OBJECTIVES if objective.SECTION))
-NOT_RESULT_KEYS = ("data.eval_files", "data.eval_dataset")  # what is evaluated, not what is trained
 
 
 class RunDirError(RuntimeError):
@@ -297,54 +297,6 @@ def check_output_dir(run_dir: Path, resume: Optional[str], overwrite: bool,
     return problems, candidates
 
 
-# ---------------------------------------------------------------- resume with another recipe
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def changes_result(key: str) -> bool:
-    return key.startswith(RESULT_KEYS) and not key.startswith(NOT_RESULT_KEYS)
-
-
-@dataclass
-class RecipeDifference:
-    """How the recipe of a resume differs from the one the run was started with."""
-    changed: dict = field(default_factory=dict)  # key -> (stored value, new value)
-
-    @property
-    def refused(self) -> list:
-        return [key for key in self.changed if changes_result(key)]
-
-    def describe(self, keys) -> str:
-        return ", ".join(f"{k} {self.changed[k][0]!r} -> {self.changed[k][1]!r}" for k in keys)
-
-
-def recipe_difference(stored: Recipe, recipe: Recipe) -> RecipeDifference:
-    # The stored recipe's paths are absolute (training/run.py, open_run_dir); the same file named
-    # relative to the current directory is no change.
-    old, new = flatten(with_absolute_paths(stored).to_dict()), flatten(with_absolute_paths(recipe).to_dict())
-    return RecipeDifference({k: (old.get(k), new[k]) for k in new if old.get(k) != new[k]})
-
-
-def check_resume_recipe(recipe: Recipe, run_dir: Path, force: bool) -> list:
-    stored = stored_recipe(run_dir)
-    if stored is None:
-        return []
-    difference = recipe_difference(stored, recipe)
-    if not difference.refused or force:
-        return []
-    return [f"resume: the recipe changes {difference.describe(difference.refused)} from "
-            f"{run_dir / STORED_RECIPE}, which changes what the run trains; resume without that change, "
-            f"or pass --force to continue anyway"]
-
-
 # ---------------------------------------------------------------- all of them
 
 def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], overwrite: bool,
@@ -363,7 +315,7 @@ def preflight(recipe: Recipe, run_dir: Optional[Path], resume: Optional[str], ov
     output_problems, candidates = check_output_dir(run_dir, resume, overwrite, main_rank)
     problems += output_problems
     if resume:
-        problems += _collect(problems, check_resume_recipe, recipe, run_dir, force) or []
+        problems += _collect(problems, check_resume_recipe, recipe, run_dir, force, RESULT_KEYS) or []
     return problems, candidates
 
 
@@ -378,7 +330,7 @@ def checked_start(recipe: Recipe, run_dir: Path, resume: Optional[str], overwrit
         raise PreflightError(problems)
     stored = stored_recipe(run_dir) if resume else None
     if stored is not None:
-        difference = recipe_difference(stored, recipe)
+        difference = recipe_difference(stored, recipe, RESULT_KEYS)
         if difference.changed:
             note(f"resuming with {difference.describe(difference.changed)}, unlike {run_dir / STORED_RECIPE} "
                  f"(kept as it was)")
@@ -395,7 +347,7 @@ def _set_value(value) -> str:
 def resume_command(run_dir: Path, recipe: Recipe) -> str:
     """The command that continues this run exactly: its own recipe.yaml, plus a --set for
     each key this run changed from it (and --force when one of them needed it)."""
-    difference = recipe_difference(stored_recipe(run_dir), recipe)
+    difference = recipe_difference(stored_recipe(run_dir), recipe, RESULT_KEYS)
     words = ["llama-npu", "train", "--resume", "auto", "--output-dir", str(run_dir)]
     for key, (_, value) in difference.changed.items():
         words += ["--set", f"{key}={_set_value(value)}"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Tuple
 
+from ..model.precision_dtypes import model_dtypes
 from ..recipe.stored import owning_recipe
 
 HALF = ("bfloat16", "float16")
@@ -49,8 +50,6 @@ def export_dtype(asked: Optional[str], meta: dict, weights: Path) -> Tuple[str, 
     started = source_dtype(base) if run.model.checkpoint else None
     if started in HALF:
         return started, f"the dtype of the model the run started from ({run.model.checkpoint}: {started})"
-    from ..strategies.precision import model_dtypes  # imported here: the strategies load the recipe's checks
-
     computed = model_dtypes(run.strategies.precision)["compute_dtype"]
     start = f"a {started} model" if started else "random weights"
     p = run.strategies.precision

@@ -16,7 +16,7 @@ import io
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ...data.encodings import decode_file
 from ...data.readers import RecordError
@@ -162,15 +162,14 @@ def read_subject(layout: Layout, root: Path, split: str, subject: str) -> List[Q
 
 
 def read_exam(task: str, root: Optional[Path], split: Optional[str], subjects: Optional[List[str]], shots: int,
-              own_files: Sequence[Path] = ()) -> ExamData:
+              own: Optional[Dict[str, List[Question]]] = None) -> ExamData:
     """Every question of the chosen subjects of `split`, and with shots > 0 their dev
-    examples, then those of the user's own exam files (none under `root` None); RecordError
-    (one line naming the file and line) on anything malformed."""
-    from .own_exam import read_own_exam
-
+    examples, then `own`, the subjects of the user's own exam files, read first by the caller
+    (own_exam.read_own_exams; none under `root` None); RecordError (one line naming the file
+    and line) on anything malformed."""
     layout = LAYOUTS[task]
     split = split or layout.default_split
-    own = {subject: questions for path in own_files for subject, questions in read_own_exam(task, path).items()}
+    own = own or {}
     if root is None:
         return ExamData(layout, Path("."), split, own, own=list(own))
     data = read_benchmark(layout, Path(root), split, subjects, shots)

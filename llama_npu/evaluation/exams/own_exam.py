@@ -13,7 +13,7 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 from ...data.encodings import decode_file
 from ...data.readers import RecordError
@@ -70,6 +70,12 @@ def read_own_exam(task: str, path: Path) -> Dict[str, List[Question]]:
     if not subjects:
         raise RecordError(f"{path}: no questions")
     return subjects
+
+
+def read_own_exams(task: str, paths: Sequence[Path]) -> Dict[str, List[Question]]:
+    """subject -> questions of every file in `paths`, for layouts.read_exam to put beside the
+    benchmark's subjects."""
+    return {subject: questions for path in paths for subject, questions in read_own_exam(task, path).items()}
 
 
 def own_config(task: str, subject: str, template: dict) -> dict:

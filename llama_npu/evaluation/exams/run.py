@@ -22,6 +22,7 @@ from ...data.tokenizer import load_tokenizer
 from ..loaded_model import build_from_checkpoint, checkpoint_tokenizer, reload_weights
 from .categories import CATEGORY_ORDER, categories_of
 from .layouts import LETTERS, ExamData, read_exam
+from .own_exam import read_own_exams
 from .prompt_format import prompt_formats
 from .tasks import build_tasks
 
@@ -152,7 +153,8 @@ def run_exam(task: str, checkpoint: Path, data_dir: Optional[Path], shots: int =
     if output is not None:
         check_writable(Path(output), "--output")
     formats = prompt_formats(checkpoint, compare, chat, compare_chat)
-    data = read_exam(task, Path(data_dir) if data_dir else None, split, subjects, shots, own_files)
+    own = read_own_exams(task, own_files)
+    data = read_exam(task, Path(data_dir) if data_dir else None, split, subjects, shots, own)
     for path in [checkpoint] + ([compare] if compare is not None else []):
         checkpoint_tokenizer(Path(path))  # a checkpoint eval cannot read: one line, before any model is built
     tasks = build_tasks(data)
