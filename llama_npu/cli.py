@@ -68,7 +68,7 @@ def user_errors() -> tuple:
     """What bad input raises, from any command: one line and exit 2, never a traceback."""
     # Imported when a command fails, not at start: the weights format and the selftest load numpy.
     from .checkpoints.files import CheckpointError
-    from .checkpoints.merge import MergeError
+    from .weights.merge_checkpoints import MergeError
     from .common.atomic import UnwritableError
     from .data.readers import RecordError
     from .data.tokenizer import TokenizerError

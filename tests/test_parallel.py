@@ -398,7 +398,7 @@ def write_stage_strategy(path, stage, param):
 
 @pytest.mark.parametrize("pipeline", [1, 2])
 def test_merge_uses_the_strategy_of_every_pipeline_stage(ms, tmp_path, pipeline):
-    from llama_npu.checkpoints.merge import source_strategy
+    from llama_npu.weights.merge_checkpoints import source_strategy
 
     run = tmp_path / "run"
     # Ranks 0 and 1 hold stage 0, ranks 2 and 3 stage 1 (without a pipeline all four hold everything).

@@ -1,10 +1,10 @@
 """`llama-npu merge-checkpoints`: the per-rank shards of a sharded run as one checkpoint
-(checkpoints/merge.py)."""
+(weights/merge_checkpoints.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoints.merge import merge_shards
+from ..weights.merge_checkpoints import merge_shards
 
 
 def add_parser(subparsers) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoints.files import rank_roots
-from ..checkpoints.merge import merge_shards
+from ..weights.merge_checkpoints import merge_shards
 from ..checkpoints.policy import Checkpointer
 from ..common.collective import all_reduce_sum
 from ..data.batches import ListSamples

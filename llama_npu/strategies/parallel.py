@@ -11,7 +11,7 @@ runtime: we configure and launch it (scripts/launch.sh runs msrun), we do not re
   same batch; MindSpore splits it by the data-parallel strategy), and MindFormers' wrapper
   chain as the train step (steps/sharded_step.py). Each rank saves the strategy of its
   own graph, <run>/strategy/rank_<R>.ckpt (a pipeline stage's file holds only that stage's
-  parameters; checkpoints/merge.py merges them). MindSpore supports this on Ascend/GPU only ("Invalid
+  parameters; weights/merge_checkpoints.py merges them). MindSpore supports this on Ascend/GPU only ("Invalid
   communication backend: CPU for semi_auto_parallel"), so CI checks the configuration and
   the wrapper chain it builds, never a run.
 """

@@ -21,11 +21,11 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from ..checkpoints.files import WEIGHTS, rank_roots, read_state, verify_read
 from ..common.atomic import check_writable, staged_directory
+from ..common.checksums import write_manifest
 from ..model.architecture import resolve_shape
 from ..recipe.stored import STORED_RECIPE, stored_recipe
-from ..common.checksums import write_manifest
-from .files import WEIGHTS, rank_roots, read_state, verify_read
 
 
 class MergeError(RuntimeError):
@@ -70,7 +70,7 @@ def model_description(run_dir: Path, weights: Path) -> dict:
     """config.json for merged whole weights, as train writes it beside a step's model.ckpt:
     the run's shape, the weights' dtype and the Hugging Face config of the base it started
     from, so that eval, generate and convert ms-to-hf take the directory."""
-    from ..weights.pretrained import checkpoint_tensors, read_checkpoint_dir  # imported here: numpy, needless for --help
+    from .pretrained import checkpoint_tensors, read_checkpoint_dir  # imported here: numpy, needless for --help
 
     recipe = stored_recipe(run_dir)
     if recipe.strategies.lora.enabled:
