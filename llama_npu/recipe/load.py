@@ -167,8 +167,7 @@ def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers:
         if hasattr(strategy, "resolve"):
             problems.check(strategy.resolve, recipe, workers)
     for objective in OBJECTIVES:  # a deprecated key read as its successor
-        if hasattr(objective, "resolve"):
-            problems.check(objective.resolve, recipe)
+        problems.check(objective.resolve, recipe)
     problems.check(validate, recipe)
     problems.raise_any()
     return recipe

@@ -77,9 +77,8 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     resume_candidates, warn_recipe_hash = checked_start(recipe, run_dir, resume, overwrite, force,
                                                         launched_workers(), rank == 0, rehearsal is not None)
     train_source, eval_samples = run_samples(recipe)
-    objective = objective_of(recipe)
-    if rehearsal is not None and hasattr(objective, "rehearsal_source"):  # DPO: a reference pass as short as it
-        train_source = objective.rehearsal_source(train_source, recipe)
+    if rehearsal is not None:  # DPO: a reference pass as short as it
+        train_source = objective_of(recipe).rehearsal_source(train_source, recipe)
     if rank == 0:
         print(first_example(recipe, train_source), flush=True)
     counted = with_steps(recipe, len(train_source), say=rank == 0)  # train.epochs as steps
