@@ -91,7 +91,21 @@ class Objective(ABC):
         weights: the loss cell ((input_ids, labels, *more[, embeds]) -> the micro-batch's loss,
         a SUM) and count(batch) (what that sum is over: target tokens, pairs; the step divides
         every micro-batch's sum by the count of the whole optimizer step, over every rank), and
-        where it has them its metrics, prepare and sharded (see ObjectiveParts). A reference,
+        where it has them:
+        - metrics() -> {name: value}, read once an optimizer step and logged by the loop into
+          metrics.jsonl beside the loss (DPO: TRL's rewards/* and logps/*, summed by the loss
+          cell into a Parameter and averaged over the step's items);
+        - prepare(micro_batches) -> micro_batches: run by the loop on each step's k
+          micro-batches (this rank's) before the step, and on the example batches a resume
+          compiles with, for a quantity of the whole optimizer step (a KL estimate over every
+          micro-batch, reduced across ranks by the hook itself) that the loss cell then reads
+          as an extra array of each micro-batch;
+        - sharded: for the sharded layout (the sharded step, ShardedStep): {"network":
+          the loss as (numerator, denominator) for MindFormers' chain, "count": as above,
+          "arrange": the row order a micro-batch goes in with}. Without it the sharded step
+          runs MindFormers' own token loss (SFT's): any other objective gives it, or its check
+          refuses the sharded layouts (strategies.parallel model, pipeline or optimizer_shard).
+        A reference,
         where the loss needs one, is the objective's: computed before step 1 into its source
         (reference_pass.py: stored in the run directory with the digests of the starting
         weights and of the tokenized items, reused on resume when both match, refused
@@ -102,7 +116,8 @@ class Objective(ABC):
         """The planner Strategy's keys it sets (memory/planner.py): sequences_per_sample (rows
         an item is; more than one keeps them on one card, so the search offers no model or
         pipeline parallel), reference_forward (a forward without gradients in every
-        micro-step, its own phase and 2 FLOPs a parameter and token)."""
+        micro-step, its own phase and 2 FLOPs a parameter and token; with optimizer_shard
+        refused)."""
 
     def resolve(self, recipe) -> None:
         """A deprecated key of its section read as its successor; by default none."""
