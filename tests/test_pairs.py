@@ -66,14 +66,14 @@ def test_both_layouts_read_as_prompt_and_two_replies(tmp_path):
         PairRecord(f"{sharegpt}:2", [("user", "你好")], "你好！有什么可以帮你？", "嗯。")]
     answered = write_jsonl(tmp_path / "answered.jsonl", [{"conversations": [
         {"from": "human", "value": "你好"}, {"from": "gpt", "value": "你好！"}], "chosen": "a", "rejected": "b"}])
-    [error] = list(iter_records([answered], "sharegpt", kind=dpo.RECORDS))
+    [error] = list(iter_records([answered], "sharegpt", kind=dpo.OBJECTIVE.RECORDS))
     assert str(error) == (f"{answered}:1: the conversation ends with an assistant turn; expected it to end with the "
                           f"user, whom 'chosen' and 'rejected' answer")
 
 
 def test_a_pair_read_as_sft_data_names_the_objective(tmp_path):
     data = write_jsonl(tmp_path / "pairs.jsonl", [GOOD])
-    [error] = list(iter_records([data], "alpaca", kind=records_of(sft)))
+    [error] = list(iter_records([data], "alpaca", kind=records_of(sft.OBJECTIVE)))
     assert str(error) == (f"{data}:1: the record is a preference pair ('chosen' and 'rejected'), read as SFT data: "
                           f"pairs train with train.objective: dpo, from data.train_files")
 

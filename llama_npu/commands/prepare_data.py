@@ -54,7 +54,7 @@ def run(args) -> int:
                            max_seq_len=args.max_seq_len, packed=args.pack, on_bad_record=args.on_bad_record,
                            overwrite=args.overwrite, train_on_prompt=args.train_on_prompt,
                            progress=note, options=ReadOptions.of(parse_columns(args.column), args.encoding),
-                           kind=records_of(sft), workers=workers_for(args.workers), truncation=args.truncation)
+                           kind=records_of(sft.OBJECTIVE), workers=workers_for(args.workers), truncation=args.truncation)
     print(format_report(meta))
     print(f"wrote {args.output}")
     return 0

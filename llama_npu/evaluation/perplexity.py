@@ -43,7 +43,7 @@ def read_eval_records(data_files, reading: ReadOptions, on_bad_record: str = "er
     # environment is broken) where numpy does not import
     from ..data.source import read_files
 
-    return read_files(data_files, reading, on_bad_record, records_of(sft))  # pairs refused by name
+    return read_files(data_files, reading, on_bad_record, records_of(sft.OBJECTIVE))  # pairs refused by name
 
 
 DEFAULT_MAX_SEQ_LEN = 2048  # eval of a checkpoint that is not a run's (a run's is evaluated at its own)

@@ -25,7 +25,7 @@ def check_inputs(data_files, task: Optional[str], task_data: Optional[Path], sho
     if task is not None and not data_files:
         raise RecordError(f"--task {task}: only with --data (the held-out records it is reported beside)")
     for path in data_files or ():
-        read_records([path], detect_format(Path(path)), kind=records_of(sft))
+        read_records([path], detect_format(Path(path)), kind=records_of(sft.OBJECTIVE))
     if task is not None:
         read_exam(task, Path(task_data), None, None, shots)
 

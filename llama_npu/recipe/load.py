@@ -145,7 +145,7 @@ def read_tree(path: str | Path) -> dict:
 
 def _steps_or_epochs(train) -> None:
     """The run's length in one of two ways: train.max_steps (DEFAULT_MAX_STEPS when neither is
-    given) or train.epochs (steps counted from the data when it is read, training/schedule.py);
+    given) or train.epochs (steps counted from the data when it is read, recipe/run_length.py);
     the other stays null, and so a run's recipe.yaml records which the user gave."""
     if train.max_steps is not None and train.epochs is not None:
         raise RecipeError(f"train.max_steps={train.max_steps} and train.epochs={train.epochs}: give one of them "
@@ -167,8 +167,7 @@ def recipe_from_dict(tree: dict, overrides: Optional[List[str]] = None, workers:
         if hasattr(strategy, "resolve"):
             problems.check(strategy.resolve, recipe, workers)
     for objective in OBJECTIVES:  # a deprecated key read as its successor
-        if hasattr(objective, "resolve"):
-            problems.check(objective.resolve, recipe)
+        problems.check(objective.resolve, recipe)
     problems.check(validate, recipe)
     problems.raise_any()
     return recipe

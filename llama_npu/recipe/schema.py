@@ -93,7 +93,7 @@ class TrainSection:
     eval_every: int = 0  # 0: evaluate only at the end (when eval files are given)
     mode: str = "graph"  # graph | pynative
     objective: str = "sft"  # one of objectives/ NAMES; its section, if any, is the key of that name
-    # issue 56, LLaMA-Factory's habits (training/schedule.py):
+    # issue 56, LLaMA-Factory's habits (recipe/run_length.py, recipe/resume_checks.py):
     # passes over the training data instead of max_steps (num_train_epochs): the steps follow
     # from the data's rows and the global batch, as the Hugging Face Trainer counts them
     epochs: Optional[float] = None

@@ -33,7 +33,7 @@ def build_step(recipe: Recipe, net, objective: ObjectiveParts, scaler: LossScale
     """The run's step for `net` (the model, built by strategies/network.py) and the
     objective's loss cell: the host step where the recipe puts the optimizer on the host, the
     sharded step for an operator-sharded or pipeline layout, else the in-graph step.
-    `schedule_steps`: the learning-rate schedule's length (training/schedule.py)."""
+    `schedule_steps`: the learning-rate schedule's length (recipe/resume_checks.py)."""
     from ..strategies.accumulation import accumulation_steps
     from .host.build import host_optimizer
 

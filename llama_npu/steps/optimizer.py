@@ -22,7 +22,7 @@ from ..recipe.schema import TrainSection
 def lr_at(step: int, train: TrainSection, steps: Optional[int] = None) -> float:
     """Learning rate of optimizer step `step` (1-based): linear warm-up, then cosine decay
     to min_lr_ratio x lr at `steps` (max_steps; a resumed run's may differ,
-    training/schedule.py), then that floor."""
+    recipe/resume_checks.py), then that floor."""
     base = train.optimizer.lr
     if train.warmup_steps and step <= train.warmup_steps:
         return base * step / train.warmup_steps

@@ -37,7 +37,7 @@ def save(session: Session, step: int) -> Optional[Path]:
     state = {"samples_consumed": s.stream.samples_consumed,
              "rng": {"seed": t.seed, "data_epoch": s.stream.epoch},
              "loss_scale": s.step_fn.loss_scale_state(), "recipe_hash": s.recipe.digest(),
-             "schedule_steps": s.schedule_steps}  # a resume keeps it (training/schedule.py)
+             "schedule_steps": s.schedule_steps}  # a resume keeps it (recipe/resume_checks.py)
     try:
         return s.checkpointer.save(step, params, optimizer, state)
     except OSError as exc:  # disk full, quota, read-only: say what survives, then stop

@@ -162,7 +162,7 @@ def check_records(recipe: Recipe, tokenizer=None) -> list:
     `preflight` (DPO: a prompt too long for a reply) checks its good records too, with `tokenizer`."""
     d, problems, bad = recipe.data, [], []
     objective = objective_of(recipe)
-    kind, tokenized = records_of(objective), getattr(objective, "preflight", None)
+    kind, tokenized = records_of(objective), objective.preflight
     inputs = _collect(problems, lambda: train_inputs(recipe) + eval_inputs(recipe)) or []
     for data_input, path in ((i, path) for i in inputs for path in i.files):
         errors, good = _collect(problems, _file_bad_records, path, data_input.format, data_input.options,

@@ -76,9 +76,7 @@ def rehearse(recipe: Recipe, workers: int = 1) -> tuple[Recipe, list, list]:
         if hasattr(strategy, "rehearse"):  # LoRA rehearses as the recipe sets it
             strategy.rehearse(r)
     rehearsal = recipe_from_dict(r.tree, workers=workers)
-    objective = objective_of(recipe)
-    if hasattr(objective, "rehearsal_notes"):  # what its rehearsal_source takes (training/run.py)
-        r.changed += objective.rehearsal_notes(rehearsal)
+    r.changed += objective_of(recipe).rehearsal_notes(rehearsal)  # what its rehearsal_source takes (training/run.py)
     return rehearsal, r.changed, r.not_rehearsed
 
 
@@ -114,9 +112,8 @@ def _shrink_device(r: Rehearsal) -> None:
 def _shrink_data(r: Rehearsal) -> None:
     d = r.recipe.data
     seq_len = min(d.max_seq_len, SEQ_LEN)
-    objective = objective_of(r.recipe)
-    if hasattr(objective, "rehearse_length"):  # DPO: a pair's prompt must leave room for its reply
-        seq_len = objective.rehearse_length(r, seq_len, STEPS * MAX_REHEARSED * r.workers)
+    # DPO: a pair's prompt must leave room for its reply
+    seq_len = objective_of(r.recipe).rehearse_length(r, seq_len, STEPS * MAX_REHEARSED * r.workers)
     r.change("data.max_seq_len", seq_len)
     if d.prepared and seq_len < d.max_seq_len:
         r.changed.append(f"data.prepared={d.prepared}: its {d.max_seq_len + 1}-token rows read as windows of "

@@ -21,12 +21,13 @@ from ..common.frameworks import quiet_frameworks
 from ..common.launcher import launched_rank, launched_workers
 from ..common.stopping import StopSignals
 from ..objectives import of as objective_of, run_samples
+from ..recipe.resume_checks import schedule_steps
+from ..recipe.run_length import with_steps
 from ..recipe.schema import Recipe, with_absolute_paths
 from ..recipe.stored import STORED_RECIPE, stored_recipe
 from .data_size import warn_data_size
 from .preflight import checked_start
 from .runtime import init_runtime
-from .schedule import schedule_steps, with_steps
 
 
 def open_run_dir(run_dir: Path, recipe: Recipe, overwrite: bool) -> bool:
@@ -77,9 +78,8 @@ def run_training(recipe: Recipe, run_dir: Path, signals: StopSignals, resume: Op
     resume_candidates, warn_recipe_hash = checked_start(recipe, run_dir, resume, overwrite, force,
                                                         launched_workers(), rank == 0, rehearsal is not None)
     train_source, eval_samples = run_samples(recipe)
-    objective = objective_of(recipe)
-    if rehearsal is not None and hasattr(objective, "rehearsal_source"):  # DPO: a reference pass as short as it
-        train_source = objective.rehearsal_source(train_source, recipe)
+    if rehearsal is not None:  # DPO: a reference pass as short as it
+        train_source = objective_of(recipe).rehearsal_source(train_source, recipe)
     if rank == 0:
         print(first_example(recipe, train_source), flush=True)
     counted = with_steps(recipe, len(train_source), say=rank == 0)  # train.epochs as steps

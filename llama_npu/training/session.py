@@ -56,7 +56,7 @@ class Session:
     planned_peak: int
     start_step: int = 0
     rehearsal: Optional[dict] = None  # what training.rehearse shrank and could not rehearse
-    schedule_steps: int = 0  # the lr schedule's length (training/schedule.py): max_steps unless resumed with another
+    schedule_steps: int = 0  # the lr schedule's length (recipe/resume_checks.py): max_steps unless resumed with another
 
 
 def model_description(recipe: Recipe, shape: LlamaShape, run_dir: Path, world: World) -> Optional[dict]:

@@ -1,5 +1,5 @@
 """train.objective: kto, KTO on single replies with a thumbs up or down (TRL 0.24.0's
-KTOTrainer), behind the objective interface (objectives/__init__.py):
+KTOTrainer), behind the objective contract (objectives/contract.py):
 - section.py: the `kto:` section and its checks (pure Python);
 - records.py: the labelled replies of each format (pure Python); replies.py: tokenized, as
   the run's source, and the KL rows; reference.py: the precomputed reference;
@@ -10,71 +10,72 @@ Its heavy modules (numpy, MindSpore) are imported where they are used, so `valid
 `plan` load neither."""
 from __future__ import annotations
 
-from .records import RECORDS
-from .section import NAME, KtoSection, check
-
-SECTION = KtoSection
-# LLaMA-Factory's (its FinetuningArguments; its pref_beta is dpo.beta's name there too)
-FOREIGN_NAMES = {"kto_chosen_weight": "kto.desirable_weight", "kto_rejected_weight": "kto.undesirable_weight"}
+from ..contract import Objective
+from . import section
+from .records import RECORDS as REPLY_RECORDS
 
 
-def samples(recipe, tokenizer, records):
-    """(the labelled replies as a source, no held-out samples: check refuses data.eval_files)."""
-    from ...data.dataset_info import train_inputs
-    from .replies import KtoSource, reply_samples
+class Kto(Objective):
+    NAME = section.NAME
+    SECTION = section.KtoSection
+    RECORDS = REPLY_RECORDS
+    SCORES = True
+    # LLaMA-Factory's (its FinetuningArguments; its pref_beta is dpo.beta's name there too)
+    FOREIGN_NAMES = {"kto_chosen_weight": "kto.desirable_weight", "kto_rejected_weight": "kto.undesirable_weight"}
+    check = staticmethod(section.check)
 
-    return KtoSource(reply_samples(recipe, tokenizer, train_inputs(recipe), records)), []
+    def samples(self, recipe, tokenizer, records):
+        """(the labelled replies as a source, no held-out samples: check refuses data.eval_files)."""
+        from ...data.dataset_info import train_inputs
+        from .replies import KtoSource, reply_samples
+
+        return KtoSource(reply_samples(recipe, tokenizer, train_inputs(recipe), records)), []
+
+    def preflight(self, recipe, tokenizer, records) -> list:
+        """The records whose prompt leaves no reply token within data.max_seq_len (data.truncation:
+        keep_prompt), as errors."""
+        from ..prompt_room import no_room_error
+        from .records import SKIP_HINT
+        from .replies import tokenize_kto
+
+        max_seq_len = recipe.data.max_seq_len
+        report = tokenize_kto(tokenizer, records, max_seq_len + 1, recipe.data.truncation, bar=False)[1]
+        return [no_room_error(where, tokens, max_seq_len, SKIP_HINT) for where, tokens in report.no_room]
+
+    def parts(self, recipe, run_dir, net, loss_cell, source, world):
+        from .parts import kto_parts
+
+        return kto_parts(recipe, run_dir, net, source, world)
+
+    def plan_settings(self, recipe) -> dict:
+        """One row a record; the KL pass before each step is a forward without gradients (a phase
+        of its own, as an adapters-off reference's, which then runs in every micro-step too)."""
+        return {"sequences_per_sample": 1, "reference_forward": True}
+
+    def score(self, recipe, checkpoint, files, batch_size, device, load) -> dict:
+        from .scoring import evaluate_replies
+
+        return evaluate_replies(recipe, checkpoint, files, batch_size, device, load)
+
+    def score_line(self, result: dict) -> str:
+        margin = f", margin {result['rewards/margins']:.4f}" if "rewards/margins" in result else ""
+        return (f"KTO loss {result['loss']:.4f}, KL {result['kl']:.4f}{margin} over {result['replies']} labelled "
+                f"replies, against the reference {result['reference']}")
+
+    def rehearse_length(self, r, shortest: int, items: int) -> int:
+        from .rehearsal import shrink_length
+
+        return shrink_length(r, shortest, items)
+
+    def rehearsal_source(self, source, recipe):
+        from .rehearsal import first_records
+
+        return first_records(source, recipe)
+
+    def rehearsal_notes(self, recipe) -> list:
+        from .rehearsal import rehearsal_notes as notes
+
+        return notes(recipe)
 
 
-def preflight(recipe, tokenizer, records) -> list:
-    """The records whose prompt leaves no reply token within data.max_seq_len (data.truncation:
-    keep_prompt), as errors."""
-    from ..prompt_room import no_room_error
-    from .records import SKIP_HINT
-    from .replies import tokenize_kto
-
-    max_seq_len = recipe.data.max_seq_len
-    report = tokenize_kto(tokenizer, records, max_seq_len + 1, recipe.data.truncation, bar=False)[1]
-    return [no_room_error(where, tokens, max_seq_len, SKIP_HINT) for where, tokens in report.no_room]
-
-
-def parts(recipe, run_dir, net, loss_cell, source, world):
-    from .parts import kto_parts
-
-    return kto_parts(recipe, run_dir, net, source, world)
-
-
-def plan_settings(recipe) -> dict:
-    """One row a record; the KL pass before each step is a forward without gradients (a phase
-    of its own, as an adapters-off reference's, which then runs in every micro-step too)."""
-    return {"sequences_per_sample": 1, "reference_forward": True}
-
-
-def score(recipe, checkpoint, files, batch_size, device, load) -> dict:
-    from .scoring import evaluate_replies
-
-    return evaluate_replies(recipe, checkpoint, files, batch_size, device, load)
-
-
-def score_line(result: dict) -> str:
-    margin = f", margin {result['rewards/margins']:.4f}" if "rewards/margins" in result else ""
-    return (f"KTO loss {result['loss']:.4f}, KL {result['kl']:.4f}{margin} over {result['replies']} labelled "
-            f"replies, against the reference {result['reference']}")
-
-
-def rehearse_length(r, shortest: int, items: int) -> int:
-    from .rehearsal import shrink_length
-
-    return shrink_length(r, shortest, items)
-
-
-def rehearsal_source(source, recipe):
-    from .rehearsal import first_records
-
-    return first_records(source, recipe)
-
-
-def rehearsal_notes(recipe) -> list:
-    from .rehearsal import rehearsal_notes as notes
-
-    return notes(recipe)
+OBJECTIVE = Kto()
