@@ -107,3 +107,35 @@ def test_checkpoints_import_neither_the_steps_nor_the_run_and_the_steps_not_the_
     assert upward_imports(tmp_path / "llama_npu") == [
         "llama_npu/checkpoints/planted.py imports llama_npu.steps",
         "llama_npu/steps/host/planted.py imports llama_npu.training.loop"]
+
+
+# What a step, its optimizer, the network or an objective offers is its contract's
+# (steps/contract.py, checkpoints/contract.py, objectives/contract.py): the run and the
+# checkpoints call it rather than ask by duck typing.
+CONTRACTED = ("step", "optimizer", "net", "network", "objective", "host")
+
+
+def duck_typed_questions(package: Path) -> list[str]:
+    """'file:line getattr(x, ...)' for each getattr/hasattr in checkpoints/ and training/ whose
+    object is named for something with a contract."""
+    found = []
+    for room in ("checkpoints", "training"):
+        for path in sorted((package / room).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and node.func.id in ("getattr", "hasattr") and node.args):
+                    asked = ast.unparse(node.args[0])
+                    if any(word in CONTRACTED for word in asked.replace(".", "_").split("_")):
+                        found.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.func.id}({asked}, ...)")
+    return found
+
+
+@pytest.mark.quick
+def test_the_run_and_the_checkpoints_ask_no_step_optimizer_net_or_objective_by_duck_typing(tmp_path):
+    assert not duck_typed_questions(PACKAGE)
+    (tmp_path / "llama_npu" / "training").mkdir(parents=True)
+    (tmp_path / "llama_npu" / "checkpoints").mkdir()
+    (tmp_path / "llama_npu" / "training" / "loop.py").write_text(
+        'def gathers(s):\n    return getattr(s.optimizer, "sharded", False)\n', encoding="utf-8")
+    assert duck_typed_questions(tmp_path / "llama_npu") == [
+        "llama_npu/training/loop.py:2 getattr(s.optimizer, ...)"]
