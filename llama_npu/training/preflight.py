@@ -158,16 +158,16 @@ def _file_bad_records(path: str, fmt: str, options: ReadOptions, kind: RecordKin
 
 def check_records(recipe: Recipe, tokenizer=None) -> list:
     """Problems of the training and held-out data (data/dataset_info.py): each bad record (the first
-    BAD_RECORDS_LISTED, then a count) unless data.on_bad_record is skip. An objective with a
-    `preflight` (DPO: a prompt too long for a reply) checks its good records too, with `tokenizer`."""
+    BAD_RECORDS_LISTED, then a count) unless data.on_bad_record is skip. With a `tokenizer` the
+    objective's `preflight` (DPO: a prompt too long for a reply) checks its good records too."""
     d, problems, bad = recipe.data, [], []
     objective = objective_of(recipe)
-    kind, tokenized = records_of(objective), objective.preflight
+    kind = records_of(objective)
     inputs = _collect(problems, lambda: train_inputs(recipe) + eval_inputs(recipe)) or []
     for data_input, path in ((i, path) for i in inputs for path in i.files):
         errors, good = _collect(problems, _file_bad_records, path, data_input.format, data_input.options,
                                 kind) or ([], [])
-        bad += errors + (tokenized(recipe, tokenizer, good) if tokenized and tokenizer else [])
+        bad += errors + (objective.preflight(recipe, tokenizer, good) if tokenizer else [])
     if d.on_bad_record == "error":
         problems += [str(with_skip_hint(error)) for error in bad[:BAD_RECORDS_LISTED]]
         if len(bad) > BAD_RECORDS_LISTED:
