@@ -37,13 +37,11 @@ class Dpo(Objective):
     def preflight(self, recipe, tokenizer, records) -> list:
         """The pairs whose prompt leaves no reply token within data.max_seq_len (data.truncation:
         keep_prompt), as errors."""
-        from ..prompt_room import no_room_error
+        from ..prompt_room import no_room_errors
         from .pairs import tokenize_pairs
         from .records import SKIP_HINT
 
-        max_seq_len = recipe.data.max_seq_len
-        report = tokenize_pairs(tokenizer, records, max_seq_len + 1, recipe.data.truncation, bar=False)[1]
-        return [no_room_error(where, tokens, max_seq_len, SKIP_HINT) for where, tokens in report.no_room]
+        return no_room_errors(tokenize_pairs, tokenizer, records, recipe, SKIP_HINT)
 
     def parts(self, recipe, run_dir, net, loss_cell, source, world):
         from .parts import preference_parts

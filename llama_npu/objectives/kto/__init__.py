@@ -34,13 +34,11 @@ class Kto(Objective):
     def preflight(self, recipe, tokenizer, records) -> list:
         """The records whose prompt leaves no reply token within data.max_seq_len (data.truncation:
         keep_prompt), as errors."""
-        from ..prompt_room import no_room_error
+        from ..prompt_room import no_room_errors
         from .records import SKIP_HINT
         from .replies import tokenize_kto
 
-        max_seq_len = recipe.data.max_seq_len
-        report = tokenize_kto(tokenizer, records, max_seq_len + 1, recipe.data.truncation, bar=False)[1]
-        return [no_room_error(where, tokens, max_seq_len, SKIP_HINT) for where, tokens in report.no_room]
+        return no_room_errors(tokenize_kto, tokenizer, records, recipe, SKIP_HINT)
 
     def parts(self, recipe, run_dir, net, loss_cell, source, world):
         from .parts import kto_parts
